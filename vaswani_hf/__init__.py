@@ -1,0 +1,34 @@
+"""vaswani-hf: the Transformer of "Attention Is All You Need" as a Hugging Face Transformers model.
+
+Importing the package registers the `vaswani` model type with `AutoConfig`, `AutoModel` and
+`AutoModelForSeq2SeqLM`, and marks the classes so `save_pretrained` ships their code for
+`trust_remote_code=True` loading where this package is not installed.
+"""
+
+from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM
+
+from .configuration_vaswani import VaswaniConfig
+from .modeling_vaswani import (
+    VaswaniForConditionalGeneration,
+    VaswaniModel,
+    VaswaniPreTrainedModel,
+    gnmt_length_penalty,
+)
+
+__version__ = "0.1.0"
+
+AutoConfig.register(VaswaniConfig.model_type, VaswaniConfig, exist_ok=True)
+AutoModel.register(VaswaniConfig, VaswaniModel, exist_ok=True)
+AutoModelForSeq2SeqLM.register(VaswaniConfig, VaswaniForConditionalGeneration, exist_ok=True)
+VaswaniConfig.register_for_auto_class("AutoConfig")
+VaswaniModel.register_for_auto_class("AutoModel")
+VaswaniForConditionalGeneration.register_for_auto_class("AutoModelForSeq2SeqLM")
+
+__all__ = [
+    "VaswaniConfig",
+    "VaswaniForConditionalGeneration",
+    "VaswaniModel",
+    "VaswaniPreTrainedModel",
+    "gnmt_length_penalty",
+    "__version__",
+]

@@ -1,0 +1,119 @@
+"""Transformers' `MarianMTModel` -> `VaswaniForConditionalGeneration`, same numerics.
+
+Marian is the paper's architecture with different defaults: all-sines-then-all-cosines positions (our
+"sinusoidal_split"), PyTorch's LayerNorm epsilon, an output bias (`final_logits_bias`) and, in Opus-MT
+checkpoints, swish and `scale_embedding`. Every field is carried over, so the converted model gives Marian's
+logits; only Marian features outside the paper (separate encoder/decoder vocabularies, LayerDrop) are refused.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import torch
+
+from ..configuration_vaswani import VaswaniConfig
+from ..modeling_vaswani import VaswaniForConditionalGeneration
+
+TOKENIZER_FILES = (
+    "source.spm",
+    "target.spm",
+    "vocab.json",
+    "target_vocab.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+)
+
+
+def vaswani_config_from_marian(marian_config) -> VaswaniConfig:
+    """The `VaswaniConfig` that reproduces a `MarianConfig` exactly."""
+    if not marian_config.share_encoder_decoder_embeddings or not marian_config.tie_word_embeddings:
+        raise ValueError(
+            "This Marian checkpoint has separate source and target vocabularies or an untied output layer; "
+            "the paper's model (and this converter) needs one shared vocabulary with tied embeddings."
+        )
+    if marian_config.encoder_layerdrop or marian_config.decoder_layerdrop:
+        raise ValueError("LayerDrop is not part of the paper's model; set encoder/decoder_layerdrop to 0 first.")
+    return VaswaniConfig(
+        vocab_size=marian_config.vocab_size,
+        d_model=marian_config.d_model,
+        encoder_layers=marian_config.encoder_layers,
+        decoder_layers=marian_config.decoder_layers,
+        encoder_attention_heads=marian_config.encoder_attention_heads,
+        decoder_attention_heads=marian_config.decoder_attention_heads,
+        encoder_ffn_dim=marian_config.encoder_ffn_dim,
+        decoder_ffn_dim=marian_config.decoder_ffn_dim,
+        dropout=float(marian_config.dropout),
+        attention_dropout=float(marian_config.attention_dropout),
+        activation_dropout=float(marian_config.activation_dropout),
+        activation_function=marian_config.activation_function,
+        position_embedding_type="sinusoidal_split",
+        max_position_embeddings=marian_config.max_position_embeddings,
+        scale_embedding=marian_config.scale_embedding,
+        tie_word_embeddings=True,
+        layer_norm_eps=1e-5,  # Marian uses nn.LayerNorm's default
+        output_bias=True,
+        pad_token_id=marian_config.pad_token_id,
+        bos_token_id=marian_config.bos_token_id,
+        eos_token_id=marian_config.eos_token_id,
+        unk_token_id=None,
+        decoder_start_token_id=marian_config.decoder_start_token_id,
+    )
+
+
+def vaswani_state_dict_from_marian(marian_state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Rename Marian's weights and fuse its separate Q/K/V projections into ours."""
+    state = {}
+    for name, tensor in marian_state.items():
+        if "embed_positions" in name or name in ("lm_head.weight",) or name.endswith("embed_tokens.weight"):
+            continue  # positions are computed; embeddings and output layer are `model.shared`
+        if name == "final_logits_bias":
+            state[name] = tensor.reshape(-1)
+            continue
+        for sub in ("q_proj", "k_proj", "v_proj"):
+            if f".{sub}." in name:
+                break
+        else:
+            state[name.replace(".fc1.", ".feed_forward.fc1.").replace(".fc2.", ".feed_forward.fc2.")] = tensor
+    for name, tensor in marian_state.items():
+        if ".self_attn.q_proj." in name:
+            k, v = (marian_state[name.replace("q_proj", p)] for p in ("k_proj", "v_proj"))
+            state[name.replace("q_proj", "qkv_proj")] = torch.cat([tensor, k, v])
+        elif ".encoder_attn.q_proj." in name:
+            state[name] = tensor
+            k, v = (marian_state[name.replace("q_proj", p)] for p in ("k_proj", "v_proj"))
+            state[name.replace("q_proj", "kv_proj")] = torch.cat([k, v])
+    return state
+
+
+def marian_to_vaswani(marian_model) -> VaswaniForConditionalGeneration:
+    """A `VaswaniForConditionalGeneration` with the weights of a `MarianMTModel` (in its dtype, eval mode)."""
+    config = vaswani_config_from_marian(marian_model.config)
+    model = VaswaniForConditionalGeneration(config).to(marian_model.dtype)
+    state = vaswani_state_dict_from_marian(marian_model.state_dict())
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    missing = [k for k in missing if not k.endswith(("embed_tokens.weight", "lm_head.weight"))]
+    if missing or unexpected:
+        raise ValueError(f"Marian conversion left weights unmatched: missing {missing}, unexpected {unexpected}.")
+    bad_words = getattr(marian_model.generation_config, "bad_words_ids", None)
+    if bad_words:  # Opus-MT forbids generating the padding (= decoder start) token
+        model.generation_config.bad_words_ids = bad_words
+    return model.eval()
+
+
+def convert_marian_checkpoint(src_dir: str | Path, dst_dir: str | Path) -> Path:
+    """Convert a Marian checkpoint directory into a Vaswani one (weights, configs, tokenizer files)."""
+    from transformers import MarianMTModel
+
+    src_dir, dst_dir = Path(src_dir), Path(dst_dir)
+    if not (src_dir / "config.json").is_file():
+        raise FileNotFoundError(f"{src_dir} has no config.json: give the directory of a saved MarianMTModel.")
+    marian = MarianMTModel.from_pretrained(src_dir)
+    model = marian_to_vaswani(marian)
+    model.save_pretrained(dst_dir)
+    for name in TOKENIZER_FILES:
+        if (src_dir / name).is_file():
+            shutil.copy2(src_dir / name, dst_dir / name)
+    return dst_dir

@@ -1,0 +1,797 @@
+# Copyright 2026 The vaswani-hf authors. Licensed under the Apache License, Version 2.0.
+"""The Transformer of "Attention Is All You Need" (Vaswani et al., 2017) as a Transformers model.
+
+Each class names the paper section it implements. The structure follows Transformers' Marian (v5 attention
+interface, `EncoderDecoderCache`, masking utilities, output capturing); the numerics follow the paper: post-norm
+residual blocks without a final stack norm, interleaved sinusoids, embeddings scaled by sqrt(d_model) and shared
+three ways, beam search with GNMT's length penalty and a per-example output limit of source length + 50.
+
+This file is also shipped as Hub remote code: it imports only torch, transformers and `configuration_vaswani`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+from transformers import initialization as init
+from transformers.activations import ACT2FN
+from transformers.cache_utils import Cache, DynamicCache, EncoderDecoderCache
+from transformers.generation import GenerationConfig, GenerationMixin, LogitsProcessor, LogitsProcessorList
+from transformers.masking_utils import create_bidirectional_mask, create_causal_mask
+from transformers.modeling_layers import GradientCheckpointingLayer
+from transformers.modeling_outputs import (
+    BaseModelOutput,
+    BaseModelOutputWithPastAndCrossAttentions,
+    Seq2SeqLMOutput,
+    Seq2SeqModelOutput,
+)
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, PreTrainedModel
+from transformers.models.bart.modeling_bart import eager_attention_forward, shift_tokens_right
+from transformers.processing_utils import Unpack
+from transformers.utils import TransformersKwargs, can_return_tuple, logging
+from transformers.utils.generic import merge_with_config_defaults
+from transformers.utils.output_capturing import OutputRecorder, capture_outputs
+
+from .configuration_vaswani import VaswaniConfig
+
+logger = logging.get_logger(__name__)
+
+# The paper's decoding (section 6.1), written into every new model's generation config.
+PAPER_GENERATION_DEFAULTS = {
+    "num_beams": 4,
+    "length_penalty": 0.6,
+    "length_penalty_type": "gnmt",
+    "max_length_offset": 50,
+    "early_stopping": True,
+}
+LENGTH_PENALTY_TYPES = ("gnmt", "hf")
+
+
+def gnmt_length_penalty(length: int | torch.Tensor, alpha: float) -> float | torch.Tensor:
+    """GNMT's length penalty lp(Y) = ((5 + |Y|) / 6) ** alpha (Wu et al., 2016), used by the paper (section 6.1)."""
+    return ((5 + length) / 6) ** alpha
+
+
+def gnmt_equivalent_exponent(length: int, alpha: float) -> float:
+    """The exponent e with length ** e == ((5 + length) / 6) ** alpha.
+
+    Transformers divides a finished hypothesis' score by length ** length_penalty. Within one beam-search step every
+    candidate has the same length, so substituting this exponent reproduces GNMT's penalty exactly. At length 1
+    both penalties are 1 whatever the exponent.
+    """
+    if length <= 1:
+        return alpha
+    return alpha * math.log((5 + length) / 6) / math.log(length)
+
+
+class VaswaniFusedLinear(nn.Linear):
+    """`blocks` equal-sized projections of one input computed as one matrix product (section 3.2.2's W^Q, W^K, W^V).
+
+    Kept as a type of its own so initialisation treats each block as the separate d_model x (h d_k) matrix
+    the paper describes.
+    """
+
+    def __init__(self, in_features: int, out_features_per_block: int, blocks: int, bias: bool = True):
+        super().__init__(in_features, out_features_per_block * blocks, bias=bias)
+        self.blocks = blocks
+
+
+class VaswaniMultiHeadAttention(nn.Module):
+    """Section 3.2: multi-head scaled dot-product attention, softmax(Q K^T / sqrt(d_k)) V over h heads.
+
+    Self-attention projects Q, K and V with one fused matrix; cross-attention projects K and V of the encoder
+    output once per sequence and keeps them in the `EncoderDecoderCache`.
+    """
+
+    def __init__(
+        self,
+        config: VaswaniConfig,
+        num_heads: int,
+        is_cross_attention: bool = False,
+        is_causal: bool = False,
+        layer_idx: int | None = None,
+    ):
+        super().__init__()
+        self.config = config
+        self.num_heads = num_heads
+        self.head_dim = config.attention_head_size(num_heads)
+        self.scaling = self.head_dim**-0.5
+        self.dropout = config.attention_dropout
+        self.is_cross_attention = is_cross_attention
+        self.is_causal = is_causal
+        self.layer_idx = layer_idx
+        inner_dim = num_heads * self.head_dim
+        if is_cross_attention:
+            self.q_proj = nn.Linear(config.d_model, inner_dim)
+            self.kv_proj = VaswaniFusedLinear(config.d_model, inner_dim, blocks=2)
+        else:
+            self.qkv_proj = VaswaniFusedLinear(config.d_model, inner_dim, blocks=3)
+        self.out_proj = nn.Linear(inner_dim, config.d_model)
+
+    def _split_heads(self, projected: torch.Tensor, blocks: int) -> tuple[torch.Tensor, ...]:
+        # (batch, length, blocks * h * d_k) -> `blocks` tensors of (batch, h, length, d_k)
+        batch, length = projected.shape[:2]
+        return projected.view(batch, length, blocks, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        key_value_states: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        past_key_values: Cache | None = None,
+        **kwargs: Unpack[TransformersKwargs],
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        input_shape = hidden_states.shape[:-1]
+        if not self.is_cross_attention:
+            query, key, value = self._split_heads(self.qkv_proj(hidden_states), 3)
+            if past_key_values is not None:
+                cache = (
+                    past_key_values.self_attention_cache
+                    if isinstance(past_key_values, EncoderDecoderCache)
+                    else past_key_values
+                )
+                key, value = cache.update(key, value, self.layer_idx)
+        else:
+            (query,) = self._split_heads(self.q_proj(hidden_states), 1)
+            cross_cache = past_key_values if isinstance(past_key_values, EncoderDecoderCache) else None
+            if cross_cache is not None and cross_cache.is_updated.get(self.layer_idx):
+                layer = cross_cache.cross_attention_cache.layers[self.layer_idx]
+                key, value = layer.keys, layer.values
+            else:
+                key, value = self._split_heads(self.kv_proj(key_value_states), 2)
+                if cross_cache is not None:
+                    key, value = cross_cache.cross_attention_cache.update(key, value, self.layer_idx)
+                    cross_cache.is_updated[self.layer_idx] = True
+
+        attention_interface: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(
+            self.config._attn_implementation, eager_attention_forward
+        )
+        attn_output, attn_weights = attention_interface(
+            self,
+            query,
+            key,
+            value,
+            attention_mask,
+            dropout=self.dropout if self.training else 0.0,
+            scaling=self.scaling,
+            **kwargs,
+        )
+        attn_output = attn_output.reshape(*input_shape, -1)
+        return self.out_proj(attn_output), attn_weights
+
+
+class VaswaniPositionwiseFeedForward(nn.Module):
+    """Section 3.3: FFN(x) = max(0, x W1 + b1) W2 + b2, applied to each position separately."""
+
+    def __init__(self, config: VaswaniConfig, ffn_dim: int):
+        super().__init__()
+        self.fc1 = nn.Linear(config.d_model, ffn_dim)
+        self.fc2 = nn.Linear(ffn_dim, config.d_model)
+        self.activation_fn = ACT2FN[config.activation_function]
+        self.activation_dropout = config.activation_dropout
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        hidden_states = self.activation_fn(self.fc1(hidden_states))
+        hidden_states = F.dropout(hidden_states, p=self.activation_dropout, training=self.training)
+        return self.fc2(hidden_states)
+
+
+class VaswaniSublayerConnection(nn.LayerNorm):
+    """Sections 3.1 and 5.4: the residual connection around a sub-layer with its layer normalisation and dropout.
+
+    Post-norm (the paper): LayerNorm(x + Dropout(Sublayer(x))).
+    Pre-norm (ablation): x + Dropout(Sublayer(LayerNorm(x))).
+    """
+
+    def __init__(self, config: VaswaniConfig):
+        super().__init__(config.d_model, eps=config.layer_norm_eps)
+        self.dropout = config.dropout
+        self.pre_norm = config.norm_position == "pre"
+
+    def sublayer_input(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return super().forward(hidden_states) if self.pre_norm else hidden_states
+
+    def forward(self, residual: torch.Tensor, sublayer_output: torch.Tensor) -> torch.Tensor:
+        hidden_states = residual + F.dropout(sublayer_output, p=self.dropout, training=self.training)
+        return hidden_states if self.pre_norm else super().forward(hidden_states)
+
+
+class VaswaniSinusoidalPositionalEncoding(nn.Module):
+    """Section 3.5: fixed sinusoids added to the scaled embeddings, then dropout (section 5.4).
+
+    Layout "sinusoidal": PE(pos, 2i) = sin(pos / 10000^(2i/d)), PE(pos, 2i+1) = cos(...), as in the paper.
+    Layout "sinusoidal_split": all sines, then all cosines, as in Marian and fairseq.
+    The table is a non-persistent buffer: recomputed at load, never saved, extended past
+    `max_position_embeddings` when a longer sequence arrives.
+    """
+
+    def __init__(self, config: VaswaniConfig):
+        super().__init__()
+        self.dim = config.d_model
+        self.split_layout = config.position_embedding_type == "sinusoidal_split"
+        self.dropout = config.dropout
+        self.register_buffer("table", self.compute_table(config.max_position_embeddings), persistent=False)
+
+    def compute_table(self, num_positions: int, device: torch.device | None = None) -> torch.Tensor:
+        # float64 so the table is exact to float32 precision even for long positions
+        positions = torch.arange(num_positions, dtype=torch.float64, device=device)[:, None]
+        frequencies = 10000.0 ** (-torch.arange(0, self.dim, 2, dtype=torch.float64, device=device) / self.dim)
+        angles = positions * frequencies
+        if self.split_layout:
+            table = torch.cat([angles.sin(), angles.cos()], dim=-1)
+        else:
+            table = torch.stack([angles.sin(), angles.cos()], dim=-1).flatten(1)
+        return table.to(torch.float32)
+
+    def encodings(self, start: int, length: int) -> torch.Tensor:
+        end = start + length
+        if end > self.table.shape[0]:
+            return self.compute_table(end, self.table.device)[start:end]
+        return self.table[start:end]
+
+    def forward(self, scaled_embeddings: torch.Tensor, start: int = 0) -> torch.Tensor:
+        positions = self.encodings(start, scaled_embeddings.shape[1]).to(scaled_embeddings.dtype)
+        return F.dropout(scaled_embeddings + positions, p=self.dropout, training=self.training)
+
+
+class VaswaniLearnedPositionalEmbedding(nn.Embedding):
+    """Section 3.5 / Table 3 row (E): learned positional embeddings instead of sinusoids, then dropout."""
+
+    def __init__(self, config: VaswaniConfig):
+        super().__init__(config.max_position_embeddings, config.d_model)
+        self.dropout = config.dropout
+
+    def forward(self, scaled_embeddings: torch.Tensor, start: int = 0) -> torch.Tensor:
+        end = start + scaled_embeddings.shape[1]
+        if end > self.num_embeddings:
+            raise ValueError(
+                f"Sequence of {end} positions is longer than max_position_embeddings={self.num_embeddings} of this "
+                "model's learned positions. Truncate the input or use a sinusoidal model, which has no limit."
+            )
+        positions = self.weight[start:end].to(scaled_embeddings.dtype)
+        return F.dropout(scaled_embeddings + positions, p=self.dropout, training=self.training)
+
+
+def positional_encoding(config: VaswaniConfig) -> nn.Module:
+    if config.position_embedding_type == "learned":
+        return VaswaniLearnedPositionalEmbedding(config)
+    return VaswaniSinusoidalPositionalEncoding(config)
+
+
+class VaswaniEncoderLayer(GradientCheckpointingLayer):
+    """Section 3.1, encoder: multi-head self-attention, then the feed-forward network, each in a residual block."""
+
+    def __init__(self, config: VaswaniConfig, layer_idx: int | None = None):
+        super().__init__()
+        self.self_attn = VaswaniMultiHeadAttention(config, config.encoder_attention_heads, layer_idx=layer_idx)
+        self.self_attn_layer_norm = VaswaniSublayerConnection(config)
+        self.feed_forward = VaswaniPositionwiseFeedForward(config, config.encoder_ffn_dim)
+        self.final_layer_norm = VaswaniSublayerConnection(config)
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        **kwargs: Unpack[TransformersKwargs],
+    ) -> torch.Tensor:
+        attended, _ = self.self_attn(
+            self.self_attn_layer_norm.sublayer_input(hidden_states), attention_mask=attention_mask, **kwargs
+        )
+        hidden_states = self.self_attn_layer_norm(hidden_states, attended)
+        transformed = self.feed_forward(self.final_layer_norm.sublayer_input(hidden_states))
+        return self.final_layer_norm(hidden_states, transformed)
+
+
+class VaswaniDecoderLayer(GradientCheckpointingLayer):
+    """Section 3.1, decoder: masked self-attention, attention over the encoder output, then the feed-forward
+    network, each in a residual block."""
+
+    def __init__(self, config: VaswaniConfig, layer_idx: int | None = None):
+        super().__init__()
+        heads = config.decoder_attention_heads
+        self.self_attn = VaswaniMultiHeadAttention(config, heads, is_causal=True, layer_idx=layer_idx)
+        self.self_attn_layer_norm = VaswaniSublayerConnection(config)
+        self.encoder_attn = VaswaniMultiHeadAttention(config, heads, is_cross_attention=True, layer_idx=layer_idx)
+        self.encoder_attn_layer_norm = VaswaniSublayerConnection(config)
+        self.feed_forward = VaswaniPositionwiseFeedForward(config, config.decoder_ffn_dim)
+        self.final_layer_norm = VaswaniSublayerConnection(config)
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        encoder_hidden_states: torch.Tensor | None = None,
+        encoder_attention_mask: torch.Tensor | None = None,
+        past_key_values: Cache | None = None,
+        use_cache: bool | None = True,
+        **kwargs: Unpack[TransformersKwargs],
+    ) -> torch.Tensor:
+        attended, _ = self.self_attn(
+            self.self_attn_layer_norm.sublayer_input(hidden_states),
+            attention_mask=attention_mask,
+            past_key_values=past_key_values,
+            **kwargs,
+        )
+        hidden_states = self.self_attn_layer_norm(hidden_states, attended)
+        if encoder_hidden_states is not None:
+            attended, _ = self.encoder_attn(
+                self.encoder_attn_layer_norm.sublayer_input(hidden_states),
+                key_value_states=encoder_hidden_states,
+                attention_mask=encoder_attention_mask,
+                past_key_values=past_key_values,
+                **kwargs,
+            )
+            hidden_states = self.encoder_attn_layer_norm(hidden_states, attended)
+        transformed = self.feed_forward(self.final_layer_norm.sublayer_input(hidden_states))
+        return self.final_layer_norm(hidden_states, transformed)
+
+
+class VaswaniPreTrainedModel(PreTrainedModel):
+    config: VaswaniConfig
+    config_class = VaswaniConfig
+    base_model_prefix = "model"
+    supports_gradient_checkpointing = True
+    _no_split_modules = ["VaswaniEncoderLayer", "VaswaniDecoderLayer"]
+    _supports_sdpa = True
+    _supports_flash_attn = True
+    _supports_flex_attn = True
+    _can_compile_fullgraph = True
+
+    @torch.no_grad()
+    def _init_weights(self, module: nn.Module) -> None:
+        """The paper does not state an initialisation; `init_std=None` follows the reference code bases
+        (Xavier-uniform per projection, N(0, d_model^-0.5) embeddings), a float gives N(0, init_std)."""
+        std = self.config.init_std
+        if isinstance(module, VaswaniLearnedPositionalEmbedding):
+            init.normal_(module.weight, mean=0.0, std=self.config.embedding_init_std)
+        elif isinstance(module, nn.Embedding):
+            init.normal_(module.weight, mean=0.0, std=self.config.embedding_init_std)
+            if module.padding_idx is not None and not getattr(module.weight, "_is_hf_initialized", False):
+                init.zeros_(module.weight[module.padding_idx])
+        elif isinstance(module, nn.LayerNorm):
+            init.ones_(module.weight)
+            init.zeros_(module.bias)
+        elif isinstance(module, nn.Linear):
+            if std is None:
+                fan_out = module.out_features // getattr(module, "blocks", 1)
+                bound = math.sqrt(6.0 / (module.in_features + fan_out))
+                init.uniform_(module.weight, -bound, bound)
+            else:
+                init.normal_(module.weight, mean=0.0, std=std)
+            if module.bias is not None:
+                init.zeros_(module.bias)
+        elif isinstance(module, VaswaniSinusoidalPositionalEncoding):
+            init.copy_(module.table, module.compute_table(module.table.shape[0]))
+        elif isinstance(module, VaswaniForConditionalGeneration) and module.final_logits_bias is not None:
+            init.zeros_(module.final_logits_bias)
+
+    def save_pretrained(self, save_directory, *args, **kwargs):
+        # `register_for_auto_class` records only the saved class and AutoConfig: record all three Auto classes
+        # so AutoModel and AutoModelForSeq2SeqLM both load the checkpoint as remote code.
+        if self.is_remote_code():
+            module = type(self).__module__.rsplit(".", 1)[-1]
+            config_module = type(self.config).__module__.rsplit(".", 1)[-1]
+            self.config.auto_map = {
+                **(getattr(self.config, "auto_map", None) or {}),
+                "AutoConfig": f"{config_module}.VaswaniConfig",
+                "AutoModel": f"{module}.VaswaniModel",
+                "AutoModelForSeq2SeqLM": f"{module}.VaswaniForConditionalGeneration",
+            }
+        return super().save_pretrained(save_directory, *args, **kwargs)
+
+
+class VaswaniEncoder(VaswaniPreTrainedModel):
+    """Section 3.1: the encoder stack of N identical layers over the embedded and position-encoded source."""
+
+    _can_record_outputs = {
+        "hidden_states": VaswaniEncoderLayer,
+        "attentions": VaswaniMultiHeadAttention,
+    }
+
+    def __init__(self, config: VaswaniConfig):
+        super().__init__(config)
+        self.embed_scale = math.sqrt(config.d_model) if config.scale_embedding else 1.0
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.d_model, config.pad_token_id)
+        self.embed_positions = positional_encoding(config)
+        self.layers = nn.ModuleList([VaswaniEncoderLayer(config, i) for i in range(config.encoder_layers)])
+        # Pre-norm stacks end with a LayerNorm; the paper's post-norm stack has none.
+        self.layer_norm = (
+            nn.LayerNorm(config.d_model, eps=config.layer_norm_eps) if config.norm_position == "pre" else None
+        )
+        self.gradient_checkpointing = False
+        self.post_init()
+
+    @merge_with_config_defaults
+    @capture_outputs
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        **kwargs: Unpack[TransformersKwargs],
+    ) -> BaseModelOutput:
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError("VaswaniEncoder: give exactly one of `input_ids` or `inputs_embeds`.")
+        if inputs_embeds is None:
+            inputs_embeds = self.embed_tokens(input_ids)
+        hidden_states = self.embed_positions(inputs_embeds * self.embed_scale)
+        attention_mask = create_bidirectional_mask(
+            config=self.config, inputs_embeds=inputs_embeds, attention_mask=attention_mask
+        )
+        for layer in self.layers:
+            hidden_states = layer(hidden_states, attention_mask, **kwargs)
+        if self.layer_norm is not None:
+            hidden_states = self.layer_norm(hidden_states)
+        return BaseModelOutput(last_hidden_state=hidden_states)
+
+
+class VaswaniDecoder(VaswaniPreTrainedModel):
+    """Section 3.1: the decoder stack of N identical layers, attending causally to the target prefix and to the
+    encoder output."""
+
+    _can_record_outputs = {
+        "hidden_states": VaswaniDecoderLayer,
+        "attentions": OutputRecorder(VaswaniMultiHeadAttention, index=1, layer_name="self_attn"),
+        "cross_attentions": OutputRecorder(VaswaniMultiHeadAttention, index=1, layer_name="encoder_attn"),
+    }
+
+    def __init__(self, config: VaswaniConfig):
+        super().__init__(config)
+        self.embed_scale = math.sqrt(config.d_model) if config.scale_embedding else 1.0
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.d_model, config.pad_token_id)
+        self.embed_positions = positional_encoding(config)
+        self.layers = nn.ModuleList([VaswaniDecoderLayer(config, i) for i in range(config.decoder_layers)])
+        self.layer_norm = (
+            nn.LayerNorm(config.d_model, eps=config.layer_norm_eps) if config.norm_position == "pre" else None
+        )
+        self.gradient_checkpointing = False
+        self.post_init()
+
+    @merge_with_config_defaults
+    @capture_outputs
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        encoder_hidden_states: torch.Tensor | None = None,
+        encoder_attention_mask: torch.Tensor | None = None,
+        past_key_values: Cache | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        use_cache: bool | None = None,
+        **kwargs: Unpack[TransformersKwargs],
+    ) -> BaseModelOutputWithPastAndCrossAttentions:
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError("VaswaniDecoder: give exactly one of `decoder_input_ids` or `decoder_inputs_embeds`.")
+        if inputs_embeds is None:
+            inputs_embeds = self.embed_tokens(input_ids)
+        if use_cache and past_key_values is None:
+            past_key_values = EncoderDecoderCache(DynamicCache(config=self.config), DynamicCache(config=self.config))
+        past_length = past_key_values.get_seq_length() if past_key_values is not None else 0
+        hidden_states = self.embed_positions(inputs_embeds * self.embed_scale, start=past_length)
+
+        self_attn_cache = (
+            past_key_values.self_attention_cache
+            if isinstance(past_key_values, EncoderDecoderCache)
+            else past_key_values
+        )
+        causal_mask = create_causal_mask(
+            config=self.config,
+            inputs_embeds=inputs_embeds,
+            attention_mask=attention_mask,
+            past_key_values=self_attn_cache,
+        )
+        encoder_attention_mask = create_bidirectional_mask(
+            config=self.config,
+            inputs_embeds=inputs_embeds,
+            attention_mask=encoder_attention_mask,
+            encoder_hidden_states=encoder_hidden_states,
+        )
+        for layer in self.layers:
+            hidden_states = layer(
+                hidden_states,
+                causal_mask,
+                encoder_hidden_states,  # positional, so gradient checkpointing sees it
+                encoder_attention_mask=encoder_attention_mask,
+                past_key_values=past_key_values,
+                use_cache=use_cache,
+                **kwargs,
+            )
+        if self.layer_norm is not None:
+            hidden_states = self.layer_norm(hidden_states)
+        return BaseModelOutputWithPastAndCrossAttentions(
+            last_hidden_state=hidden_states, past_key_values=past_key_values
+        )
+
+
+class VaswaniModel(VaswaniPreTrainedModel):
+    """Section 3: the encoder-decoder, without the output projection. `shared` is the source embedding; with
+    `tie_word_embeddings` (the paper, section 3.4) the target embedding is the same matrix."""
+
+    def __init__(self, config: VaswaniConfig):
+        super().__init__(config)
+        self.shared = nn.Embedding(config.vocab_size, config.d_model, config.pad_token_id)
+        self._tied_weights_keys = {"encoder.embed_tokens.weight": "shared.weight"}
+        if config.tie_word_embeddings:
+            self._tied_weights_keys["decoder.embed_tokens.weight"] = "shared.weight"
+        self.encoder = VaswaniEncoder(config)
+        self.decoder = VaswaniDecoder(config)
+        self.post_init()
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.shared
+
+    def set_input_embeddings(self, value: nn.Embedding) -> None:
+        self.shared = value
+        self.encoder.embed_tokens = value
+        if self.config.tie_word_embeddings:
+            self.decoder.embed_tokens = value
+
+    @can_return_tuple
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        decoder_input_ids: torch.LongTensor | None = None,
+        decoder_attention_mask: torch.Tensor | None = None,
+        encoder_outputs: tuple[torch.Tensor] | BaseModelOutput | None = None,
+        past_key_values: Cache | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        decoder_inputs_embeds: torch.Tensor | None = None,
+        use_cache: bool | None = None,
+        **kwargs: Unpack[TransformersKwargs],
+    ) -> Seq2SeqModelOutput:
+        r"""
+        decoder_input_ids (`torch.LongTensor` of shape `(batch_size, target_sequence_length)`, *optional*):
+            The target prefix, starting with `config.decoder_start_token_id`. Built from `labels` by
+            [`VaswaniForConditionalGeneration`] when only labels are given.
+        decoder_attention_mask (`torch.Tensor` of shape `(batch_size, target_sequence_length)`, *optional*):
+            Padding mask of the target prefix; the causal mask is always applied.
+        """
+        if encoder_outputs is None:
+            encoder_outputs = self.encoder(
+                input_ids=input_ids, attention_mask=attention_mask, inputs_embeds=inputs_embeds, **kwargs
+            )
+        elif not isinstance(encoder_outputs, BaseModelOutput):
+            encoder_outputs = BaseModelOutput(
+                last_hidden_state=encoder_outputs[0],
+                hidden_states=encoder_outputs[1] if len(encoder_outputs) > 1 else None,
+                attentions=encoder_outputs[2] if len(encoder_outputs) > 2 else None,
+            )
+        decoder_outputs = self.decoder(
+            input_ids=decoder_input_ids,
+            attention_mask=decoder_attention_mask,
+            encoder_hidden_states=encoder_outputs.last_hidden_state,
+            encoder_attention_mask=attention_mask,
+            past_key_values=past_key_values,
+            inputs_embeds=decoder_inputs_embeds,
+            use_cache=use_cache,
+            **kwargs,
+        )
+        return Seq2SeqModelOutput(
+            last_hidden_state=decoder_outputs.last_hidden_state,
+            past_key_values=decoder_outputs.past_key_values,
+            decoder_hidden_states=decoder_outputs.hidden_states,
+            decoder_attentions=decoder_outputs.attentions,
+            cross_attentions=decoder_outputs.cross_attentions,
+            encoder_last_hidden_state=encoder_outputs.last_hidden_state,
+            encoder_hidden_states=encoder_outputs.hidden_states,
+            encoder_attentions=encoder_outputs.attentions,
+        )
+
+
+class SourceLengthLimitLogitsProcessor(LogitsProcessor):
+    """Section 6.1: "maximum output length = input length + 50", per example.
+
+    Forces EOS on every row (batch x beams) whose output reached its own source length + offset, so a batch of
+    short and long sources decodes each sentence as it would decode alone.
+    """
+
+    def __init__(self, max_output_lengths: torch.LongTensor, eos_token_id: int):
+        self.max_output_lengths = max_output_lengths
+        self.eos_token_id = eos_token_id
+        self.prompt_length: int | None = None
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        if self.prompt_length is None:
+            self.prompt_length = input_ids.shape[1]
+        rows_per_example = input_ids.shape[0] // self.max_output_lengths.shape[0]
+        limits = self.max_output_lengths.to(input_ids.device).repeat_interleave(rows_per_example)
+        # the token chosen now is output token number (generated so far + 1)
+        at_limit = (input_ids.shape[1] - self.prompt_length + 1) >= limits
+        forced = torch.full_like(scores, -math.inf)
+        forced[:, self.eos_token_id] = 0
+        return torch.where(at_limit[:, None], forced, scores)
+
+
+class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, GenerationMixin):
+    """Sections 3 and 3.4: the encoder-decoder with the pre-softmax linear projection (shared with the embeddings),
+    and the paper's decoding (section 6.1) as its `generate()` defaults.
+
+    Decoding defaults, stored in `generation_config` (`generation_config.json` beside the weights):
+    beam 4, GNMT length penalty ((5 + |Y|) / 6) ** 0.6 (`length_penalty_type="gnmt"`; "hf" gives Transformers'
+    |Y| ** length_penalty), at most source length + 50 output tokens per example (`max_length_offset=50`; it
+    applies unless the call passes `max_length`/`max_new_tokens` or the generation config sets `max_new_tokens`;
+    `None` returns to Transformers' `max_length`), and early stopping once every beam is finished.
+    """
+
+    _keys_to_ignore_on_load_missing = ["final_logits_bias"]
+
+    def __init__(self, config: VaswaniConfig):
+        super().__init__(config)
+        self.model = VaswaniModel(config)
+        self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
+        self.final_logits_bias = nn.Parameter(torch.zeros(config.vocab_size)) if config.output_bias else None
+        self._tied_weights_keys = {"model.encoder.embed_tokens.weight": "model.shared.weight"}
+        if config.tie_word_embeddings:
+            self._tied_weights_keys.update(
+                {"lm_head.weight": "model.shared.weight", "model.decoder.embed_tokens.weight": "model.shared.weight"}
+            )
+        self._gnmt_length_penalty = False
+        self.post_init()
+        for key, value in PAPER_GENERATION_DEFAULTS.items():
+            setattr(self.generation_config, key, value)
+        # These are our decoding defaults, not values derived from the model config: keep them on reload.
+        self.generation_config._from_model_config = False
+
+    def get_output_embeddings(self) -> nn.Linear:
+        return self.lm_head
+
+    def set_output_embeddings(self, new_embeddings: nn.Linear) -> None:
+        self.lm_head = new_embeddings
+
+    def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:
+        """Teacher forcing: the target shifted right behind `decoder_start_token_id` (-100 becomes padding)."""
+        return shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)
+
+    @can_return_tuple
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        decoder_input_ids: torch.LongTensor | None = None,
+        decoder_attention_mask: torch.Tensor | None = None,
+        encoder_outputs: tuple[torch.Tensor] | BaseModelOutput | None = None,
+        past_key_values: Cache | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        decoder_inputs_embeds: torch.Tensor | None = None,
+        labels: torch.LongTensor | None = None,
+        use_cache: bool | None = None,
+        **kwargs: Unpack[TransformersKwargs],
+    ) -> Seq2SeqLMOutput:
+        r"""
+        labels (`torch.LongTensor` of shape `(batch_size, target_sequence_length)`, *optional*):
+            Target token ids, -100 for positions to ignore. They are not shifted: `logits[:, i]` predicts
+            `labels[:, i]`, and `decoder_input_ids` are built from them when not given. The loss is the mean
+            cross-entropy over non-ignored tokens, label-smoothed by `config.label_smoothing`; when Trainer passes
+            `num_items_in_batch` (gradient accumulation) it is the sum divided by that count instead.
+        """
+        num_items_in_batch = kwargs.pop("num_items_in_batch", None)
+        if labels is not None:
+            use_cache = False
+            if decoder_input_ids is None and decoder_inputs_embeds is None:
+                decoder_input_ids = self.prepare_decoder_input_ids_from_labels(labels)
+        outputs: Seq2SeqModelOutput = self.model(
+            input_ids,
+            attention_mask=attention_mask,
+            decoder_input_ids=decoder_input_ids,
+            decoder_attention_mask=decoder_attention_mask,
+            encoder_outputs=encoder_outputs,
+            past_key_values=past_key_values,
+            inputs_embeds=inputs_embeds,
+            decoder_inputs_embeds=decoder_inputs_embeds,
+            use_cache=use_cache,
+            **kwargs,
+        )
+        logits = self.lm_head(outputs.last_hidden_state)
+        if self.final_logits_bias is not None:
+            logits = logits + self.final_logits_bias
+        loss = None
+        if labels is not None:
+            loss = self.translation_loss(logits, labels, num_items_in_batch)
+        return Seq2SeqLMOutput(
+            loss=loss,
+            logits=logits,
+            past_key_values=outputs.past_key_values,
+            decoder_hidden_states=outputs.decoder_hidden_states,
+            decoder_attentions=outputs.decoder_attentions,
+            cross_attentions=outputs.cross_attentions,
+            encoder_last_hidden_state=outputs.encoder_last_hidden_state,
+            encoder_hidden_states=outputs.encoder_hidden_states,
+            encoder_attentions=outputs.encoder_attentions,
+        )
+
+    def translation_loss(
+        self, logits: torch.Tensor, labels: torch.Tensor, num_items_in_batch: int | torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Section 5.4: cross-entropy with label smoothing (uniform over the whole vocabulary, padding included,
+        like `torch.nn.functional.cross_entropy` and Trainer's smoother); positions labelled -100 are ignored."""
+        labels = labels.to(logits.device)
+        total = F.cross_entropy(
+            logits.float().reshape(-1, logits.shape[-1]),
+            labels.reshape(-1),
+            ignore_index=-100,
+            reduction="sum",
+            label_smoothing=self.config.label_smoothing,
+        )
+        if num_items_in_batch is None:
+            num_items_in_batch = (labels != -100).sum().clamp(min=1)
+        if isinstance(num_items_in_batch, torch.Tensor):
+            num_items_in_batch = num_items_in_batch.to(total.device)
+        return total / num_items_in_batch
+
+    # --- decoding: section 6.1 ---
+
+    @torch.no_grad()
+    def generate(
+        self,
+        inputs: torch.Tensor | None = None,
+        generation_config: GenerationConfig | None = None,
+        logits_processor: LogitsProcessorList | None = None,
+        **kwargs,
+    ):
+        """`GenerationMixin.generate` with the paper's per-example length limit and GNMT's length penalty.
+
+        Extra keyword arguments (also readable from the generation config): `length_penalty_type` ("gnmt" or
+        "hf") and `max_length_offset` (int, or None for Transformers' own `max_length`).
+        """
+        config = generation_config if generation_config is not None else self.generation_config
+        penalty_type = kwargs.pop("length_penalty_type", getattr(config, "length_penalty_type", "hf"))
+        offset = kwargs.pop("max_length_offset", getattr(config, "max_length_offset", None))
+        if penalty_type not in LENGTH_PENALTY_TYPES:
+            raise ValueError(f"length_penalty_type must be one of {LENGTH_PENALTY_TYPES}, got {penalty_type!r}.")
+        explicit_length = any(kwargs.get(k) is not None for k in ("max_length", "max_new_tokens"))
+        if offset is not None and not explicit_length and config.max_new_tokens is None:
+            source_lengths = self._source_lengths(inputs, kwargs)
+            if source_lengths is not None:
+                limits = source_lengths + offset
+                kwargs["max_new_tokens"] = int(limits.max())
+                eos = kwargs.get("eos_token_id", config.eos_token_id)
+                if isinstance(eos, (list, tuple)):
+                    eos = eos[0]
+                if eos is not None:
+                    logits_processor = LogitsProcessorList(logits_processor or [])
+                    logits_processor.append(SourceLengthLimitLogitsProcessor(limits, eos))
+        self._gnmt_length_penalty = penalty_type == "gnmt"
+        try:
+            return super().generate(inputs, generation_config, logits_processor, **kwargs)
+        finally:
+            self._gnmt_length_penalty = False
+
+    def _source_lengths(self, inputs: torch.Tensor | None, kwargs: dict) -> torch.LongTensor | None:
+        attention_mask = kwargs.get("attention_mask")
+        if attention_mask is not None:
+            return attention_mask.sum(-1).long()
+        source = inputs if inputs is not None else kwargs.get("input_ids")
+        if source is None and kwargs.get("encoder_outputs") is not None:
+            source = kwargs["encoder_outputs"][0][..., 0]
+        if source is None:
+            return None
+        return torch.full((source.shape[0],), source.shape[1], dtype=torch.long, device=source.device)
+
+    def _update_finished_beams(self, **kwargs):
+        if self._gnmt_length_penalty:
+            length = kwargs["cur_len"] + 1 - kwargs["decoder_prompt_len"]
+            kwargs["length_penalty"] = gnmt_equivalent_exponent(length, kwargs["length_penalty"])
+        return super()._update_finished_beams(**kwargs)
+
+    def _check_early_stop_heuristic(self, **kwargs):
+        if self._gnmt_length_penalty:
+            alpha = kwargs["length_penalty"]
+            if kwargs["early_stopping"] == "never" and alpha > 0.0:
+                length = kwargs["max_length"] - kwargs["decoder_prompt_len"]
+            else:
+                length = kwargs["cur_len"] - kwargs["decoder_prompt_len"]
+            kwargs["length_penalty"] = gnmt_equivalent_exponent(length, alpha)
+        return GenerationMixin._check_early_stop_heuristic(**kwargs)
+
+
+__all__ = [
+    "VaswaniForConditionalGeneration",
+    "VaswaniModel",
+    "VaswaniPreTrainedModel",
+    "gnmt_length_penalty",
+]
