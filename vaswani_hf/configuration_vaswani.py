@@ -176,8 +176,8 @@ class VaswaniConfig(PreTrainedConfig):
             raise ValueError(
                 f"VaswaniConfig: unknown `norm_position` {self.norm_position!r}; expected 'post' (the paper) or 'pre'."
             )
-        if not isinstance(self.layer_norm_eps, (int, float)) or not 0 < self.layer_norm_eps < 1:
-            raise ValueError(f"VaswaniConfig: `layer_norm_eps` must be in (0, 1), got {self.layer_norm_eps!r}.")
+        if not isinstance(self.layer_norm_eps, (int, float)) or not self.layer_norm_eps > 0:
+            raise ValueError(f"VaswaniConfig: `layer_norm_eps` must be a positive number, got {self.layer_norm_eps!r}.")
         if self.init_std is not None and (not isinstance(self.init_std, (int, float)) or self.init_std <= 0):
             raise ValueError(f"VaswaniConfig: `init_std` must be None or a positive number, got {self.init_std!r}.")
         for name in ("pad_token_id", "bos_token_id", "eos_token_id", "unk_token_id", "decoder_start_token_id"):

@@ -1,0 +1,139 @@
+"""generate(): the paper's decoding defaults (section 6.1) and Transformers' own modes."""
+
+import math
+
+import pytest
+import torch
+from transformers import LogitsProcessor, LogitsProcessorList
+
+from vaswani_hf import VaswaniConfig, VaswaniForConditionalGeneration, gnmt_length_penalty
+from vaswani_hf.modeling_vaswani import gnmt_equivalent_exponent
+
+EOS, TOKEN = 2, 5
+
+
+def tiny_model(**overrides) -> VaswaniForConditionalGeneration:
+    torch.manual_seed(0)
+    return VaswaniForConditionalGeneration(VaswaniConfig.tiny(**overrides)).eval()
+
+
+def test_paper_decoding_defaults():
+    config = tiny_model().generation_config
+    assert (config.num_beams, config.length_penalty, config.early_stopping) == (4, 0.6, True)
+    assert (config.length_penalty_type, config.max_length_offset) == ("gnmt", 50)
+
+
+def test_gnmt_formula_and_equivalent_exponent():
+    assert gnmt_length_penalty(1, 0.6) == 1.0
+    assert gnmt_length_penalty(7, 0.6) == pytest.approx((12 / 6) ** 0.6)
+    for length in (1, 2, 3, 10, 57):
+        assert length ** gnmt_equivalent_exponent(length, 0.6) == pytest.approx(((5 + length) / 6) ** 0.6)
+
+
+class ScriptedScores(LogitsProcessor):
+    """Step 0: EOS costs 1.0 nats, TOKEN 1.5; step 1: only TOKEN; step 2: only EOS. Everything else ~impossible.
+
+    Finished hypotheses: Y1 = [EOS] (|Y| = 1, log p = -1.0) and Y3 = [TOKEN, TOKEN, EOS] (|Y| = 3, log p = -1.5).
+    """
+
+    def __call__(self, input_ids, scores):
+        step = input_ids.shape[1] - 1
+        out = torch.full_like(scores, -1e4)
+        if step == 0:
+            out[:, EOS], out[:, TOKEN] = -1.0, -1.5
+        elif step == 1:
+            out[:, TOKEN] = 0.0
+        else:
+            out[:, EOS] = 0.0
+        return out
+
+
+@pytest.mark.parametrize(
+    "penalty_type, expected_first, expected_scores",
+    [
+        # GNMT: Y1 = -1.0 / 1, Y3 = -1.5 / (8/6)^0.6 = -1.262: the short hypothesis wins
+        ("gnmt", [EOS], [-1.0, -1.5 / (8 / 6) ** 0.6]),
+        # Transformers: Y3 = -1.5 / 3^0.6 = -0.776 beats Y1 = -1.0: the long one wins
+        ("hf", [TOKEN, TOKEN, EOS], [-1.5 / 3**0.6, -1.0]),
+    ],
+)
+def test_length_penalty_ranks_hypotheses_as_the_formula_says(penalty_type, expected_first, expected_scores):
+    model = tiny_model()
+    out = model.generate(
+        input_ids=torch.tensor([[7, 8, 9, EOS]]),
+        logits_processor=LogitsProcessorList([ScriptedScores()]),
+        num_beams=2,
+        num_return_sequences=2,
+        early_stopping=False,  # let the long hypothesis finish before the beam is declared done
+        max_new_tokens=6,
+        length_penalty=0.6,
+        length_penalty_type=penalty_type,
+        output_scores=True,
+        return_dict_in_generate=True,
+    )
+    first = out.sequences[0, 1:].tolist()
+    assert first[: len(expected_first)] == expected_first
+    torch.testing.assert_close(out.sequences_scores, torch.tensor(expected_scores), atol=1e-4, rtol=0)
+
+
+def test_max_output_length_is_source_length_plus_offset_per_example():
+    model = tiny_model()
+    src = torch.tensor([[5, 6, 0, 0, 0], [5, 6, 7, 8, 9]])
+    mask = src.ne(0).long()
+    for num_beams in (1, 3):
+        out = model.generate(
+            input_ids=src, attention_mask=mask, max_length_offset=3, num_beams=num_beams,
+            suppress_tokens=[EOS],  # never stop on its own, so only the limit ends each row
+        )  # fmt: skip
+        generated = out[:, 1:]
+        first_eos = [row.tolist().index(EOS) + 1 for row in generated]
+        assert first_eos == [2 + 3, 5 + 3]  # output length (EOS included) = source length + offset
+    # an explicit max_new_tokens wins over the offset
+    assert model.generate(input_ids=src, attention_mask=mask, max_new_tokens=2, num_beams=1).shape[1] == 3
+
+
+def test_default_generate_uses_paper_limit():
+    model = tiny_model()
+    src = torch.randint(4, 99, (2, 6))
+    out = model.generate(input_ids=src, suppress_tokens=[EOS], num_beams=1)
+    assert out.shape[1] == 1 + 6 + 50
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"num_beams": 1, "do_sample": False},
+        {"num_beams": 1, "do_sample": True, "top_k": 5},
+        {"num_beams": 4, "length_penalty_type": "hf", "length_penalty": 1.0},
+        {"num_beams": 4, "num_return_sequences": 2},
+    ],
+)
+def test_transformers_decoding_modes_keep_working(kwargs):
+    model = tiny_model()
+    src = torch.randint(4, 99, (3, 5))
+    torch.manual_seed(0)
+    out = model.generate(input_ids=src, max_new_tokens=7, **kwargs)
+    assert out.shape[0] == 3 * kwargs.get("num_return_sequences", 1) and out.shape[1] <= 8
+    assert (out[:, 0] == model.config.decoder_start_token_id).all()
+
+
+def test_batched_greedy_equals_one_by_one():
+    model = tiny_model()
+    src = torch.tensor([[5, 6, 7, 2, 0, 0], [8, 9, 10, 11, 12, 2]])
+    mask = src.ne(0).long()
+    batched = model.generate(input_ids=src, attention_mask=mask, num_beams=1, max_new_tokens=10)
+    for i in range(2):
+        alone = model.generate(input_ids=src[i : i + 1, : int(mask[i].sum())], num_beams=1, max_new_tokens=10)
+        assert batched[i, : alone.shape[1]].tolist() == alone[0].tolist()
+
+
+def test_bad_length_penalty_type_is_a_clear_error():
+    with pytest.raises(ValueError, match="length_penalty_type must be one of"):
+        tiny_model().generate(input_ids=torch.tensor([[5, 2]]), length_penalty_type="wu")
+
+
+def test_gnmt_override_is_scoped_to_the_call():
+    model = tiny_model()
+    model.generate(input_ids=torch.tensor([[5, 2]]), max_new_tokens=2)
+    assert model._gnmt_length_penalty is False
+    assert math.isclose(gnmt_equivalent_exponent(1, 0.6), 0.6)

@@ -1,0 +1,320 @@
+"""Behaviour of the model itself: config, caches, masks, loss, save/load and remote code."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+from safetensors import safe_open
+from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM
+
+from vaswani_hf import VaswaniConfig, VaswaniForConditionalGeneration, VaswaniModel
+
+PAD = 0
+
+
+def tiny_model(**overrides) -> VaswaniForConditionalGeneration:
+    torch.manual_seed(0)
+    return VaswaniForConditionalGeneration(VaswaniConfig.tiny(**overrides)).eval()
+
+
+def batch(rows=3, src_len=8, tgt_len=6, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    src = torch.randint(4, 99, (rows, src_len), generator=generator)
+    src[1, 5:] = PAD
+    tgt = torch.randint(4, 99, (rows, tgt_len), generator=generator)
+    return src, src.ne(PAD).long(), tgt
+
+
+# --- configuration -------------------------------------------------------------------------------------------
+
+
+def test_presets_and_parameter_counts():
+    """Table 3 with the paper's 37,000-token shared vocabulary: 63.1M (base) and 214.2M (big) parameters."""
+    base, big = VaswaniConfig.base(), VaswaniConfig.big()
+    assert (base.d_model, base.encoder_layers, base.encoder_ffn_dim, base.encoder_attention_heads) == (512, 6, 2048, 8)
+    assert (big.d_model, big.encoder_ffn_dim, big.decoder_attention_heads, big.dropout) == (1024, 4096, 16, 0.3)
+    assert base.attention_head_size(8) == 64 and big.attention_head_size(16) == 64
+    with torch.device("meta"):
+        counts = [sum(p.numel() for p in VaswaniForConditionalGeneration(c).parameters()) for c in (base, big)]
+    assert round(counts[0] / 1e6, 1) == 63.1
+    assert round(counts[1] / 1e6, 1) == 214.2
+    small = VaswaniConfig.small(encoder_layers=4)
+    assert (small.d_model, small.encoder_layers, small.decoder_layers, small.encoder_ffn_dim) == (256, 4, 3, 1024)
+
+
+def test_paper_aliases_and_hf_names():
+    config = VaswaniConfig(N=2, h=4, d_model=64, d_ff=128, d_k=8, P_drop=0.2)
+    assert (config.encoder_layers, config.decoder_layers) == (2, 2)
+    assert (config.encoder_attention_heads, config.decoder_ffn_dim, config.d_kv, config.dropout) == (4, 128, 8, 0.2)
+    assert config.hidden_size == 64 and config.num_hidden_layers == 2 and config.num_attention_heads == 4
+    assert VaswaniConfig(share_embeddings=False).tie_word_embeddings is False
+    # Table 3 rows (B): d_k varies alone
+    model = VaswaniForConditionalGeneration(VaswaniConfig.tiny(d_kv=4))
+    assert model.model.encoder.layers[0].self_attn.qkv_proj.out_features == 3 * 4 * 4
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"d_model": 30, "h": 4}, "not divisible by encoder_attention_heads"),
+        ({"d_model": 0}, "`d_model` must be a positive integer"),
+        ({"dropout": 1.0}, "`dropout` must be a number in [0, 1)"),
+        ({"attention_dropout": -0.1}, "`attention_dropout`"),
+        ({"position_embedding_type": "rotary"}, "unknown `position_embedding_type`"),
+        ({"activation_function": "nope"}, "unknown `activation_function`"),
+        ({"norm_position": "middle"}, "unknown `norm_position`"),
+        ({"pad_token_id": 500}, "outside the vocabulary"),
+    ],
+)
+def test_config_validation(kwargs, message):
+    with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("(", r"\(").replace(")", r"\)")):
+        VaswaniConfig.tiny(**kwargs)
+
+
+def test_hand_edited_config_is_validated_on_load(tmp_path):
+    VaswaniConfig.tiny().save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    config["dropout"] = 1.5
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="`dropout` must be a number in"):
+        AutoConfig.from_pretrained(tmp_path)
+
+
+# --- architecture --------------------------------------------------------------------------------------------
+
+
+def test_post_norm_has_no_final_stack_norm_and_pre_norm_has_one():
+    post, pre = tiny_model(), tiny_model(norm_position="pre")
+    assert post.model.encoder.layer_norm is None and post.model.decoder.layer_norm is None
+    assert pre.model.encoder.layer_norm is not None and pre.model.decoder.layer_norm is not None
+    src, mask, tgt = batch()
+    with torch.no_grad():
+        assert torch.isfinite(pre(input_ids=src, attention_mask=mask, decoder_input_ids=tgt).logits).all()
+
+
+def test_three_way_sharing():
+    model = tiny_model()
+    shared = model.model.shared.weight
+    assert model.lm_head.weight is shared
+    assert model.model.encoder.embed_tokens.weight is shared and model.model.decoder.embed_tokens.weight is shared
+    untied = tiny_model(tie_word_embeddings=False)
+    assert untied.lm_head.weight is not untied.model.shared.weight
+    assert untied.model.decoder.embed_tokens.weight is not untied.model.shared.weight
+
+
+def test_initialisation_follows_reference_code():
+    model = tiny_model()
+    assert model.model.shared.weight[1:].std().item() == pytest.approx(32**-0.5, rel=0.1)
+    assert torch.all(model.model.shared.weight[PAD] == 0)
+    qkv = model.model.encoder.layers[0].self_attn.qkv_proj.weight
+    bound = (6 / (32 + 32)) ** 0.5  # Xavier per projection block, not for the fused 3x matrix
+    assert qkv.abs().max().item() <= bound and qkv.abs().max().item() > 0.9 * bound
+
+
+@pytest.mark.parametrize("attn", ["eager", "sdpa"])
+def test_cache_matches_full_forward(attn):
+    """Incremental decoding with EncoderDecoderCache gives the logits of one full forward pass."""
+    model = tiny_model()
+    model.set_attn_implementation(attn)
+    src, mask, tgt = batch()
+    with torch.no_grad():
+        full = model(input_ids=src, attention_mask=mask, decoder_input_ids=tgt).logits
+        encoder_outputs = model.get_encoder()(input_ids=src, attention_mask=mask)
+        past, steps = None, []
+        for t in range(tgt.shape[1]):
+            out = model(encoder_outputs=encoder_outputs, attention_mask=mask, decoder_input_ids=tgt[:, t : t + 1],
+                        past_key_values=past, use_cache=True)  # fmt: skip
+            past = out.past_key_values
+            steps.append(out.logits)
+    torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-5, rtol=1e-5)
+    # cross-attention keys/values were projected once, not once per step
+    assert all(past.is_updated[i] for i in range(model.config.decoder_layers))
+
+
+def test_eager_and_sdpa_agree():
+    model = tiny_model()
+    src, mask, tgt = batch()
+    with torch.no_grad():
+        model.set_attn_implementation("eager")
+        eager = model(input_ids=src, attention_mask=mask, decoder_input_ids=tgt).logits
+        model.set_attn_implementation("sdpa")
+        sdpa = model(input_ids=src, attention_mask=mask, decoder_input_ids=tgt).logits
+    torch.testing.assert_close(eager, sdpa, atol=1e-5, rtol=1e-5)
+
+
+def test_padding_does_not_change_outputs():
+    model = tiny_model()
+    src = torch.tensor([[5, 6, 7, 8, 2]])
+    tgt = torch.tensor([[1, 9, 10, 11]])
+    padded = torch.cat([src, torch.full((1, 4), PAD)], dim=1)
+    with torch.no_grad():
+        alone = model(input_ids=src, decoder_input_ids=tgt).logits
+        with_pad = model(input_ids=padded, attention_mask=padded.ne(PAD).long(), decoder_input_ids=tgt).logits
+    torch.testing.assert_close(with_pad, alone, atol=1e-5, rtol=1e-5)
+
+
+def test_future_target_tokens_never_change_earlier_logits():
+    model = tiny_model()
+    src, mask, tgt = batch()
+    changed = tgt.clone()
+    changed[:, 4:] = (changed[:, 4:] + 7) % 95 + 4
+    with torch.no_grad():
+        a = model(input_ids=src, attention_mask=mask, decoder_input_ids=tgt).logits
+        b = model(input_ids=src, attention_mask=mask, decoder_input_ids=changed).logits
+    torch.testing.assert_close(a[:, :4], b[:, :4], atol=1e-6, rtol=0)
+    assert not torch.allclose(a[:, 4:], b[:, 4:])
+
+
+def test_learned_positions_refuse_too_long_input_and_sinusoids_extend():
+    src = torch.randint(4, 99, (1, 80))  # tiny preset: max_position_embeddings=64
+    with pytest.raises(ValueError, match="max_position_embeddings=64"):
+        tiny_model(position_embedding_type="learned")(input_ids=src, decoder_input_ids=src[:, :3])
+    with torch.no_grad():
+        assert tiny_model()(input_ids=src, decoder_input_ids=src[:, :3]).logits.shape == (1, 3, 99)
+
+
+def test_gradient_checkpointing_gives_same_gradients():
+    src, mask, tgt = batch()
+    grads = []
+    for checkpointing in (False, True):
+        model = tiny_model(dropout=0.0).train()
+        if checkpointing:
+            model.activation_checkpointing_enable()
+        model(input_ids=src, attention_mask=mask, labels=tgt).loss.backward()
+        grads.append(model.model.encoder.layers[0].self_attn.qkv_proj.weight.grad)
+    torch.testing.assert_close(grads[0], grads[1])
+
+
+# --- loss ----------------------------------------------------------------------------------------------------
+
+
+def test_loss_is_cross_entropy_ignoring_minus_100_and_does_not_shift_twice():
+    model = tiny_model()
+    src, mask, tgt = batch()
+    labels = tgt.clone()
+    labels[2, 3:] = -100
+    with torch.no_grad():
+        out = model(input_ids=src, attention_mask=mask, labels=labels)
+        decoder_input_ids = model.prepare_decoder_input_ids_from_labels(labels)
+        assert decoder_input_ids[0, 0] == model.config.decoder_start_token_id
+        assert torch.equal(decoder_input_ids[:, 1:], labels[:, :-1].masked_fill(labels[:, :-1] == -100, PAD))
+        logits = model(input_ids=src, attention_mask=mask, decoder_input_ids=decoder_input_ids).logits
+    expected = torch.nn.functional.cross_entropy(logits.reshape(-1, 99), labels.reshape(-1), ignore_index=-100)
+    torch.testing.assert_close(out.loss, expected)
+    torch.testing.assert_close(out.logits, logits)
+
+
+def test_label_smoothing_from_config():
+    model = tiny_model(label_smoothing=0.1)
+    src, mask, tgt = batch()
+    with torch.no_grad():
+        out = model(input_ids=src, attention_mask=mask, labels=tgt)
+    expected = torch.nn.functional.cross_entropy(out.logits.reshape(-1, 99), tgt.reshape(-1), label_smoothing=0.1)
+    torch.testing.assert_close(out.loss, expected)
+
+
+def test_loss_under_gradient_accumulation_matches_one_big_batch():
+    """Two half batches with Trainer's num_items_in_batch add up to the full batch's loss, even with padding."""
+    model = tiny_model(dropout=0.0, label_smoothing=0.1)
+    src, mask, tgt = batch(rows=4)
+    labels = tgt.clone()
+    labels[0, 2:] = -100  # halves with different token counts: averaging per half would be wrong
+    with torch.no_grad():
+        full = model(input_ids=src, attention_mask=mask, labels=labels).loss
+        n = (labels != -100).sum()
+        halves = sum(
+            model(input_ids=src[s], attention_mask=mask[s], labels=labels[s], num_items_in_batch=n).loss
+            for s in (slice(0, 2), slice(2, 4))
+        )
+    torch.testing.assert_close(halves, full, atol=1e-5, rtol=1e-5)
+
+
+# --- saving and loading --------------------------------------------------------------------------------------
+
+
+def test_save_load_round_trip(tmp_path):
+    model = tiny_model()
+    model.generation_config.num_beams = 5
+    model.save_pretrained(tmp_path)
+    assert (tmp_path / "model.safetensors").is_file()
+    with safe_open(tmp_path / "model.safetensors", "pt") as f:
+        keys = set(f.keys())
+    assert not any("embed_positions" in k for k in keys), "the sinusoid table must not be saved"
+    assert "lm_head.weight" not in keys and "model.shared.weight" in keys
+    auto_map = json.loads((tmp_path / "config.json").read_text())["auto_map"]
+    assert set(auto_map) == {"AutoConfig", "AutoModel", "AutoModelForSeq2SeqLM"}
+    assert {"modeling_vaswani.py", "configuration_vaswani.py"} <= {p.name for p in tmp_path.iterdir()}
+
+    loaded = AutoModelForSeq2SeqLM.from_pretrained(tmp_path).eval()
+    assert isinstance(loaded, VaswaniForConditionalGeneration)
+    assert loaded.lm_head.weight is loaded.model.shared.weight
+    assert loaded.generation_config.num_beams == 5 and loaded.generation_config.length_penalty_type == "gnmt"
+    torch.testing.assert_close(loaded.model.encoder.embed_positions.table, model.model.encoder.embed_positions.table)
+    src, mask, tgt = batch()
+    with torch.no_grad():
+        torch.testing.assert_close(
+            loaded(input_ids=src, attention_mask=mask, decoder_input_ids=tgt).logits,
+            model(input_ids=src, attention_mask=mask, decoder_input_ids=tgt).logits,
+        )
+    assert isinstance(AutoModel.from_pretrained(tmp_path), VaswaniModel)
+
+
+REMOTE_LOAD = textwrap.dedent(
+    """
+    import sys
+    sys.modules["vaswani_hf"] = None  # the package must not be importable here
+    import torch
+    from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM
+    path = sys.argv[1]
+    model = AutoModelForSeq2SeqLM.from_pretrained(path, trust_remote_code=True).eval()
+    assert not type(model).__module__.startswith("vaswani_hf"), type(model).__module__
+    assert type(AutoModel.from_pretrained(path, trust_remote_code=True)).__name__ == "VaswaniModel"
+    assert AutoConfig.from_pretrained(path, trust_remote_code=True).model_type == "vaswani"
+    inputs = torch.load(path + "/inputs.pt", weights_only=True)
+    with torch.no_grad():
+        logits = model(**inputs).logits
+    generated = model.generate(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"])
+    torch.save({"logits": logits, "generated": generated}, path + "/remote.pt")
+    """
+)
+
+
+def test_remote_code_loading_without_the_package(tmp_path):
+    model = tiny_model()
+    model.save_pretrained(tmp_path)
+    src, mask, tgt = batch()
+    torch.save({"input_ids": src, "attention_mask": mask, "decoder_input_ids": tgt}, tmp_path / "inputs.pt")
+    env = {**os.environ, "HF_HOME": str(tmp_path / "hf_home"), "HF_HUB_OFFLINE": "1"}
+    result = subprocess.run([sys.executable, "-c", REMOTE_LOAD, str(tmp_path)], capture_output=True, text=True,
+                            env=env, cwd=tmp_path)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    remote = torch.load(tmp_path / "remote.pt", weights_only=True)
+    with torch.no_grad():
+        torch.testing.assert_close(
+            remote["logits"], model(input_ids=src, attention_mask=mask, decoder_input_ids=tgt).logits
+        )
+    assert torch.equal(remote["generated"], model.generate(input_ids=src, attention_mask=mask))
+
+
+def test_modeling_files_import_only_torch_transformers_and_each_other():
+    import ast
+    from pathlib import Path
+
+    package = Path(__file__).resolve().parents[1] / "vaswani_hf"
+    for name in ("modeling_vaswani.py", "configuration_vaswani.py"):
+        tree = ast.parse((package / name).read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.level:
+                assert node.module in ("configuration_vaswani",), f"{name}: relative import of {node.module}"
+            elif isinstance(node, (ast.Import, ast.ImportFrom)):
+                roots = (
+                    [a.name.split(".")[0] for a in node.names]
+                    if isinstance(node, ast.Import)
+                    else [node.module.split(".")[0]]
+                )
+                for root in roots:
+                    assert root in {"torch", "transformers", "math", "__future__", "collections"}, f"{name}: {root}"
