@@ -384,7 +384,24 @@ class VaswaniPreTrainedModel(PreTrainedModel):
         return super().save_pretrained(save_directory, *args, **kwargs)
 
 
-class VaswaniEncoder(VaswaniPreTrainedModel):
+class VaswaniStack(VaswaniPreTrainedModel):
+    """Sections 3.1, 3.4, 3.5: what both stacks share: scaled token embeddings plus positions, N layers, and
+    (pre-norm only) a final LayerNorm; the paper's post-norm stack has none."""
+
+    def __init__(self, config: VaswaniConfig, layer_class: type[nn.Module], num_layers: int):
+        super().__init__(config)
+        self.embed_scale = math.sqrt(config.d_model) if config.scale_embedding else 1.0
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.d_model, config.pad_token_id)
+        self.embed_positions = positional_encoding(config)
+        self.layers = nn.ModuleList([layer_class(config, i) for i in range(num_layers)])
+        self.layer_norm = (
+            nn.LayerNorm(config.d_model, eps=config.layer_norm_eps) if config.norm_position == "pre" else None
+        )
+        self.gradient_checkpointing = False
+        self.post_init()
+
+
+class VaswaniEncoder(VaswaniStack):
     """Section 3.1: the encoder stack of N identical layers over the embedded and position-encoded source."""
 
     _can_record_outputs = {
@@ -393,17 +410,7 @@ class VaswaniEncoder(VaswaniPreTrainedModel):
     }
 
     def __init__(self, config: VaswaniConfig):
-        super().__init__(config)
-        self.embed_scale = math.sqrt(config.d_model) if config.scale_embedding else 1.0
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.d_model, config.pad_token_id)
-        self.embed_positions = positional_encoding(config)
-        self.layers = nn.ModuleList([VaswaniEncoderLayer(config, i) for i in range(config.encoder_layers)])
-        # Pre-norm stacks end with a LayerNorm; the paper's post-norm stack has none.
-        self.layer_norm = (
-            nn.LayerNorm(config.d_model, eps=config.layer_norm_eps) if config.norm_position == "pre" else None
-        )
-        self.gradient_checkpointing = False
-        self.post_init()
+        super().__init__(config, VaswaniEncoderLayer, config.encoder_layers)
 
     @merge_with_config_defaults
     @capture_outputs
@@ -429,7 +436,7 @@ class VaswaniEncoder(VaswaniPreTrainedModel):
         return BaseModelOutput(last_hidden_state=hidden_states)
 
 
-class VaswaniDecoder(VaswaniPreTrainedModel):
+class VaswaniDecoder(VaswaniStack):
     """Section 3.1: the decoder stack of N identical layers, attending causally to the target prefix and to the
     encoder output."""
 
@@ -440,16 +447,7 @@ class VaswaniDecoder(VaswaniPreTrainedModel):
     }
 
     def __init__(self, config: VaswaniConfig):
-        super().__init__(config)
-        self.embed_scale = math.sqrt(config.d_model) if config.scale_embedding else 1.0
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.d_model, config.pad_token_id)
-        self.embed_positions = positional_encoding(config)
-        self.layers = nn.ModuleList([VaswaniDecoderLayer(config, i) for i in range(config.decoder_layers)])
-        self.layer_norm = (
-            nn.LayerNorm(config.d_model, eps=config.layer_norm_eps) if config.norm_position == "pre" else None
-        )
-        self.gradient_checkpointing = False
-        self.post_init()
+        super().__init__(config, VaswaniDecoderLayer, config.decoder_layers)
 
     @merge_with_config_defaults
     @capture_outputs
