@@ -35,9 +35,10 @@ def train_command(argv: list[str]) -> int:
     parser.set_defaults(**defaults)
     data_args, model_args, training_args = parser.parse_args_into_dataclasses(argv)
     if data_args.data:
-        pairs = {split: read_parallel(data_args.data, split, data_args.src, data_args.tgt)
-                 for split in (data_args.train_split, data_args.eval_split)}  # fmt: skip
-        pairs["train"] = pairs.pop(data_args.train_split) if data_args.train_split != "train" else pairs["train"]
+        pairs = {
+            "train": read_parallel(data_args.data, data_args.train_split, data_args.src, data_args.tgt),
+            data_args.eval_split: read_parallel(data_args.data, data_args.eval_split, data_args.src, data_args.tgt),
+        }
         task = f"{data_args.data} ({data_args.src}->{data_args.tgt})"
     else:
         pairs = builtin_splits()

@@ -346,9 +346,7 @@ class VaswaniPreTrainedModel(PreTrainedModel):
         """The paper does not state an initialisation; `init_std=None` follows the reference code bases
         (Xavier-uniform per projection, N(0, d_model^-0.5) embeddings), a float gives N(0, init_std)."""
         std = self.config.init_std
-        if isinstance(module, VaswaniLearnedPositionalEmbedding):
-            init.normal_(module.weight, mean=0.0, std=self.config.embedding_init_std)
-        elif isinstance(module, nn.Embedding):
+        if isinstance(module, nn.Embedding):  # token embeddings and learned positions
             init.normal_(module.weight, mean=0.0, std=self.config.embedding_init_std)
             if module.padding_idx is not None and not getattr(module.weight, "_is_hf_initialized", False):
                 init.zeros_(module.weight[module.padding_idx])
