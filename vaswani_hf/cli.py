@@ -9,58 +9,117 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import shutil
+import signal
 import sys
+from pathlib import Path
 
 from transformers import HfArgumentParser
 
+logger = logging.getLogger("vaswani")
+
 # Settings of the built-in task where it departs from the paper's WMT-sized defaults (small data, 2 CPU cores).
 BUILTIN_DEFAULTS = {"vocab_size": 500, "preset": "small", "warmup_steps": 400, "max_steps": 1200,
-                    "lr_scale": 0.5, "eval_split": "test"}  # fmt: skip
+                    "lr_scale": 0.5, "eval_split": "test", "max_tokens": 0, "save_strategy": "no"}  # fmt: skip
+
+
+def _is_builtin(argv: list[str]) -> bool:
+    return not any(a.split("=")[0] in ("--data", "--dataset_name", "--dataset-name") for a in argv)
+
+
+def _load_tokenizer(data_args, model_args, training_args, pairs):
+    """The checkpoint's tokenizer when fine-tuning; otherwise a shared BPE trained once (by the main process,
+    the others load it) and kept in output_dir, where --resume finds it again."""
+    from transformers import AutoTokenizer
+
+    from .tokenization import train_shared_bpe
+
+    if model_args.model_name_or_path:
+        return AutoTokenizer.from_pretrained(model_args.model_name_or_path)
+    output_dir = Path(training_args.output_dir)
+    with training_args.main_process_first(desc="shared BPE vocabulary"):
+        saved = (output_dir / "tokenizer.json").is_file()
+        if (training_args.resume and saved) or not training_args.should_save:
+            return AutoTokenizer.from_pretrained(output_dir)
+        texts = (text for pair in pairs[data_args.train_split] for text in pair)
+        tokenizer = train_shared_bpe(texts, data_args.vocab_size)
+        tokenizer.save_pretrained(output_dir)
+        return tokenizer
 
 
 def train_command(argv: list[str]) -> int:
-    from .data import read_parallel
-    from .recipe import DataArguments, ModelArguments, VaswaniTrainingArguments, score, train, translate
+    from .averaging import list_checkpoints
+    from .recipe import DataArguments, ModelArguments, VaswaniTrainingArguments, build_trainer, train
     from .tasks import builtin_splits
-    from .tokenization import train_shared_bpe
+    from .trainer import GracefulStopCallback, WallClockCallback
 
     parser = HfArgumentParser((DataArguments, ModelArguments, VaswaniTrainingArguments), prog="vaswani train")
     if argv and argv[0] in ("-h", "--help"):
         parser.print_help()
         return 0
-    defaults = {}
-    if "--data" not in argv:
+    builtin = _is_builtin(argv)
+    if builtin:
         given = {a.lstrip("-").replace("-", "_").split("=")[0] for a in argv if a.startswith("--")}
-        defaults = {k: v for k, v in BUILTIN_DEFAULTS.items() if k not in given}
-    parser.set_defaults(**defaults)
+        parser.set_defaults(**{k: v for k, v in BUILTIN_DEFAULTS.items() if k not in given})
     data_args, model_args, training_args = parser.parse_args_into_dataclasses(argv)
-    if data_args.data:
-        pairs = {
-            "train": read_parallel(data_args.data, data_args.train_split, data_args.src, data_args.tgt),
-            data_args.eval_split: read_parallel(data_args.data, data_args.eval_split, data_args.src, data_args.tgt),
-        }
-        task = f"{data_args.data} ({data_args.src}->{data_args.tgt})"
+    output_dir = Path(training_args.output_dir)
+    if output_dir.is_dir() and list_checkpoints(output_dir) and not training_args.resume:
+        if not training_args.overwrite_output_dir:
+            raise ValueError(f"{output_dir} holds checkpoints of an earlier run: continue it with --resume, or "
+                             "start over with --overwrite_output_dir or another --output_dir.")  # fmt: skip
+        if training_args.should_save:
+            shutil.rmtree(output_dir)
+    if builtin:
+        pairs, task = builtin_splits(), "built-in English->German number words"
     else:
-        pairs = builtin_splits()
-        task = "built-in English->German number words"
-    print(f"task: {task}; {len(pairs['train'])} training pairs", flush=True)
-    if model_args.model_name_or_path:
-        from transformers import AutoTokenizer
+        pairs = {split: data_args.load(split) for split in (data_args.train_split, data_args.eval_split)}
+        task = f"{data_args.dataset_name or data_args.data} ({data_args.src}->{data_args.tgt})"
+    tokenizer = _load_tokenizer(data_args, model_args, training_args, pairs)
+    stop = GracefulStopCallback()
+    trainer = build_trainer(pairs, data_args, model_args, training_args, tokenizer,
+                            callbacks=[stop, WallClockCallback(training_args.max_train_minutes)])  # fmt: skip
+    main = trainer.is_world_process_zero()
+    if main:
+        print(f"task: {task}; {len(trainer.train_dataset)} training pairs; world size {training_args.world_size}",
+              flush=True)  # fmt: skip
+    stats = train(trainer, resume=training_args.resume)
+    if stop.signal is not None:
+        if main:
+            print(f"stopped by {signal.Signals(stop.signal).name} at step {stats['steps']}: checkpoint saved in "
+                  f"{output_dir}; continue with the same command and --resume", file=sys.stderr)  # fmt: skip
+        return 128 + stop.signal
+    metrics = {}
+    if trainer.eval_dataset is not None:
+        prefix = data_args.eval_split
+        result = trainer.predict(trainer.eval_dataset, metric_key_prefix=prefix)
+        metrics = {k.removeprefix(f"{prefix}_"): v for k, v in result.metrics.items() if "bleu" in k or "chrf" in k
+                   or k.endswith(("_samples", "_brevity_penalty"))}  # fmt: skip
+        if main:
+            (output_dir / f"{prefix}.hyp").write_text("\n".join(trainer.compute_metrics.hypotheses) + "\n")
+    if main:
+        summary = {**stats, "eval_split": data_args.eval_split, **metrics, "model_dir": str(output_dir)}
+        print(json.dumps(summary))
+        bleu = f"BLEU {metrics['bleu']} on {data_args.eval_split}, " if "bleu" in metrics else ""
+        print(f"{bleu}{stats['steps']} steps ({stats['seconds']:.0f} s, {stats['target_tokens_per_s']} target "
+              f"tokens/s); model saved in {output_dir}")  # fmt: skip
+    return 0
 
-        tokenizer = AutoTokenizer.from_pretrained(model_args.model_name_or_path)
-    else:
-        tokenizer = train_shared_bpe((t for pair in pairs["train"] for t in pair), data_args.vocab_size)
-    model, stats = train(pairs, data_args, model_args, training_args, tokenizer)
-    eval_pairs = pairs[data_args.eval_split][: data_args.max_eval_samples]
-    hypotheses = translate(
-        model, tokenizer, [s for s, _ in eval_pairs], batch_size=training_args.per_device_eval_batch_size
-    )
-    metrics = score(hypotheses, [t for _, t in eval_pairs])
-    summary = {**stats, "eval_split": data_args.eval_split, **metrics, "model_dir": training_args.output_dir}
-    print(json.dumps(summary))
-    print(f"BLEU {metrics['bleu']} on {data_args.eval_split} after {stats['steps']} steps "
-          f"({stats['seconds']:.0f} s, {stats['target_tokens_per_s']:.0f} target tokens/s); "
-          f"model saved in {training_args.output_dir}")  # fmt: skip
+
+def average_command(argv: list[str]) -> int:
+    from .averaging import average_checkpoints, list_checkpoints
+
+    parser = argparse.ArgumentParser(prog="vaswani average", description="Average the last N checkpoints of a run.")
+    parser.add_argument("run_dir", help="the --output_dir of a training run (holding checkpoint-* folders)")
+    parser.add_argument("--last", type=int, default=5, help="latest checkpoints to average (paper: 5 base, 20 big)")
+    parser.add_argument("--output", help="where to save the averaged model (default: RUN_DIR/averaged)")
+    args = parser.parse_args(argv)
+    if args.last < 1:
+        raise ValueError(f"--last must be at least 1, got {args.last}.")
+    checkpoints = list_checkpoints(args.run_dir)[-args.last :]
+    if len(checkpoints) < args.last:
+        logger.warning("%s holds %d checkpoints, fewer than --last %d", args.run_dir, len(checkpoints), args.last)
+    output = average_checkpoints(checkpoints, args.output or Path(args.run_dir) / "averaged")
+    print(f"averaged {', '.join(c.name for c in checkpoints)} into {output}")
     return 0
 
 
@@ -82,7 +141,7 @@ def translate_command(argv: list[str]) -> int:
 
 
 def evaluate_command(argv: list[str]) -> int:
-    from .data import read_parallel
+    from .data import load_split
     from .recipe import load_for_inference, score, translate
     from .tasks import builtin_splits
 
@@ -95,20 +154,21 @@ def evaluate_command(argv: list[str]) -> int:
     parser.add_argument("--batch-size", type=int, default=32)
     args = parser.parse_args(argv)
     model, tokenizer = load_for_inference(args.model_dir)
-    pairs = read_parallel(args.data, args.split, args.src, args.tgt) if args.data else builtin_splits()[args.split]
+    pairs = load_split(args.data, args.split, args.src, args.tgt) if args.data else builtin_splits()[args.split]
     hypotheses = translate(model, tokenizer, [s for s, _ in pairs], batch_size=args.batch_size)
     print(json.dumps({"split": args.split, "sentences": len(pairs), **score(hypotheses, [t for _, t in pairs])},
                      indent=2))  # fmt: skip
     return 0
 
 
-COMMANDS = {"train": train_command, "translate": translate_command, "evaluate": evaluate_command}
+COMMANDS = {"train": train_command, "translate": translate_command, "evaluate": evaluate_command,
+            "average": average_command}  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
-        print("usage: vaswani {train,translate,evaluate} [options]   (vaswani COMMAND --help for options)")
+        print("usage: vaswani {train,translate,evaluate,average} [options]   (vaswani COMMAND --help for options)")
         if argv and argv[0] not in ("-h", "--help"):
             print(f"error: unknown command {argv[0]!r}", file=sys.stderr)
             return 2

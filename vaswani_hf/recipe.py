@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-import time
+import logging
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import sacrebleu
 import torch
 from datasets import Dataset
@@ -14,35 +16,46 @@ from transformers import (
     AutoModelForSeq2SeqLM,
     AutoTokenizer,
     DataCollatorForSeq2Seq,
+    EvalPrediction,
     PreTrainedTokenizerBase,
-    Seq2SeqTrainer,
     Seq2SeqTrainingArguments,
+    set_seed,
 )
 
+from .averaging import average_checkpoints, list_checkpoints, load_weights
 from .configuration_vaswani import VaswaniConfig
+from .data import Pairs, load_split
 from .modeling_vaswani import VaswaniForConditionalGeneration
+from .trainer import VaswaniTrainer, noam_learning_rate
+
+logger = logging.getLogger(__name__)
 
 PRESETS = ("base", "big", "small", "tiny")
-
-
-def noam_learning_rate(step: int, d_model: int, warmup_steps: int, scale: float = 1.0) -> float:
-    """Section 5.3: lrate = d_model^-0.5 * min(step^-0.5, step * warmup_steps^-1.5)."""
-    step = max(step, 1)
-    return scale * d_model**-0.5 * min(step**-0.5, step * warmup_steps**-1.5)
 
 
 @dataclass
 class DataArguments:
     data: str | None = field(
-        default=None, metadata={"help": "folder of {split}.{lang} files; none = the built-in number-words task"}
-    )
+        default=None,
+        metadata={"help": "folder of {split}.{src} + {split}.{tgt}, {split}.tsv or {split}.jsonl files; "
+                  "none (and no --dataset_name) = the built-in number-words task"},
+    )  # fmt: skip
+    dataset_name: str | None = field(default=None, metadata={"help": "a `datasets` dataset instead, e.g. wmt14"})
+    dataset_config_name: str | None = field(default=None, metadata={"help": "its config, e.g. de-en"})
     src: str = field(default="en", metadata={"help": "source language suffix"})
     tgt: str = field(default="de", metadata={"help": "target language suffix"})
     train_split: str = field(default="train")
-    eval_split: str = field(default="val")
+    eval_split: str = field(default="val", metadata={"help": "evaluated with beam search at the end (BLEU, chrF)"})
     vocab_size: int = field(default=37000, metadata={"help": "shared BPE vocabulary size (paper: 37,000)"})
-    max_source_tokens: int = field(default=256, metadata={"help": "training pairs are truncated to this length"})
+    max_length: int = field(
+        default=256, metadata={"help": "training pairs with a side longer than this many tokens are dropped"}
+    )
     max_eval_samples: int | None = field(default=None, metadata={"help": "evaluate on the first N pairs only"})
+
+    def load(self, split: str) -> Pairs:
+        hub = self.dataset_name is not None
+        return load_split(self.dataset_name if hub else self.data, split, self.src, self.tgt,
+                          self.dataset_config_name, hub=hub)  # fmt: skip
 
 
 @dataclass
@@ -52,16 +65,29 @@ class ModelArguments:
         default=None, metadata={"help": "fine-tune this checkpoint, keeping its tokenizer and config"}
     )
     label_smoothing: float = field(default=0.1, metadata={"help": "paper: 0.1"})
+    dropout: float | None = field(default=None, metadata={"help": "residual dropout P_drop (default: the preset's)"})
     lr_scale: float = field(default=1.0, metadata={"help": "multiplies the Noam learning rate"})
 
 
 @dataclass
 class VaswaniTrainingArguments(Seq2SeqTrainingArguments):
     """Seq2SeqTrainingArguments with the paper's optimisation as defaults (section 5.3): Adam(0.9, 0.98, 1e-9),
-    warmup 4000 then inverse square root decay, no gradient clipping. `learning_rate` 0 (default) means the
-    Noam peak d_model^-0.5 * warmup^-0.5 (times --lr_scale)."""
+    warmup 4000 then inverse square root decay, no gradient clipping, token-budget batches (section 5.1).
+    `learning_rate` 0 (default) means the Noam peak d_model^-0.5 * warmup^-0.5 (times --lr_scale)."""
 
     output_dir: str | None = field(default="vaswani-model")
+    max_tokens: int = field(
+        default=3125,
+        metadata={"help": "token budget per batch and process, each side, padded (paper: 25,000 per step on 8 "
+                  "GPUs = 3125 each; on fewer, multiply with --gradient_accumulation_steps); 0 = fixed "
+                  "--per_device_train_batch_size sentences"},
+    )  # fmt: skip
+    average_last: int = field(
+        default=0, metadata={"help": "average the last N checkpoints into the final model (paper: 5 base, 20 big)"}
+    )
+    resume: bool = field(default=False, metadata={"help": "continue from the last complete checkpoint"})
+    overwrite_output_dir: bool = field(default=False, metadata={"help": "delete an earlier run's output_dir"})
+    max_train_minutes: float | None = field(default=None, metadata={"help": "stop (with a checkpoint) after this"})
     learning_rate: float = field(default=0.0)
     lr_scheduler_type: str = field(default="inverse_sqrt")
     warmup_steps: float = field(default=4000)
@@ -73,13 +99,83 @@ class VaswaniTrainingArguments(Seq2SeqTrainingArguments):
     per_device_train_batch_size: int = field(default=64)
     per_device_eval_batch_size: int = field(default=64)
     logging_steps: float = field(default=50)
-    save_strategy: str = field(default="no")
+    save_strategy: str = field(default="steps")
+    save_steps: float = field(default=1000)
+    predict_with_generate: bool = field(default=True)
+    ddp_find_unused_parameters: bool | None = field(default=False)
+
+    def __post_init__(self) -> None:
+        # Under torchrun on a machine without GPUs, Accelerate only builds a gloo process group with use_cpu;
+        # otherwise every process would silently train alone.
+        if not torch.cuda.is_available():
+            self.dataloader_pin_memory = False  # pinning needs an accelerator; torch warns on every loader
+            if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+                self.use_cpu = True
+        super().__post_init__()
 
 
-def tokenize_pairs(pairs: list[tuple[str, str]], tokenizer: PreTrainedTokenizerBase, max_tokens: int) -> Dataset:
+def tokenize_pairs(
+    pairs: Pairs, tokenizer: PreTrainedTokenizerBase, max_length: int | None = None, keep_text: bool = False
+) -> Dataset:
+    """Encode pairs (no truncation) with their lengths; with `max_length`, drop and count the longer pairs.
+
+    Evaluation sets are never filtered (dropping test sentences would change the BLEU) and keep their raw
+    `target_text`: BLEU is scored against the references as written, not as the vocabulary can spell them."""
     sources, targets = zip(*pairs, strict=True) if pairs else ((), ())
-    encoded = tokenizer(list(sources), text_target=list(targets), truncation=True, max_length=max_tokens)
-    return Dataset.from_dict({k: encoded[k] for k in ("input_ids", "attention_mask", "labels")})
+    encoded = tokenizer(list(sources), text_target=list(targets))
+    columns = {k: encoded[k] for k in ("input_ids", "attention_mask", "labels")}
+    columns["source_length"] = [len(x) for x in columns["input_ids"]]
+    columns["target_length"] = [len(x) for x in columns["labels"]]
+    if keep_text:
+        columns["target_text"] = list(targets)
+    keep = range(len(pairs))
+    if max_length:
+        longest = np.maximum(columns["source_length"], columns["target_length"])
+        keep = np.flatnonzero(longest <= max_length).tolist()
+        if len(keep) < len(pairs):
+            logger.warning("dropped %d of %d training pairs longer than --max_length=%d tokens",
+                           len(pairs) - len(keep), len(pairs), max_length)  # fmt: skip
+        if not keep:
+            raise ValueError(f"every training pair is longer than --max_length={max_length} tokens: raise it.")
+    return Dataset.from_dict({k: [v[i] for i in keep] for k, v in columns.items()})
+
+
+class TranslationMetrics:
+    """`compute_metrics` for Seq2SeqTrainer with `predict_with_generate`: sacrebleu BLEU and chrF.
+
+    `VaswaniTrainer` calls `expect(dataset)` before each evaluation. Rows beyond the data set (DDP pads its last
+    batches by repeating examples) are cut, and the remaining rows' labels must be the data set's, in order: no
+    example counts twice or goes missing."""
+
+    def __init__(self, tokenizer: PreTrainedTokenizerBase) -> None:
+        self.tokenizer = tokenizer
+        self.expected_labels: list[list[int]] | None = None
+        self.references: list[str] | None = None
+        self.hypotheses: list[str] = []
+
+    def expect(self, dataset: Dataset) -> None:
+        self.expected_labels = dataset["labels"]
+        self.references = dataset["target_text"] if "target_text" in dataset.column_names else None
+
+    def _decode(self, ids) -> list[str]:
+        ids = np.where(ids != -100, ids, self.tokenizer.pad_token_id)
+        return [t.strip() for t in self.tokenizer.batch_decode(ids, skip_special_tokens=True)]
+
+    def __call__(self, prediction: EvalPrediction) -> dict:
+        predictions = prediction.predictions[0] if isinstance(prediction.predictions, tuple) else prediction.predictions
+        labels = prediction.label_ids
+        if self.expected_labels is not None:
+            expected = len(self.expected_labels)
+            if len(predictions) < expected:
+                raise RuntimeError(f"evaluation returned {len(predictions)} rows for {expected} examples.")
+            predictions, labels = predictions[:expected], labels[:expected]
+            for row, (got, want) in enumerate(zip(labels, self.expected_labels, strict=True)):
+                # Seq2SeqTrainer pads labels with -100 or the pad id, which no real target contains.
+                if got[(got != -100) & (got != self.tokenizer.pad_token_id)].tolist() != want:
+                    raise RuntimeError(f"evaluation row {row} is not example {row}: rows were duplicated or reordered.")
+        self.hypotheses = self._decode(predictions)
+        references = self.references if self.references is not None else self._decode(labels)
+        return {**score(self.hypotheses, list(references)), "samples": len(self.hypotheses)}
 
 
 def build_model(model_args: ModelArguments, tokenizer: PreTrainedTokenizerBase) -> VaswaniForConditionalGeneration:
@@ -89,49 +185,77 @@ def build_model(model_args: ModelArguments, tokenizer: PreTrainedTokenizerBase) 
         raise ValueError(f"--preset must be one of {PRESETS}, got {model_args.preset!r}.")
     special = {"pad_token_id": "<pad>", "bos_token_id": "<s>", "eos_token_id": "</s>", "unk_token_id": "<unk>"}
     ids = {name: tokenizer.convert_tokens_to_ids(token) for name, token in special.items()}
+    if model_args.dropout is not None:
+        ids["dropout"] = model_args.dropout
     config = getattr(VaswaniConfig, model_args.preset)(
         vocab_size=len(tokenizer), label_smoothing=model_args.label_smoothing, **ids
     )
     return VaswaniForConditionalGeneration(config)
 
 
-def train(
-    pairs: dict[str, list[tuple[str, str]]],
+def build_trainer(
+    pairs: dict[str, Pairs],
     data_args: DataArguments,
     model_args: ModelArguments,
     training_args: VaswaniTrainingArguments,
     tokenizer: PreTrainedTokenizerBase,
-) -> tuple[VaswaniForConditionalGeneration, dict]:
-    """Train on `pairs["train"]` with the paper's recipe, save model + tokenizer to `output_dir`."""
+    callbacks: list | None = None,
+) -> VaswaniTrainer:
+    """The paper's recipe on Seq2SeqTrainer: model (new or fine-tuned), token-budget batches, Noam schedule,
+    label smoothing, BLEU `compute_metrics` on the evaluation split when there is one."""
+    set_seed(training_args.seed)
     model = build_model(model_args, tokenizer)
     model.config.label_smoothing = model_args.label_smoothing
     if not training_args.learning_rate:
-        training_args.learning_rate = noam_learning_rate(
-            int(training_args.warmup_steps), model.config.d_model, int(training_args.warmup_steps), model_args.lr_scale
-        )
-    train_set = tokenize_pairs(pairs["train"], tokenizer, data_args.max_source_tokens)
-    trainer = Seq2SeqTrainer(
+        warmup = int(training_args.warmup_steps)
+        training_args.learning_rate = noam_learning_rate(warmup, model.config.d_model, warmup, model_args.lr_scale)
+    train_set = tokenize_pairs(pairs[data_args.train_split], tokenizer, data_args.max_length)
+    eval_pairs = pairs.get(data_args.eval_split)
+    eval_set = None
+    if eval_pairs:
+        # Longest first: less padding in generation; BLEU does not depend on the order.
+        eval_pairs = sorted(eval_pairs[: data_args.max_eval_samples], key=lambda pair: -len(pair[0]))
+        eval_set = tokenize_pairs(eval_pairs, tokenizer, keep_text=True)
+    return VaswaniTrainer(
         model=model,
         args=training_args,
         train_dataset=train_set,
+        eval_dataset=eval_set,
         data_collator=DataCollatorForSeq2Seq(tokenizer, model=model),
         processing_class=tokenizer,
+        compute_metrics=TranslationMetrics(tokenizer),
+        train_lengths=(train_set["source_length"], train_set["target_length"]),
+        callbacks=callbacks,
     )
-    start = time.perf_counter()
-    result = trainer.train()
-    seconds = time.perf_counter() - start
-    trainer.save_model(training_args.output_dir)
-    mean_target_length = sum(len(x) for x in train_set["labels"]) / max(len(train_set), 1)
-    pairs_seen = (
-        result.global_step
-        * training_args.per_device_train_batch_size
-        * (training_args.gradient_accumulation_steps * training_args.world_size)
-    )
-    target_tokens = mean_target_length * min(pairs_seen, len(train_set) * training_args.num_train_epochs)
-    if training_args.max_steps > 0:
-        target_tokens = mean_target_length * pairs_seen
-    return model, {"steps": result.global_step, "seconds": seconds, "target_tokens_per_s": target_tokens / seconds,
-                   "train_loss": result.training_loss}  # fmt: skip
+
+
+def train(trainer: VaswaniTrainer, resume: bool = False) -> dict:
+    """Train (from the last complete checkpoint with `resume`), average the last `average_last` checkpoints
+    when asked, save model + tokenizer to `output_dir`. Returns steps, time, throughput, loss."""
+    args = trainer.args
+    checkpoint = None
+    if resume:
+        checkpoints = list_checkpoints(args.output_dir) if Path(args.output_dir).is_dir() else []
+        checkpoint = str(checkpoints[-1]) if checkpoints else None
+        if checkpoint is None:
+            logger.warning("--resume: no checkpoint in %s yet, starting from scratch", args.output_dir)
+    result = trainer.train(resume_from_checkpoint=checkpoint)
+    tokens = trainer.accelerator.reduce(torch.tensor(trainer.target_tokens_seen, device=args.device), "sum")
+    trainer.save_model(args.output_dir)
+    trainer.save_state()  # trainer_state.json: the log history (loss, BLEU, elapsed_s) for curves
+    averaged = []
+    if args.average_last:
+        averaged = list_checkpoints(args.output_dir)[-args.average_last :]
+        if args.should_save and averaged:
+            average_checkpoints(averaged, args.output_dir)
+        trainer.accelerator.wait_for_everyone()
+        if averaged:
+            trainer.model.load_state_dict(load_weights(args.output_dir), strict=False)
+    seconds = result.metrics["train_runtime"]
+    return {"steps": result.global_step, "seconds": round(seconds, 1), "world_size": args.world_size,
+            "target_tokens_per_s": round(int(tokens) / max(seconds, 1e-9)),
+            "train_loss": round(result.training_loss, 4),
+            "resumed_from": checkpoint, "averaged": [p.name for p in averaged]}  # fmt: skip
 
 
 def translate(

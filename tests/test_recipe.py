@@ -1,0 +1,234 @@
+"""The training recipe on Seq2SeqTrainer: schedule, token-budget batches, gradient accumulation, checkpoint
+averaging, resume, and data readers. In-process, on the tiny preset."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+import torch
+from transformers import TrainerCallback, get_scheduler
+
+from vaswani_hf import VaswaniConfig, VaswaniForConditionalGeneration
+from vaswani_hf.averaging import average_checkpoints, list_checkpoints, load_weights
+from vaswani_hf.batching import TokenBudgetBatchSampler
+from vaswani_hf.data import load_split
+from vaswani_hf.recipe import DataArguments, ModelArguments, VaswaniTrainingArguments, build_trainer, train
+from vaswani_hf.tasks import number_pairs
+from vaswani_hf.tokenization import train_shared_bpe
+from vaswani_hf.trainer import STAGING_DIR, noam_learning_rate
+
+PAIRS = {"train": number_pairs(96, seed=0), "val": number_pairs(9, seed=1)}
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return train_shared_bpe((t for pair in PAIRS["train"] for t in pair), vocab_size=120)
+
+
+def make_trainer(tokenizer, output_dir, callbacks=None, dropout=0.1, **overrides):
+    args = {"output_dir": str(output_dir), "max_steps": 6, "warmup_steps": 3, "max_tokens": 160, "seed": 3,
+            "save_strategy": "no", "report_to": "none", "disable_tqdm": True, "logging_steps": 1,
+            "use_cpu": True, **overrides}  # fmt: skip
+    return build_trainer(PAIRS, DataArguments(max_length=64), ModelArguments(preset="tiny", dropout=dropout),
+                         VaswaniTrainingArguments(**args), tokenizer, callbacks=callbacks)  # fmt: skip
+
+
+# --- section 5.3: the learning-rate schedule ---------------------------------------------------------------
+
+
+def test_schedule_follows_the_paper_formula_from_the_first_update(tokenizer, tmp_path):
+    warmup, d_model = 10, VaswaniConfig.tiny().d_model
+    trainer = make_trainer(tokenizer, tmp_path, warmup_steps=warmup, max_steps=4 * warmup)
+    trainer.create_optimizer_and_scheduler(num_training_steps=4 * warmup)
+    seen = {}
+    for step in range(1, 4 * warmup + 1):
+        seen[step] = trainer.optimizer.param_groups[0]["lr"]  # the rate the update numbered `step` runs at
+        trainer.optimizer.step()
+        trainer.lr_scheduler.step()
+    for step in (1, warmup, 4 * warmup):
+        assert seen[step] == pytest.approx(noam_learning_rate(step, d_model, warmup), rel=1e-9)
+    # Trainer's own inverse_sqrt is the same curve one update late: its first update runs at lr 0.
+    hf = get_scheduler("inverse_sqrt", torch.optim.SGD([torch.zeros(1)], lr=seen[warmup]), num_warmup_steps=warmup)
+    hf_lrs = []
+    for _ in range(4 * warmup + 1):
+        hf_lrs.append(hf.get_last_lr()[0])
+        hf.optimizer.step()
+        hf.step()
+    assert hf_lrs[0] == 0
+    for step in (1, warmup, 4 * warmup):
+        assert hf_lrs[step] == pytest.approx(seen[step], rel=1e-9)
+
+
+# --- section 5.1: token-budget batches ----------------------------------------------------------------------
+
+
+def test_batches_respect_the_token_budget_and_cover_every_pair_once():
+    rng = np.random.default_rng(0)
+    src, tgt = rng.integers(1, 60, 500), rng.integers(1, 60, 500)
+    sampler = TokenBudgetBatchSampler(src, tgt, max_tokens=200, seed=1)
+    for epoch in (0, 1):
+        sampler.set_epoch(epoch)
+        batches = list(sampler)
+        assert len(batches) == len(sampler)
+        assert sorted(i for b in batches for i in b) == list(range(500))
+        for batch in batches:
+            assert len(batch) * src[batch].max() <= 200 and len(batch) * tgt[batch].max() <= 200
+        mean_fill = np.mean([len(b) * np.maximum(src[b], tgt[b]).max() for b in batches])
+        assert mean_fill > 150  # packed, not one pair per batch
+    sampler.set_epoch(0)
+    first = list(sampler)
+    sampler.set_epoch(1)
+    assert list(sampler) != first  # reshuffled each epoch...
+    sampler.set_epoch(0)
+    assert list(sampler) == first  # ...and reproducible, which resuming relies on
+
+
+def test_a_pair_longer_than_the_budget_is_a_clear_error():
+    with pytest.raises(ValueError, match="1 training pairs are longer than --max_tokens=10"):
+        TokenBudgetBatchSampler([3, 12], [3, 4], max_tokens=10)
+
+
+def test_trainer_feeds_token_budget_batches(tokenizer, tmp_path):
+    trainer = make_trainer(tokenizer, tmp_path, max_tokens=120)
+    loader = trainer.get_train_dataloader()
+    sizes = [batch["input_ids"].numel() for batch in loader]
+    assert len(sizes) == len(loader) > 1 and max(sizes) <= 120
+    assert sum(len(b) for b in trainer.token_sampler) == len(trainer.train_dataset)
+
+
+# --- gradient accumulation ----------------------------------------------------------------------------------
+
+
+class RecordFirstUpdate(TrainerCallback):
+    def on_pre_optimizer_step(self, args, state, control, model=None, **kwargs):
+        if state.global_step == 0:
+            self.grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def test_accumulating_two_half_batches_equals_one_full_batch(tokenizer, tmp_path):
+    """Trainer passes num_items_in_batch; the loss is sum / items, so 2 x B/2 is 1 x B (padding differs)."""
+    results = []
+    for batch, accumulation in ((16, 1), (8, 2)):
+        record = RecordFirstUpdate()
+        trainer = make_trainer(tokenizer, tmp_path / str(batch), [record], dropout=0.0, max_tokens=0, max_steps=1,
+                               per_device_train_batch_size=batch, gradient_accumulation_steps=accumulation,
+                               train_sampling_strategy="sequential")  # fmt: skip
+        trainer.train()
+        results.append((trainer.state.log_history[0]["loss"], record.grads))
+    (loss_full, grads_full), (loss_half, grads_half) = results
+    assert loss_half == pytest.approx(loss_full, abs=1e-5)
+    for name, grad in grads_full.items():
+        torch.testing.assert_close(grads_half[name], grad, atol=1e-5, rtol=1e-4, msg=name)
+
+
+# --- section 6.1: checkpoint averaging ----------------------------------------------------------------------
+
+
+def test_averaging_equals_the_mean_of_the_weights(tmp_path, tokenizer):
+    config = VaswaniConfig.tiny(vocab_size=len(tokenizer))
+    models = []
+    for step in (1, 2, 3):
+        torch.manual_seed(step)
+        model = VaswaniForConditionalGeneration(config)
+        model.save_pretrained(tmp_path / f"checkpoint-{step}")
+        models.append(model)
+    tokenizer.save_pretrained(tmp_path / "checkpoint-3")
+    (tmp_path / f"{STAGING_DIR}").mkdir()  # an unfinished save is never averaged
+    checkpoints = list_checkpoints(tmp_path)
+    assert [c.name for c in checkpoints] == ["checkpoint-1", "checkpoint-2", "checkpoint-3"]
+    out = average_checkpoints(checkpoints[-2:], tmp_path / "avg")
+    averaged = VaswaniForConditionalGeneration.from_pretrained(out)
+    states = [m.state_dict() for m in models[1:]]
+    for name, value in averaged.state_dict().items():
+        torch.testing.assert_close(value, (states[0][name] + states[1][name]) / 2, msg=name)
+    assert averaged.lm_head.weight.data_ptr() == averaged.model.shared.weight.data_ptr()  # still tied
+    assert (out / "tokenizer.json").is_file() and json.loads((out / "averaged_from.json").read_text())[-1].endswith(
+        "checkpoint-3"
+    )
+
+
+def test_averaging_reports_a_truncated_checkpoint(tmp_path):
+    model = VaswaniForConditionalGeneration(VaswaniConfig.tiny())
+    for step in (1, 2):
+        model.save_pretrained(tmp_path / f"checkpoint-{step}")
+    weights = tmp_path / "checkpoint-1" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:1000])
+    with pytest.raises(ValueError, match="checkpoint-1: cannot read the weights.*truncated or corrupt"):
+        average_checkpoints(list_checkpoints(tmp_path), tmp_path / "avg")
+
+
+# --- resume --------------------------------------------------------------------------------------------------
+
+
+class Crash(TrainerCallback):
+    def on_step_begin(self, args, state, control, **kwargs):
+        if state.global_step == 4:
+            raise KeyboardInterrupt  # the machine went away after checkpoint-3, mid-way to the next one
+
+
+def test_resume_after_an_interruption_reaches_the_same_weights(tokenizer, tmp_path):
+    """Token-budget batches, dropout and Adam state: an interrupted + resumed run equals an uninterrupted one."""
+    settings = {"max_steps": 6, "save_strategy": "steps", "save_steps": 3, "max_tokens": 400}
+    whole = make_trainer(tokenizer, tmp_path / "whole", **settings)
+    train(whole)
+    interrupted = make_trainer(tokenizer, tmp_path / "cut", [Crash()], **settings)
+    with pytest.raises(KeyboardInterrupt):
+        train(interrupted)
+    assert [c.name for c in list_checkpoints(tmp_path / "cut")] == ["checkpoint-3"]
+    resumed = make_trainer(tokenizer, tmp_path / "cut", **settings)
+    stats = train(resumed, resume=True)
+    assert stats["steps"] == 6 and stats["resumed_from"].endswith("checkpoint-3")
+    assert len(resumed.get_train_dataloader()) in (4, 5)  # resumed mid-epoch, then crossed into the next epoch
+    expected, got = load_weights(tmp_path / "whole"), load_weights(tmp_path / "cut")
+    for name in expected:
+        torch.testing.assert_close(got[name], expected[name], atol=1e-6, rtol=1e-5, msg=name)
+
+
+def test_averaging_after_training_loads_the_averaged_model(tokenizer, tmp_path):
+    trainer = make_trainer(tokenizer, tmp_path, max_steps=4, save_strategy="steps", save_steps=1, average_last=2)
+    stats = train(trainer)
+    assert stats["averaged"] == ["checkpoint-3", "checkpoint-4"]
+    last, before = load_weights(tmp_path / "checkpoint-4"), load_weights(tmp_path / "checkpoint-3")
+    final = load_weights(tmp_path)
+    name = "model.encoder.layers.0.feed_forward.fc1.weight"
+    torch.testing.assert_close(final[name], (last[name] + before[name]) / 2)
+    torch.testing.assert_close(trainer.model.state_dict()[name], final[name])
+
+
+def test_evaluation_scores_every_example_once_against_raw_references(tokenizer, tmp_path):
+    trainer = make_trainer(tokenizer, tmp_path, max_steps=1, per_device_eval_batch_size=4)
+    metrics = trainer.predict(trainer.eval_dataset, metric_key_prefix="val", max_new_tokens=4).metrics
+    assert metrics["val_samples"] == len(PAIRS["val"]) == 9 and "val_bleu" in metrics
+    assert sorted(trainer.compute_metrics.references) == sorted(t for _, t in PAIRS["val"])
+
+
+# --- data readers -------------------------------------------------------------------------------------------
+
+
+def test_tsv_and_jsonl_folders_read_the_same_pairs(tmp_path):
+    pairs = [("one", "eins"), ("two , three", "zwei , drei")]
+    (tmp_path / "train.tsv").write_text("".join(f" {s}\t{t} \n" for s, t in pairs) + "\n", encoding="utf-8")
+    (tmp_path / "val.jsonl").write_text(
+        "\n".join(json.dumps({"translation": {"en": s, "de": t}}) for s, t in pairs), encoding="utf-8"
+    )
+    assert load_split(str(tmp_path), "train", "en", "de") == pairs
+    assert load_split(str(tmp_path), "val", "en", "de") == pairs
+    with pytest.raises(ValueError, match="no 'en' and 'fr' fields"):
+        load_split(str(tmp_path), "val", "en", "fr")
+
+
+def test_a_datasets_folder_loads_like_a_hub_dataset(tmp_path):
+    os.makedirs(tmp_path / "ds")
+    rows = [{"translation": {"en": "one", "de": "eins"}}, {"translation": {"en": " ", "de": "leer"}}]
+    (tmp_path / "ds" / "train.jsonl").write_text("\n".join(json.dumps(r) for r in rows), encoding="utf-8")
+    assert load_split(str(tmp_path / "ds"), "train", "en", "de", hub=True) == [("one", "eins")]
+
+
+def test_overlong_training_pairs_are_dropped_and_counted(tokenizer, caplog):
+    from vaswani_hf.recipe import tokenize_pairs
+
+    pairs = [("one", "eins"), (" , ".join(["seven hundred seventy-seven"] * 20), "x")]
+    dataset = tokenize_pairs(pairs, tokenizer, max_length=32)
+    assert len(dataset) == 1 and "dropped 1 of 2 training pairs longer than --max_length=32" in caplog.text
+    assert len(tokenize_pairs(pairs, tokenizer)) == 2  # evaluation sets keep everything

@@ -1,0 +1,84 @@
+"""Token-budget batching (section 5.1): batches of sentence pairs of similar length, each holding about N source and
+N target tokens, instead of a fixed number of sentences."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+import numpy as np
+from torch.utils.data import Sampler
+
+
+class TokenBudgetBatchSampler(Sampler[list[int]]):
+    """Section 5.1: pairs sorted by length and packed so that every batch's *padded* size stays within `max_tokens`
+    on each side (`batch size x longest source <= max_tokens`, and the same for targets).
+
+    Each epoch shuffles pairs of equal length among themselves and shuffles the order of the batches, from
+    `seed + epoch` only, so a run resumed at any step sees the same batches in the same order. The batch
+    boundaries depend only on the sorted lengths, so `len()` is the same every epoch. Under DDP, Accelerate's
+    `BatchSamplerShard` deals the batches round-robin to the processes; this sampler knows nothing of ranks.
+    """
+
+    def __init__(
+        self,
+        source_lengths: Sequence[int],
+        target_lengths: Sequence[int],
+        max_tokens: int,
+        seed: int = 0,
+        shuffle: bool = True,
+    ) -> None:
+        self.source_lengths = np.asarray(source_lengths, dtype=np.int64)
+        self.target_lengths = np.asarray(target_lengths, dtype=np.int64)
+        if self.source_lengths.shape != self.target_lengths.shape:
+            raise ValueError(
+                f"{len(self.source_lengths)} source lengths but {len(self.target_lengths)} target lengths."
+            )
+        if len(self.source_lengths) == 0:
+            raise ValueError("The training set is empty: nothing to batch.")
+        too_long = int((np.maximum(self.source_lengths, self.target_lengths) > max_tokens).sum())
+        if too_long:
+            raise ValueError(
+                f"{too_long} training pairs are longer than --max_tokens={max_tokens} tokens on one side and fit in "
+                "no batch: raise --max_tokens or lower --max_length."
+            )
+        self.max_tokens = max_tokens
+        self.seed = seed
+        self.shuffle = shuffle
+        self.epoch = 0
+        sorted_lengths = np.maximum(self.source_lengths, self.target_lengths)[self._length_order(None)]
+        self.bounds = self._pack(sorted_lengths, max_tokens)
+
+    @staticmethod
+    def _pack(sorted_lengths: np.ndarray, max_tokens: int) -> list[tuple[int, int]]:
+        # Lengths are ascending, so the last pair added is the longest: padded size = count x current length.
+        bounds, start = [], 0
+        for end, length in enumerate(sorted_lengths.tolist()):
+            if (end - start + 1) * length > max_tokens:
+                bounds.append((start, end))
+                start = end
+        bounds.append((start, len(sorted_lengths)))
+        return bounds
+
+    def _length_order(self, rng: np.random.Generator | None) -> np.ndarray:
+        """Indices sorted by (longer side, source, target), ties in random order when `rng` is given."""
+        candidates = np.arange(len(self.source_lengths)) if rng is None else rng.permutation(len(self.source_lengths))
+        keys = (
+            self.target_lengths[candidates],
+            self.source_lengths[candidates],
+            np.maximum(self.source_lengths, self.target_lengths)[candidates],
+        )
+        return candidates[np.lexsort(keys)]
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return len(self.bounds)
+
+    def __iter__(self) -> Iterator[list[int]]:
+        rng = np.random.default_rng([self.seed, self.epoch]) if self.shuffle else None
+        order = self._length_order(rng)
+        batch_order = rng.permutation(len(self.bounds)) if rng is not None else range(len(self.bounds))
+        for b in batch_order:
+            start, end = self.bounds[b]
+            yield order[start:end].tolist()

@@ -1,0 +1,212 @@
+"""Seq2SeqTrainer with the paper's batching and schedule (section 5), atomic checkpoints and safe stops."""
+
+from __future__ import annotations
+
+import copy
+import logging
+import math
+import os
+import shutil
+import signal
+import time
+from functools import partial
+
+import torch
+from torch.optim.lr_scheduler import LambdaLR
+from torch.utils.data import DataLoader
+from transformers import Seq2SeqTrainer, TrainerCallback
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, SchedulerType, rotate_checkpoints
+
+from .batching import TokenBudgetBatchSampler
+
+logger = logging.getLogger(__name__)
+
+STAGING_DIR = ".checkpoint-staging"
+
+
+def noam_learning_rate(step: int, d_model: int, warmup_steps: int, scale: float = 1.0) -> float:
+    """Section 5.3: lrate = d_model^-0.5 * min(step^-0.5, step * warmup_steps^-1.5), step 1 = the first update."""
+    step = max(step, 1)
+    return scale * d_model**-0.5 * min(step**-0.5, step * warmup_steps**-1.5)
+
+
+def _noam_factor(completed_updates: int, warmup_steps: int) -> float:
+    # LambdaLR evaluates at the number of completed updates, so the update about to run is that number + 1.
+    step = completed_updates + 1
+    return min(step**-0.5, step * warmup_steps**-1.5) / warmup_steps**-0.5
+
+
+class VaswaniTrainer(Seq2SeqTrainer):
+    """Seq2SeqTrainer for the paper's recipe.
+
+    - `args.max_tokens > 0`: token-budget batches (`TokenBudgetBatchSampler`) from the `source_length` and
+      `target_length` columns of the training set; 0 keeps Trainer's fixed-size batches.
+    - `lr_scheduler_type="inverse_sqrt"` is the paper's formula with `learning_rate` as its peak, counting the
+      first update as step 1 (Trainer's own inverse_sqrt runs the first update at lr 0). Other types pass through.
+    - Checkpoints are written to a staging folder and renamed into place: a `checkpoint-N` folder is complete.
+    - A NaN or infinite loss stops training with the step and a hint instead of training on garbage.
+    """
+
+    def __init__(self, *args, train_lengths: tuple[list[int], list[int]] | None = None, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.train_lengths = train_lengths
+        self.token_sampler: TokenBudgetBatchSampler | None = None
+        self.target_tokens_seen = 0
+
+    def get_train_dataloader(self) -> DataLoader:
+        max_tokens = getattr(self.args, "max_tokens", 0)
+        if not max_tokens:
+            return super().get_train_dataloader()
+        if self.train_lengths is None:
+            raise ValueError("max_tokens needs the training pairs' lengths: pass train_lengths=(sources, targets).")
+        self.token_sampler = TokenBudgetBatchSampler(*self.train_lengths, max_tokens=max_tokens, seed=self.args.seed)
+        dataset = self._remove_unused_columns(self.train_dataset, description="training")
+        loader = DataLoader(
+            dataset,
+            batch_sampler=self.token_sampler,
+            collate_fn=self.data_collator,
+            num_workers=self.args.dataloader_num_workers,
+            pin_memory=self.args.dataloader_pin_memory,
+        )
+        return self.accelerator.prepare(loader)
+
+    def _run_epoch(self, model, epoch, *args, **kwargs):
+        # Trainer cannot reach a batch sampler behind both a skip wrapper and a DDP shard wrapper on resume;
+        # the batch order of an epoch must not depend on how the run got there.
+        if self.token_sampler is not None:
+            self.token_sampler.set_epoch(epoch)
+        return super()._run_epoch(model, epoch, *args, **kwargs)
+
+    def _expect(self, dataset) -> None:
+        if hasattr(self.compute_metrics, "expect") and dataset is not None and not isinstance(dataset, dict):
+            self.compute_metrics.expect(dataset)
+
+    def evaluate(self, eval_dataset=None, *args, **kwargs):
+        self._expect(eval_dataset if eval_dataset is not None else self.eval_dataset)
+        return super().evaluate(eval_dataset, *args, **kwargs)
+
+    def predict(self, test_dataset, *args, **kwargs):
+        self._expect(test_dataset)
+        return super().predict(test_dataset, *args, **kwargs)
+
+    def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None, **gen_kwargs):
+        # Seq2SeqTrainer fills the model's generation config with Transformers' defaults (max_length=20) after each
+        # batch; the paper's source + 50 limit would then be overridden in the saved config. Keep ours.
+        generation_config = copy.deepcopy(self.model.generation_config)
+        try:
+            return super().prediction_step(model, inputs, prediction_loss_only, ignore_keys, **gen_kwargs)
+        finally:
+            self.model.generation_config = generation_config
+
+    def create_scheduler(self, num_training_steps: int, optimizer: torch.optim.Optimizer | None = None):
+        if self.lr_scheduler is None and self.args.lr_scheduler_type == SchedulerType.INVERSE_SQRT:
+            warmup = max(1, self.args.get_warmup_steps(num_training_steps))
+            self.lr_scheduler = LambdaLR(optimizer or self.optimizer, partial(_noam_factor, warmup_steps=warmup))
+        return super().create_scheduler(num_training_steps, optimizer)
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        result = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+        if model.training:
+            loss = result[0] if return_outputs else result
+            if not torch.isfinite(loss.detach()).all():
+                raise FloatingPointError(
+                    f"the training loss is {loss.item()} at step {self.state.global_step + 1}: training stopped "
+                    "before corrupting the weights. Lower the learning rate (--learning_rate / --lr_scale) or "
+                    "raise --warmup_steps; with --fp16 prefer --bf16. Resume from the last checkpoint with --resume."
+                )
+            if "labels" in inputs:
+                self.target_tokens_seen += int((inputs["labels"] != -100).sum())
+        return result
+
+    def _issue_warnings_after_load(self, load_result) -> None:
+        # Tied copies (embeddings, output projection) are saved once; their absence on resume is expected.
+        tied = set(getattr(self.model, "all_tied_weights_keys", {}) or {})
+        load_result.missing_keys[:] = [k for k in load_result.missing_keys if k not in tied]
+        super()._issue_warnings_after_load(load_result)
+
+    def _get_output_dir(self, trial) -> str:
+        if getattr(self, "_staging", False):
+            return os.path.join(super()._get_output_dir(trial), STAGING_DIR)
+        return super()._get_output_dir(trial)
+
+    def _save_checkpoint(self, model, trial) -> None:
+        """Write the checkpoint under a staging folder, then rename it into place (atomic on one filesystem)."""
+        run_dir = self._get_output_dir(trial)
+        name = f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
+        staged = os.path.join(run_dir, STAGING_DIR, name)
+        if self.args.should_save and os.path.exists(staged):
+            shutil.rmtree(staged)  # left by a run killed while saving
+        self.accelerator.wait_for_everyone()
+        self._staging = True
+        try:
+            super()._save_checkpoint(model, trial)
+        finally:
+            self._staging = False
+        self.accelerator.wait_for_everyone()
+        if self.args.should_save:
+            final = os.path.join(run_dir, name)
+            if os.path.exists(final):
+                shutil.rmtree(final)
+            os.replace(staged, final)
+            best = self.state.best_model_checkpoint
+            if best and STAGING_DIR in best:
+                self.state.best_model_checkpoint = best.replace(os.path.join(STAGING_DIR, ""), "")
+            rotate_checkpoints(run_dir, self.args.save_total_limit, self.state.best_model_checkpoint, use_mtime=False)
+        self.accelerator.wait_for_everyone()
+
+
+class WallClockCallback(TrainerCallback):
+    """Adds `elapsed_s` (seconds since training began) to every log entry, for curves against wall time,
+    and stops training (with a checkpoint) once `max_train_minutes` have passed."""
+
+    def __init__(self, max_train_minutes: float | None = None) -> None:
+        self.max_seconds = max_train_minutes * 60 if max_train_minutes else math.inf
+        self.start = time.perf_counter()
+        self.stopped = False
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.start = time.perf_counter()
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if state.log_history:
+            state.log_history[-1]["elapsed_s"] = round(time.perf_counter() - self.start, 1)
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if time.perf_counter() - self.start > self.max_seconds:
+            logger.warning("time limit of %.1f minutes reached at step %d", self.max_seconds / 60, state.global_step)
+            control.should_save = control.should_training_stop = True
+            self.stopped = True
+
+
+class GracefulStopCallback(TrainerCallback):
+    """SIGINT or SIGTERM during training: finish the current step, write a checkpoint, stop. Under DDP the
+    request is shared across processes so all of them stop at the same step."""
+
+    def __init__(self) -> None:
+        self.signal: int | None = None
+        self.previous: dict[int, object] = {}
+
+    def _handle(self, signum, frame) -> None:
+        self.signal = signum
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            try:
+                self.previous[signum] = signal.signal(signum, self._handle)
+            except ValueError:  # not the main thread: leave signals alone
+                pass
+
+    def on_step_end(self, args, state, control, **kwargs):
+        requested = self.signal is not None
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            flag = torch.tensor([float(requested)], device=args.device)
+            torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
+            requested = bool(flag.item())
+        if requested:
+            control.should_save = control.should_training_stop = True
+            self.signal = self.signal or signal.SIGTERM  # another process was signalled
+
+    def on_train_end(self, args, state, control, **kwargs):
+        for signum, handler in self.previous.items():
+            signal.signal(signum, handler)
+        self.previous.clear()
