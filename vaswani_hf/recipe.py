@@ -122,22 +122,30 @@ def tokenize_pairs(
     Evaluation sets are never filtered (dropping test sentences would change the BLEU) and keep their raw
     `target_text`: BLEU is scored against the references as written, not as the vocabulary can spell them."""
     sources, targets = zip(*pairs, strict=True) if pairs else ((), ())
-    encoded = tokenizer(list(sources), text_target=list(targets))
-    columns = {k: encoded[k] for k in ("input_ids", "attention_mask", "labels")}
-    columns["source_length"] = [len(x) for x in columns["input_ids"]]
-    columns["target_length"] = [len(x) for x in columns["labels"]]
-    if keep_text:
-        columns["target_text"] = list(targets)
-    keep = range(len(pairs))
+
+    def encode(batch: dict) -> dict:
+        encoded = tokenizer(batch["source"], text_target=batch["target"])
+        columns = {k: encoded[k] for k in ("input_ids", "attention_mask", "labels")}
+        columns["source_length"] = [len(x) for x in columns["input_ids"]]
+        columns["target_length"] = [len(x) for x in columns["labels"]]
+        if keep_text:
+            columns["target_text"] = batch["target"]
+        return columns
+
+    # Arrow columns, not Python lists: WMT-sized data (millions of pairs) stays a few GB per process.
+    raw = Dataset.from_dict({"source": list(sources), "target": list(targets)})
+    dataset = raw.map(encode, batched=True, batch_size=20000, remove_columns=["source", "target"],
+                      desc="tokenizing", keep_in_memory=True)  # fmt: skip
     if max_length:
-        longest = np.maximum(columns["source_length"], columns["target_length"])
-        keep = np.flatnonzero(longest <= max_length).tolist()
-        if len(keep) < len(pairs):
+        lengths = dataset.with_format("numpy")
+        keep = np.flatnonzero(np.maximum(lengths["source_length"], lengths["target_length"]) <= max_length)
+        if len(keep) < len(dataset):
             logger.warning("dropped %d of %d training pairs longer than --max_length=%d tokens",
-                           len(pairs) - len(keep), len(pairs), max_length)  # fmt: skip
-        if not keep:
-            raise ValueError(f"every training pair is longer than --max_length={max_length} tokens: raise it.")
-    return Dataset.from_dict({k: [v[i] for i in keep] for k, v in columns.items()})
+                           len(dataset) - len(keep), len(dataset), max_length)  # fmt: skip
+            if not len(keep):
+                raise ValueError(f"every training pair is longer than --max_length={max_length} tokens: raise it.")
+            dataset = dataset.select(keep)
+    return dataset
 
 
 class TranslationMetrics:
@@ -224,7 +232,7 @@ def build_trainer(
         data_collator=DataCollatorForSeq2Seq(tokenizer, model=model),
         processing_class=tokenizer,
         compute_metrics=TranslationMetrics(tokenizer),
-        train_lengths=(train_set["source_length"], train_set["target_length"]),
+        train_lengths=tuple(train_set.with_format("numpy")[c] for c in ("source_length", "target_length")),
         callbacks=callbacks,
     )
 
@@ -297,10 +305,11 @@ def score(hypotheses: list[str], references: list[str]) -> dict:
     }
 
 
-def load_for_inference(model_dir: str | Path):
+def load_for_inference(model_dir: str | Path, device: str | None = None):
+    """Model (on the GPU when there is one) and tokenizer of a saved model directory."""
     path = Path(model_dir)
     if not (path / "config.json").is_file():
         raise FileNotFoundError(f"{path} is not a model directory (no config.json). Train one with `vaswani train`.")
     model = AutoModelForSeq2SeqLM.from_pretrained(path)
     tokenizer = AutoTokenizer.from_pretrained(path)
-    return model.eval(), tokenizer
+    return model.to(device or ("cuda" if torch.cuda.is_available() else "cpu")).eval(), tokenizer
