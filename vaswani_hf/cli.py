@@ -176,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
         return COMMANDS[argv[0]](argv[1:])
-    except (ValueError, FileNotFoundError) as err:
+    except (ValueError, OSError, FloatingPointError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
 

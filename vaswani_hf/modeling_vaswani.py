@@ -398,6 +398,46 @@ class VaswaniStack(VaswaniPreTrainedModel):
         self.gradient_checkpointing = False
         self.post_init()
 
+    def embed(
+        self,
+        input_ids: torch.LongTensor | None,
+        inputs_embeds: torch.Tensor | None,
+        attention_mask: torch.Tensor | None,
+        names: tuple[str, str, str],
+        check_ids: bool = True,
+    ) -> torch.Tensor:
+        """Token embeddings (or the given `inputs_embeds`), after checking the inputs: a bad id or mask shape gets
+        a ValueError naming the argument here instead of an index error deep inside torch (or a CUDA assert)."""
+        ids_name, embeds_name, mask_name = names
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError(f"{type(self).__name__}: give exactly one of `{ids_name}` or `{embeds_name}`.")
+        given, name = (input_ids, ids_name) if input_ids is not None else (inputs_embeds, embeds_name)
+        shape = tuple(given.shape[:2])
+        expected = "(batch, length)" if input_ids is not None else "(batch, length, d_model)"
+        if given.dim() != len(expected.split(",")) or 0 in shape:
+            raise ValueError(
+                f"`{name}` must be a non-empty batch of shape {expected}, got {tuple(given.shape)}: give at least "
+                "one sequence of at least one token."
+            )
+        if attention_mask is not None and tuple(attention_mask.shape) != shape:
+            raise ValueError(
+                f"`{mask_name}` has shape {tuple(attention_mask.shape)} but `{name}` has (batch, length) = {shape}: "
+                "pass the mask the tokenizer returned with these ids."
+            )
+        if inputs_embeds is not None:
+            return inputs_embeds
+        if input_ids.dtype.is_floating_point or input_ids.dtype == torch.bool or input_ids.is_complex():
+            raise ValueError(f"`{ids_name}` must hold integer token ids, got dtype {input_ids.dtype}: use .long().")
+        if check_ids and not (torch.compiler.is_compiling() or torch.compiler.is_exporting()):
+            low, high = int(input_ids.min()), int(input_ids.max())
+            if low < 0 or high >= self.config.vocab_size:
+                bad = low if low < 0 else high
+                raise ValueError(
+                    f"`{ids_name}` holds token id {bad}, outside the vocabulary [0, {self.config.vocab_size}): "
+                    "the tokenizer does not match this model (compare len(tokenizer) with config.vocab_size)."
+                )
+        return self.embed_tokens(input_ids)
+
 
 class VaswaniEncoder(VaswaniStack):
     """Section 3.1: the encoder stack of N identical layers over the embedded and position-encoded source."""
@@ -419,10 +459,9 @@ class VaswaniEncoder(VaswaniStack):
         inputs_embeds: torch.Tensor | None = None,
         **kwargs: Unpack[TransformersKwargs],
     ) -> BaseModelOutput:
-        if (input_ids is None) == (inputs_embeds is None):
-            raise ValueError("VaswaniEncoder: give exactly one of `input_ids` or `inputs_embeds`.")
-        if inputs_embeds is None:
-            inputs_embeds = self.embed_tokens(input_ids)
+        inputs_embeds = self.embed(
+            input_ids, inputs_embeds, attention_mask, ("input_ids", "inputs_embeds", "attention_mask")
+        )
         hidden_states = self.embed_positions(inputs_embeds * self.embed_scale)
         attention_mask = create_bidirectional_mask(
             config=self.config, inputs_embeds=inputs_embeds, attention_mask=attention_mask
@@ -460,13 +499,24 @@ class VaswaniDecoder(VaswaniStack):
         use_cache: bool | None = None,
         **kwargs: Unpack[TransformersKwargs],
     ) -> BaseModelOutputWithPastAndCrossAttentions:
-        if (input_ids is None) == (inputs_embeds is None):
-            raise ValueError("VaswaniDecoder: give exactly one of `decoder_input_ids` or `decoder_inputs_embeds`.")
-        if inputs_embeds is None:
-            inputs_embeds = self.embed_tokens(input_ids)
+        if input_ids is None and inputs_embeds is None:
+            raise ValueError(
+                "VaswaniDecoder: no `decoder_input_ids`: give them (or `decoder_inputs_embeds`), or give `labels` to "
+                "VaswaniForConditionalGeneration, which builds them. To translate, call `generate()`."
+            )
         if use_cache and past_key_values is None:
             past_key_values = EncoderDecoderCache(DynamicCache(config=self.config), DynamicCache(config=self.config))
         past_length = past_key_values.get_seq_length() if past_key_values is not None else 0
+        # Check once, on the prompt: generated ids come from the model's vocabulary, and with a cache the mask
+        # also covers the past.
+        first_step = past_length == 0
+        inputs_embeds = self.embed(
+            input_ids,
+            inputs_embeds,
+            attention_mask if first_step else None,
+            ("decoder_input_ids", "decoder_inputs_embeds", "decoder_attention_mask"),
+            check_ids=first_step,
+        )
         hidden_states = self.embed_positions(inputs_embeds * self.embed_scale, start=past_length)
 
         self_attn_cache = (
@@ -706,6 +756,13 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, GenerationMixin):
         """Section 5.4: cross-entropy with label smoothing (uniform over the whole vocabulary, padding included,
         like `torch.nn.functional.cross_entropy` and Trainer's smoother); positions labelled -100 are ignored."""
         labels = labels.to(logits.device)
+        if not (torch.compiler.is_compiling() or torch.compiler.is_exporting()):
+            invalid = (labels != -100) & ((labels < 0) | (labels >= logits.shape[-1]))
+            if invalid.any():
+                raise ValueError(
+                    f"`labels` holds token id {int(labels[invalid][0])}, outside the vocabulary [0, "
+                    f"{logits.shape[-1]}) (use -100 for positions to ignore): the tokenizer does not match this model."
+                )
         total = F.cross_entropy(
             logits.float().reshape(-1, logits.shape[-1]),
             labels.reshape(-1),

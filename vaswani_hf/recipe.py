@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from dataclasses import dataclass, field
@@ -11,6 +12,7 @@ import numpy as np
 import sacrebleu
 import torch
 from datasets import Dataset
+from safetensors import SafetensorError
 from tqdm.auto import tqdm
 from transformers import (
     AutoModelForSeq2SeqLM,
@@ -188,7 +190,7 @@ class TranslationMetrics:
 
 def build_model(model_args: ModelArguments, tokenizer: PreTrainedTokenizerBase) -> VaswaniForConditionalGeneration:
     if model_args.model_name_or_path:
-        return AutoModelForSeq2SeqLM.from_pretrained(model_args.model_name_or_path)
+        return load_model(model_args.model_name_or_path)
     if model_args.preset not in PRESETS:
         raise ValueError(f"--preset must be one of {PRESETS}, got {model_args.preset!r}.")
     special = {"pad_token_id": "<pad>", "bos_token_id": "<s>", "eos_token_id": "</s>", "unk_token_id": "<unk>"}
@@ -305,11 +307,48 @@ def score(hypotheses: list[str], references: list[str]) -> dict:
     }
 
 
+def load_model(name_or_path: str | Path) -> VaswaniForConditionalGeneration:
+    """A vaswani checkpoint from a local folder (checked first, for clear errors) or a Hub id; safetensors only,
+    so loading never unpickles a file (convert `pytorch_model.bin` checkpoints in Python first)."""
+    path = Path(name_or_path)
+    if path.is_dir():
+        config_file = path / "config.json"
+        if not config_file.is_file():
+            raise FileNotFoundError(f"{path} is not a model directory (no config.json); train one with `vaswani train`")
+        try:
+            model_type = json.loads(config_file.read_text()).get("model_type")
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{config_file} is not valid JSON ({err.msg}, line {err.lineno}).") from None
+        if model_type != VaswaniConfig.model_type:
+            raise ValueError(
+                f"{path} holds a {model_type!r} model, not a {VaswaniConfig.model_type!r} one; a Marian checkpoint "
+                "converts with scripts/convert_marian_to_vaswani.py."
+            )
+        if not any((path / name).is_file() for name in ("model.safetensors", "model.safetensors.index.json")):
+            raise FileNotFoundError(
+                f"{path} has config.json but no model.safetensors: the save did not finish. Use the last complete "
+                "checkpoint-N folder of the run (`vaswani train ... --resume` continues from it)."
+            )
+    try:
+        return AutoModelForSeq2SeqLM.from_pretrained(name_or_path, use_safetensors=True)
+    except SafetensorError as err:
+        raise ValueError(f"{path}: cannot read model.safetensors ({err}); the file is truncated or corrupt.") from None
+    except RuntimeError as err:
+        if "mismatched" not in str(err):
+            raise
+        raise ValueError(
+            f"{path}: the weights do not fit config.json (tensor shapes differ): the config was edited or belongs to "
+            "another model."
+        ) from None
+
+
 def load_for_inference(model_dir: str | Path, device: str | None = None):
-    """Model (on the GPU when there is one) and tokenizer of a saved model directory."""
-    path = Path(model_dir)
-    if not (path / "config.json").is_file():
-        raise FileNotFoundError(f"{path} is not a model directory (no config.json). Train one with `vaswani train`.")
-    model = AutoModelForSeq2SeqLM.from_pretrained(path)
-    tokenizer = AutoTokenizer.from_pretrained(path)
+    """Model (on the GPU when there is one) and tokenizer of a saved model directory; they must match."""
+    model = load_model(model_dir)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    if len(tokenizer) > model.config.vocab_size:
+        raise ValueError(
+            f"{model_dir}: the tokenizer has {len(tokenizer)} tokens but the model only {model.config.vocab_size}: "
+            "they come from different runs. Save the training run's tokenizer beside the model."
+        )
     return model.to(device or ("cuda" if torch.cuda.is_available() else "cpu")).eval(), tokenizer
