@@ -1,7 +1,20 @@
 import os
 
+import pytest
+
+from .helpers import TINY_RUN, vaswani
+
 # Tests never reach the Hub; they build tiny models and data themselves.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 
 collect_ignore_glob = ["_upstream/*"]
+
+
+@pytest.fixture(scope="session")
+def trained(tmp_path_factory):
+    """A tiny model trained by `vaswani train` on the built-in task (shared by the CLI and Hub tests)."""
+    out = tmp_path_factory.mktemp("run") / "model"
+    result = vaswani("train", *TINY_RUN, "--output_dir", str(out))
+    assert result.returncode == 0, result.stderr[-3000:]
+    return out, result.stdout

@@ -1,20 +1,13 @@
 """The `vaswani` command end to end on tiny settings, and its error messages."""
 
 import json
-import subprocess
-import sys
 
 import pytest
 
 from vaswani_hf.recipe import noam_learning_rate
 from vaswani_hf.tasks import english, german
 
-TINY_RUN = ["--preset", "tiny", "--max_steps", "4", "--warmup_steps", "2", "--vocab_size", "120",
-            "--per_device_train_batch_size", "8", "--disable_tqdm", "true", "--max_eval_samples", "8"]  # fmt: skip
-
-
-def vaswani(*args, stdin=None):
-    return subprocess.run([sys.executable, "-m", "vaswani_hf.cli", *args], capture_output=True, text=True, input=stdin)
+from .helpers import TINY_RUN, vaswani
 
 
 def test_number_words_need_reordering():
@@ -28,14 +21,6 @@ def test_noam_schedule_values():
     assert noam_learning_rate(1, d_model, warmup) == pytest.approx(512**-0.5 * 4000**-1.5)
     assert noam_learning_rate(warmup, d_model, warmup) == pytest.approx(512**-0.5 * 4000**-0.5)  # peak, 6.99e-4
     assert noam_learning_rate(4 * warmup, d_model, warmup) == pytest.approx(512**-0.5 * 16000**-0.5)
-
-
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-    out = tmp_path_factory.mktemp("run") / "model"
-    result = vaswani("train", *TINY_RUN, "--output_dir", str(out))
-    assert result.returncode == 0, result.stderr[-3000:]
-    return out, result.stdout
 
 
 def test_train_builtin_task_summary(trained):

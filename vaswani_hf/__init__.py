@@ -14,6 +14,7 @@ from .modeling_vaswani import (
     VaswaniPreTrainedModel,
     gnmt_length_penalty,
 )
+from .pipeline_vaswani import VaswaniTranslationPipeline
 
 __version__ = "0.1.0"
 
@@ -29,6 +30,7 @@ __all__ = [
     "VaswaniForConditionalGeneration",
     "VaswaniModel",
     "VaswaniPreTrainedModel",
+    "VaswaniTranslationPipeline",
     "gnmt_length_penalty",
     "__version__",
 ]

@@ -1,4 +1,4 @@
-"""The `vaswani` command: train, translate, evaluate.
+"""The `vaswani` command: train, translate, evaluate, average, push, attention.
 
 Trainer settings keep their Transformers names (`--max_steps`, `--learning_rate`, ...), with the paper's values as
 defaults. Without `--data`, `vaswani train` runs the built-in number-words task, offline, in a few minutes.
@@ -97,11 +97,88 @@ def train_command(argv: list[str]) -> int:
         if main:
             (output_dir / f"{prefix}.hyp").write_text("\n".join(trainer.compute_metrics.hypotheses) + "\n")
     if main:
+        try:
+            _write_card(trainer, training_args, data_args, stats, metrics, pairs, builtin, task)
+        except Exception as err:  # the trained model matters more than its card: say so, keep going
+            logger.warning("the model card could not be written (%s: %s); the model is saved", type(err).__name__, err)
         summary = {**stats, "eval_split": data_args.eval_split, **metrics, "model_dir": str(output_dir)}
         print(json.dumps(summary))
         bleu = f"BLEU {metrics['bleu']} on {data_args.eval_split}, " if "bleu" in metrics else ""
         print(f"{bleu}{stats['steps']} steps ({stats['seconds']:.0f} s, {stats['target_tokens_per_s']} target "
               f"tokens/s); model saved in {output_dir}")  # fmt: skip
+    return 0
+
+
+def _write_card(trainer, training_args, data_args, stats, metrics, pairs, builtin: bool, task: str) -> None:
+    """training_facts.json, the attention map of one test sentence, and the README.md model card."""
+    from .attention import write_attention_maps
+    from .hub import FACTS_FILE, training_facts, write_model_card
+    from .recipe import translate
+
+    output_dir = Path(training_args.output_dir)
+    model, tokenizer = trainer.model, trainer.processing_class
+    source = (pairs.get(data_args.eval_split) or pairs[data_args.train_split])[0][0]
+    example = (source, translate(model, tokenizer, [source], progress=False)[0])
+    name = "built-in English-German number words" if builtin else (data_args.dataset_name or Path(data_args.data).name)
+    if builtin:
+        use = (
+            "A demonstration that the recipe learns: English number words below 1000 (up to four per sentence) "
+            "into German number words, which needs reordering (twenty-one -> einundzwanzig)."
+        )
+        limits = "it knows nothing but number words; any other input gets meaningless output."
+    else:
+        use = (
+            f"Research and education: the paper's model and recipe reproduced on {name}, {data_args.src} to "
+            f"{data_args.tgt}. Evaluate it on your own domain before relying on it."
+        )
+        limits = (f"trained only on {len(trainer.train_dataset):,} sentence pairs of {name}; sentence-level, "
+                  "no document context; text unlike the training data (domain, length, characters outside the BPE "
+                  "vocabulary) gets worse and sometimes fluent but wrong output.")  # fmt: skip
+    data = {"name": name, "dataset_id": data_args.dataset_name, "description": task, "src": data_args.src,
+            "tgt": data_args.tgt, "train_pairs": len(trainer.train_dataset), "max_length": data_args.max_length,
+            "example": example, "intended_use": use, "limitations": limits}  # fmt: skip
+    evaluation = {**metrics, "split": data_args.eval_split} if metrics else {}
+    facts = training_facts(model, tokenizer, training_args, data, stats, evaluation)
+    (output_dir / FACTS_FILE).write_text(json.dumps(facts, indent=2) + "\n")
+    try:
+        write_attention_maps(model, tokenizer, source, output_dir / "attention")
+    except ImportError as err:
+        logger.warning("no attention map in the model card: %s", err)
+    write_model_card(output_dir)
+
+
+def push_command(argv: list[str]) -> int:
+    from .hub import push
+
+    parser = argparse.ArgumentParser(prog="vaswani push", description="Share a saved model on the Hugging Face Hub.")
+    parser.add_argument("model_dir")
+    parser.add_argument("repo_id", help="user-or-org/name")
+    parser.add_argument("--private", action="store_true", help="create the repository private")
+    parser.add_argument("--revision", help="branch to commit to (created if missing; default: main)")
+    parser.add_argument("--commit-message")
+    parser.add_argument("--token", help="default: HF_TOKEN or the token saved by `hf auth login`")
+    args = parser.parse_args(argv)
+    info = push(args.model_dir, args.repo_id, args.private, args.revision, args.token, args.commit_message)
+    print(f"pushed {args.model_dir} to {info.commit_url}")
+    return 0
+
+
+def attention_command(argv: list[str]) -> int:
+    from .attention import write_attention_maps
+    from .recipe import load_for_inference
+
+    parser = argparse.ArgumentParser(
+        prog="vaswani attention", description="Heat maps of every layer and head for one sentence (PNG)."
+    )
+    parser.add_argument("model_dir")
+    parser.add_argument("sentence")
+    parser.add_argument("--output", default="attention", help="file prefix: PREFIX-{encoder,decoder,cross}.png")
+    parser.add_argument("--num-beams", type=int, default=None, help="default: the model's (paper: 4)")
+    args = parser.parse_args(argv)
+    model, tokenizer = load_for_inference(args.model_dir)
+    kwargs = {"num_beams": args.num_beams} if args.num_beams else {}
+    for path in write_attention_maps(model, tokenizer, args.sentence, args.output, **kwargs):
+        print(path)
     return 0
 
 
@@ -162,13 +239,13 @@ def evaluate_command(argv: list[str]) -> int:
 
 
 COMMANDS = {"train": train_command, "translate": translate_command, "evaluate": evaluate_command,
-            "average": average_command}  # fmt: skip
+            "average": average_command, "push": push_command, "attention": attention_command}  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
-        print("usage: vaswani {train,translate,evaluate,average} [options]   (vaswani COMMAND --help for options)")
+        print(f"usage: vaswani {{{','.join(COMMANDS)}}} [options]   (vaswani COMMAND --help for options)")
         if argv and argv[0] not in ("-h", "--help"):
             print(f"error: unknown command {argv[0]!r}", file=sys.stderr)
             return 2

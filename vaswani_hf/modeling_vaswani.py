@@ -12,7 +12,9 @@ This file is also shipped as Hub remote code: it imports only torch, transformer
 from __future__ import annotations
 
 import math
+import shutil
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -379,7 +381,17 @@ class VaswaniPreTrainedModel(PreTrainedModel):
                 "AutoModel": f"{module}.VaswaniModel",
                 "AutoModelForSeq2SeqLM": f"{module}.VaswaniForConditionalGeneration",
             }
-        return super().save_pretrained(save_directory, *args, **kwargs)
+        # Transformers 5 has no built-in translation task: declare ours (pipeline_vaswani.py) and ship it.
+        pipeline_file = Path(__file__).with_name("pipeline_vaswani.py")
+        if pipeline_file.is_file():
+            self.config.custom_pipelines = {
+                "translation": {"impl": "pipeline_vaswani.VaswaniTranslationPipeline", "pt": ["AutoModelForSeq2SeqLM"],
+                                "tf": [], "type": "text"}
+            }  # fmt: skip
+        result = super().save_pretrained(save_directory, *args, **kwargs)
+        if pipeline_file.is_file() and Path(save_directory).resolve() != pipeline_file.parent.resolve():
+            shutil.copy(pipeline_file, Path(save_directory) / pipeline_file.name)
+        return result
 
 
 class VaswaniStack(VaswaniPreTrainedModel):

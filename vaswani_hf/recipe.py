@@ -254,7 +254,8 @@ def train(trainer: VaswaniTrainer, resume: bool = False) -> dict:
     trainer.save_model(args.output_dir)
     trainer.save_state()  # trainer_state.json: the log history (loss, BLEU, elapsed_s) for curves
     averaged = []
-    if args.average_last:
+    interrupted = any(getattr(cb, "signal", None) is not None for cb in trainer.callback_handler.callbacks)
+    if args.average_last and not interrupted:
         averaged = list_checkpoints(args.output_dir)[-args.average_last :]
         if args.should_save and averaged:
             average_checkpoints(averaged, args.output_dir)

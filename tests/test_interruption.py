@@ -1,0 +1,113 @@
+"""Interrupted work loses nothing: SIGTERM writes a checkpoint and exits cleanly, SIGKILL at any moment leaves the
+last complete checkpoint usable, and --resume reaches the same weights as an uninterrupted run."""
+
+import random
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from transformers import TrainerCallback
+
+from vaswani_hf.averaging import list_checkpoints, load_weights
+from vaswani_hf.tasks import number_pairs
+from vaswani_hf.trainer import STAGING_DIR
+
+from .test_recipe import make_trainer, tokenizer  # noqa: F401  (fixture)
+
+STEPS = 120
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("data")
+    for split, count, seed in (("train", 300, 0), ("val", 4, 1)):
+        (folder / f"{split}.tsv").write_text("".join(f"{s}\t{t}\n" for s, t in number_pairs(count, seed)))
+    return folder
+
+
+def command(data, out, *extra):
+    return [sys.executable, "-m", "vaswani_hf.cli", "train", "--data", str(data), "--preset", "tiny",
+            "--vocab_size", "120", "--max_tokens", "300", "--max_steps", str(STEPS), "--warmup_steps", "20",
+            "--save_steps", "20", "--save_total_limit", "3", "--max_eval_samples", "2", "--disable_tqdm", "true",
+            "--output_dir", str(out), *extra]  # fmt: skip
+
+
+def run_until_checkpoint(data, out, step: int, *extra) -> subprocess.Popen:
+    process = subprocess.Popen(command(data, out, *extra), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 300
+    while not (out / f"checkpoint-{step}").is_dir():
+        assert process.poll() is None, process.communicate()[1][-3000:]
+        assert time.time() < deadline
+        time.sleep(0.01)
+    return process
+
+
+def assert_same_weights(a, b):
+    expected, got = load_weights(a), load_weights(b)
+    assert expected.keys() == got.keys()
+    for name in expected:
+        torch.testing.assert_close(got[name], expected[name], atol=1e-6, rtol=1e-5, msg=name)
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(data, tmp_path_factory):
+    out = tmp_path_factory.mktemp("whole") / "run"
+    result = subprocess.run(command(data, out), capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return out
+
+
+def test_sigterm_writes_a_checkpoint_and_exits_cleanly_then_resume_matches(data, uninterrupted, tmp_path):
+    out = tmp_path / "run"
+    process = run_until_checkpoint(data, out, 40)
+    process.send_signal(signal.SIGTERM)
+    stdout, stderr = process.communicate(timeout=120)
+    assert process.returncode == 128 + signal.SIGTERM, stderr[-3000:]
+    assert "Traceback" not in stderr and "stopped by SIGTERM at step" in stderr and "--resume" in stderr
+    stopped_at = int(stderr.split("stopped by SIGTERM at step ")[1].split(":")[0])
+    assert list_checkpoints(out)[-1].name == f"checkpoint-{stopped_at}"  # written at the step it stopped
+    result = subprocess.run(command(data, out, "--resume"), capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert_same_weights(uninterrupted, out)
+
+
+def test_sigkill_at_a_random_moment_then_resume_matches(data, uninterrupted, tmp_path):
+    out = tmp_path / "run"
+    process = run_until_checkpoint(data, out, 60)
+    time.sleep(random.uniform(0, 0.3))  # somewhere in the next steps, maybe inside a save
+    process.kill()
+    process.communicate()
+    for checkpoint in list_checkpoints(out):  # every checkpoint-N folder that exists is complete
+        assert {"model.safetensors", "optimizer.pt", "trainer_state.json"} <= {p.name for p in checkpoint.iterdir()}
+    result = subprocess.run(command(data, out, "--resume"), capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert_same_weights(uninterrupted, out)
+
+
+def test_a_death_inside_a_save_leaves_only_a_staged_folder(tokenizer, tmp_path, monkeypatch):  # noqa: F811
+    trainer = make_trainer(tokenizer, tmp_path, max_steps=4, save_strategy="steps", save_steps=2)
+
+    def die(*args, **kwargs):
+        raise SystemExit("killed while writing the optimizer state")
+
+    monkeypatch.setattr(trainer, "_save_optimizer_and_scheduler", die)
+    with pytest.raises(SystemExit):
+        trainer.train()
+    assert list_checkpoints(tmp_path) == []  # nothing half-written looks like a checkpoint
+    assert (tmp_path / STAGING_DIR / "checkpoint-2" / "model.safetensors").is_file()
+
+
+class PoisonWeights(TrainerCallback):
+    def on_step_end(self, args, state, control, model=None, **kwargs):
+        if state.global_step == 2:
+            with torch.no_grad():
+                model.model.shared.weight.fill_(float("nan"))
+
+
+def test_a_nan_loss_stops_training_with_the_step_and_a_hint(tokenizer, tmp_path):  # noqa: F811
+    trainer = make_trainer(tokenizer, tmp_path, [PoisonWeights()], max_steps=5)
+    with pytest.raises(FloatingPointError, match=r"training loss is nan at step 3.*learning rate.*fp16"):
+        trainer.train()
