@@ -312,7 +312,8 @@ def load_model(name_or_path: str | Path) -> VaswaniForConditionalGeneration:
     """A vaswani checkpoint from a local folder (checked first, for clear errors) or a Hub id; safetensors only,
     so loading never unpickles a file (convert `pytorch_model.bin` checkpoints in Python first)."""
     path = Path(name_or_path)
-    if path.is_dir():
+    looks_local = path.exists() or str(name_or_path).startswith(("/", ".", "~")) or str(name_or_path).count("/") != 1
+    if looks_local:  # a Hub id is exactly "owner/name"
         config_file = path / "config.json"
         if not config_file.is_file():
             raise FileNotFoundError(f"{path} is not a model directory (no config.json); train one with `vaswani train`")
