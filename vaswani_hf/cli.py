@@ -19,7 +19,7 @@ from transformers import HfArgumentParser
 logger = logging.getLogger("vaswani")
 
 # Settings of the built-in task where it departs from the paper's WMT-sized defaults (small data, 2 CPU cores).
-BUILTIN_DEFAULTS = {"vocab_size": 500, "preset": "small", "warmup_steps": 400, "max_steps": 1200,
+BUILTIN_DEFAULTS = {"vocab_size": 500, "preset": "small", "warmup_steps": 400, "max_steps": 2000,
                     "lr_scale": 0.5, "eval_split": "test", "max_tokens": 0, "save_strategy": "no"}  # fmt: skip
 
 
