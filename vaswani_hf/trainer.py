@@ -31,9 +31,10 @@ def noam_learning_rate(step: int, d_model: int, warmup_steps: int, scale: float 
 
 
 def _noam_factor(completed_updates: int, warmup_steps: int) -> float:
-    # LambdaLR evaluates at the number of completed updates, so the update about to run is that number + 1.
-    step = completed_updates + 1
-    return min(step**-0.5, step * warmup_steps**-1.5) / warmup_steps**-0.5
+    # LambdaLR evaluates at the number of completed updates, so the update about to run is that number + 1;
+    # the factor scales `learning_rate`, the curve's peak (reached at step = warmup).
+    peak = noam_learning_rate(warmup_steps, 1, warmup_steps)
+    return noam_learning_rate(completed_updates + 1, 1, warmup_steps) / peak
 
 
 class VaswaniTrainer(Seq2SeqTrainer):
