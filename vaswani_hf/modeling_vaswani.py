@@ -441,7 +441,7 @@ class VaswaniStack(VaswaniPreTrainedModel):
         if input_ids.dtype.is_floating_point or input_ids.dtype == torch.bool or input_ids.is_complex():
             raise ValueError(f"`{ids_name}` must hold integer token ids, got dtype {input_ids.dtype}: use .long().")
         if check_ids and not (torch.compiler.is_compiling() or torch.compiler.is_exporting()):
-            low, high = int(input_ids.min()), int(input_ids.max())
+            low, high = torch.stack(torch.aminmax(input_ids)).tolist()  # one device sync, not two
             if low < 0 or high >= self.config.vocab_size:
                 bad = low if low < 0 else high
                 raise ValueError(
