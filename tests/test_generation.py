@@ -137,3 +137,45 @@ def test_gnmt_override_is_scoped_to_the_call():
     model.generate(input_ids=torch.tensor([[5, 2]]), max_new_tokens=2)
     assert model._gnmt_length_penalty is False
     assert math.isclose(gnmt_equivalent_exponent(1, 0.6), 0.6)
+
+
+# --- the decoding speed-ups (issue 5) change nothing in the results ---
+
+
+def test_beam_search_with_and_without_cache_agree():
+    # Our cache reordering leaves the cross-attention keys/values in place: beams of one example share them.
+    model = tiny_model()
+    src = torch.tensor([[5, 6, 7, 2, 0, 0], [8, 9, 10, 11, 12, 2], [13, 14, 2, 0, 0, 0]])
+    mask = src.ne(0).long()
+    kwargs = dict(attention_mask=mask, num_beams=4, num_return_sequences=4, max_new_tokens=9, output_scores=True,
+                  return_dict_in_generate=True)  # fmt: skip
+    cached = model.generate(input_ids=src, use_cache=True, **kwargs)
+    uncached = model.generate(input_ids=src, use_cache=False, **kwargs)
+    assert torch.equal(cached.sequences, uncached.sequences)
+    torch.testing.assert_close(cached.sequences_scores, uncached.sequences_scores)
+
+
+def test_min_length_processors_in_place_give_transformers_results():
+    model = tiny_model()
+    src = torch.randint(4, 99, (3, 5))
+    kwargs = dict(num_beams=1, min_new_tokens=6, max_new_tokens=8, return_dict_in_generate=True)
+    fast = model.generate(input_ids=src, output_scores=True, **kwargs)
+    # with output_logits the raw logits are kept, so Transformers' own (copying) processors run
+    kept = model.generate(input_ids=src, output_logits=True, output_scores=True, **kwargs)
+    assert torch.equal(fast.sequences, kept.sequences)
+    assert (fast.sequences[:, 1:7] != EOS).all()
+    for fast_scores, kept_scores in zip(fast.scores, kept.scores, strict=True):
+        assert torch.equal(fast_scores, kept_scores)
+    assert torch.isfinite(kept.logits[0][:, EOS]).all(), "the raw logits must not be edited in place"
+
+
+def test_static_cache_decoding_equals_dynamic():
+    # the static cache is what torch.compile'd decoding uses: positions from a tensor length, 4D masks
+    model = tiny_model()
+    src = torch.tensor([[5, 6, 7, 2, 0, 0], [8, 9, 10, 11, 12, 2]])
+    mask = src.ne(0).long()
+    dynamic = model.generate(input_ids=src, attention_mask=mask, num_beams=1, max_new_tokens=10)
+    static = model.generate(
+        input_ids=src, attention_mask=mask, num_beams=1, max_new_tokens=10, cache_implementation="static"
+    )
+    assert torch.equal(dynamic, static)

@@ -22,7 +22,14 @@ from torch.nn import functional as F
 from transformers import initialization as init
 from transformers.activations import ACT2FN
 from transformers.cache_utils import Cache, DynamicCache, EncoderDecoderCache
-from transformers.generation import GenerationConfig, GenerationMixin, LogitsProcessor, LogitsProcessorList
+from transformers.generation import (
+    GenerationConfig,
+    GenerationMixin,
+    LogitsProcessor,
+    LogitsProcessorList,
+    MinLengthLogitsProcessor,
+    MinNewTokensLengthLogitsProcessor,
+)
 from transformers.masking_utils import create_bidirectional_mask, create_causal_mask
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import (
@@ -152,6 +159,10 @@ class VaswaniMultiHeadAttention(nn.Module):
         attention_interface: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(
             self.config._attn_implementation, eager_attention_forward
         )
+        dtype = query.dtype
+        if dtype == torch.bfloat16 and query.device.type == "cpu" and torch.is_grad_enabled():
+            # torch's bf16 attention backward on CPU is several times slower than fp32 (and less exact)
+            query, key, value = query.float(), key.float(), value.float()
         attn_output, attn_weights = attention_interface(
             self,
             query,
@@ -162,7 +173,7 @@ class VaswaniMultiHeadAttention(nn.Module):
             scaling=self.scaling,
             **kwargs,
         )
-        attn_output = attn_output.reshape(*input_shape, -1)
+        attn_output = attn_output.reshape(*input_shape, -1).to(dtype)
         return self.out_proj(attn_output), attn_weights
 
 
@@ -229,13 +240,15 @@ class VaswaniSinusoidalPositionalEncoding(nn.Module):
             table = torch.stack([angles.sin(), angles.cos()], dim=-1).flatten(1)
         return table.to(torch.float32)
 
-    def encodings(self, start: int, length: int) -> torch.Tensor:
+    def encodings(self, start: int | torch.Tensor, length: int) -> torch.Tensor:
+        if isinstance(start, torch.Tensor):  # a static cache's length (torch.compile): gather, no data-dependent slice
+            return self.table[start + torch.arange(length, device=self.table.device)]
         end = start + length
         if end > self.table.shape[0]:
             return self.compute_table(end, self.table.device)[start:end]
         return self.table[start:end]
 
-    def forward(self, scaled_embeddings: torch.Tensor, start: int = 0) -> torch.Tensor:
+    def forward(self, scaled_embeddings: torch.Tensor, start: int | torch.Tensor = 0) -> torch.Tensor:
         positions = self.encodings(start, scaled_embeddings.shape[1]).to(scaled_embeddings.dtype)
         return F.dropout(scaled_embeddings + positions, p=self.dropout, training=self.training)
 
@@ -247,7 +260,11 @@ class VaswaniLearnedPositionalEmbedding(nn.Embedding):
         super().__init__(config.max_position_embeddings, config.d_model)
         self.dropout = config.dropout
 
-    def forward(self, scaled_embeddings: torch.Tensor, start: int = 0) -> torch.Tensor:
+    def forward(self, scaled_embeddings: torch.Tensor, start: int | torch.Tensor = 0) -> torch.Tensor:
+        if isinstance(start, torch.Tensor):  # a static cache's length (torch.compile)
+            positions = self.weight[start + torch.arange(scaled_embeddings.shape[1], device=self.weight.device)]
+            return F.dropout(scaled_embeddings + positions.to(scaled_embeddings.dtype), p=self.dropout,
+                             training=self.training)  # fmt: skip
         end = start + scaled_embeddings.shape[1]
         if end > self.num_embeddings:
             raise ValueError(
@@ -431,7 +448,8 @@ class VaswaniStack(VaswaniPreTrainedModel):
                 f"`{name}` must be a non-empty batch of shape {expected}, got {tuple(given.shape)}: give at least "
                 "one sequence of at least one token."
             )
-        if attention_mask is not None and tuple(attention_mask.shape) != shape:
+        # a 4D mask is a ready-made (batch, 1, query, key) mask (Transformers builds one for static caches)
+        if attention_mask is not None and attention_mask.dim() != 4 and tuple(attention_mask.shape) != shape:
             raise ValueError(
                 f"`{mask_name}` has shape {tuple(attention_mask.shape)} but `{name}` has (batch, length) = {shape}: "
                 "pass the mask the tokenizer returned with these ids."
@@ -521,7 +539,8 @@ class VaswaniDecoder(VaswaniStack):
         past_length = past_key_values.get_seq_length() if past_key_values is not None else 0
         # Check once, on the prompt: generated ids come from the model's vocabulary, and with a cache the mask
         # also covers the past.
-        first_step = past_length == 0
+        compiling = torch.compiler.is_compiling() or torch.compiler.is_exporting()
+        first_step = not compiling and int(past_length) == 0
         inputs_embeds = self.embed(
             input_ids,
             inputs_embeds,
@@ -656,13 +675,37 @@ class SourceLengthLimitLogitsProcessor(LogitsProcessor):
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
         if self.prompt_length is None:
             self.prompt_length = input_ids.shape[1]
-        rows_per_example = input_ids.shape[0] // self.max_output_lengths.shape[0]
-        limits = self.max_output_lengths.to(input_ids.device).repeat_interleave(rows_per_example)
+            rows_per_example = input_ids.shape[0] // self.max_output_lengths.shape[0]
+            self.max_output_lengths = self.max_output_lengths.to(input_ids.device).repeat_interleave(rows_per_example)
+            self.shortest = int(self.max_output_lengths.min())
         # the token chosen now is output token number (generated so far + 1)
-        at_limit = (input_ids.shape[1] - self.prompt_length + 1) >= limits
-        forced = torch.full_like(scores, -math.inf)
-        forced[:, self.eos_token_id] = 0
-        return torch.where(at_limit[:, None], forced, scores)
+        produced = input_ids.shape[1] - self.prompt_length + 1
+        if produced < self.shortest:  # no row at its limit yet: no pass over the scores
+            return scores
+        at_limit = (produced >= self.max_output_lengths)[:, None]
+        eos_only = torch.full_like(scores[:1], -math.inf)
+        eos_only[:, self.eos_token_id] = 0
+        return torch.where(at_limit, eos_only, scores)
+
+
+class InPlaceMinLengthLogitsProcessor(LogitsProcessor):
+    """Transformers' `MinLengthLogitsProcessor` / `MinNewTokensLengthLogitsProcessor`, same result, without their
+    `torch.where` over the whole (rows x vocabulary) score matrix at every step: EOS is set to -inf in place.
+
+    Only used where the scores are a private copy (nobody keeps the raw logits: `output_logits` is off).
+    """
+
+    def __init__(self, original: MinLengthLogitsProcessor | MinNewTokensLengthLogitsProcessor):
+        self.eos_token_id = original.eos_token_id
+        if isinstance(original, MinNewTokensLengthLogitsProcessor):
+            self.skip, self.minimum = original.prompt_length_to_skip, original.min_new_tokens
+        else:
+            self.skip, self.minimum = 0, original.min_length
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        if input_ids.shape[-1] - self.skip < self.minimum:
+            scores[:, self.eos_token_id.to(scores.device)] = -math.inf
+        return scores
 
 
 class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, GenerationMixin):
@@ -744,9 +787,10 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, GenerationMixin):
             use_cache=use_cache,
             **kwargs,
         )
-        logits = self.lm_head(outputs.last_hidden_state)
-        if self.final_logits_bias is not None:
-            logits = logits + self.final_logits_bias
+        if self.final_logits_bias is None:
+            logits = self.lm_head(outputs.last_hidden_state)
+        else:  # one addmm instead of a matmul and a pass over (tokens x vocabulary) to add the bias
+            logits = F.linear(outputs.last_hidden_state, self.lm_head.weight, self.final_logits_bias)
         loss = None
         if labels is not None:
             loss = self.translation_loss(logits, labels, num_items_in_batch)
@@ -825,6 +869,26 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, GenerationMixin):
             return super().generate(inputs, generation_config, logits_processor, **kwargs)
         finally:
             self._gnmt_length_penalty = False
+
+    def _get_logits_processor(self, generation_config: GenerationConfig, *args, **kwargs) -> LogitsProcessorList:
+        processors = super()._get_logits_processor(generation_config, *args, **kwargs)
+        if generation_config.output_logits:
+            return processors
+        return LogitsProcessorList(
+            InPlaceMinLengthLogitsProcessor(p)
+            if type(p) in (MinLengthLogitsProcessor, MinNewTokensLengthLogitsProcessor)
+            else p
+            for p in processors
+        )
+
+    def _reorder_cache(self, past_key_values: Cache, beam_idx: torch.LongTensor) -> Cache:
+        """Beam search's cache reordering, without copying the cross-attention keys and values: beam search only
+        permutes the beams of one example among themselves, and they all attend to the same encoder output."""
+        if isinstance(past_key_values, EncoderDecoderCache):
+            past_key_values.self_attention_cache.reorder_cache(beam_idx)
+        else:
+            past_key_values.reorder_cache(beam_idx)
+        return past_key_values
 
     def _source_lengths(self, inputs: torch.Tensor | None, kwargs: dict) -> torch.LongTensor | None:
         attention_mask = kwargs.get("attention_mask")
