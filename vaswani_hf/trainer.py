@@ -18,6 +18,7 @@ from transformers import Seq2SeqTrainer, TrainerCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, SchedulerType, rotate_checkpoints
 
 from .batching import TokenBudgetBatchSampler
+from .mixed_precision import MasterWeightAdamW
 
 logger = logging.getLogger(__name__)
 
@@ -98,6 +99,25 @@ class VaswaniTrainer(Seq2SeqTrainer):
             return super().prediction_step(model, inputs, prediction_loss_only, ignore_keys, **gen_kwargs)
         finally:
             self.model.generation_config = generation_config
+
+    def create_optimizer(self, model=None) -> torch.optim.Optimizer:
+        if not getattr(self.args, "bf16_weights", False) or self.optimizer is not None:
+            return super().create_optimizer(model)
+        # The model is bf16 (see `vaswani_hf.mixed_precision`): Adam steps fp32 master copies of its weights.
+        model = model or self.model
+        decay = set(self.get_decay_parameter_names(model))
+        named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+        groups = [
+            {"params": [p for n, p in named if n in decay], "weight_decay": self.args.weight_decay},
+            {"params": [p for n, p in named if n not in decay], "weight_decay": 0.0},
+        ]
+        self.optimizer = MasterWeightAdamW(
+            [g for g in groups if g["params"]],
+            lr=self.args.learning_rate,
+            betas=(self.args.adam_beta1, self.args.adam_beta2),
+            eps=self.args.adam_epsilon,
+        )
+        return self.optimizer
 
     def create_scheduler(self, num_training_steps: int, optimizer: torch.optim.Optimizer | None = None):
         if self.lr_scheduler is None and self.args.lr_scheduler_type == SchedulerType.INVERSE_SQRT:
