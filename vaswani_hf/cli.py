@@ -238,8 +238,31 @@ def evaluate_command(argv: list[str]) -> int:
     return 0
 
 
+def export_command(argv: list[str]) -> int:
+    from .export import export_ctranslate2, tokenizer_vocabulary
+    from .recipe import load_for_inference
+
+    parser = argparse.ArgumentParser(prog="vaswani export", description="Export a saved model to another engine.")
+    parser.add_argument("model_dir")
+    parser.add_argument("output_dir")
+    parser.add_argument("--to", choices=["ctranslate2"], default="ctranslate2", help="the engine (CTranslate2)")
+    parser.add_argument(
+        "--quantization",
+        default=None,
+        help="CTranslate2 weight type: int8, int8_float32, float16, bfloat16... (default: float32)",
+    )
+    args = parser.parse_args(argv)
+    model, tokenizer = load_for_inference(args.model_dir, device="cpu")
+    output = export_ctranslate2(model, tokenizer_vocabulary(tokenizer, model.config.vocab_size), args.output_dir,
+                                args.quantization)  # fmt: skip
+    print(f"CTranslate2 model written to {output} (ctranslate2.Translator({str(output)!r}); source tokens from the "
+          "tokenizer saved beside the Vaswani model)")  # fmt: skip
+    return 0
+
+
 COMMANDS = {"train": train_command, "translate": translate_command, "evaluate": evaluate_command,
-            "average": average_command, "push": push_command, "attention": attention_command}  # fmt: skip
+            "average": average_command, "push": push_command, "attention": attention_command,
+            "export": export_command}  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
