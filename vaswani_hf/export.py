@@ -187,9 +187,5 @@ class CTranslate2Runner:
         return torch.tensor(out)
 
     def call(self, source: torch.Tensor, beams: int, new_tokens: int):
-        def run() -> int:
-            out = self.translate_ids(source, beams=beams, min_decoding_length=new_tokens,
-                                     max_decoding_length=new_tokens, length_penalty=1.0)  # fmt: skip
-            return sum(len(o) for o in out)
-
-        return run
+        """A benchmark contender: `generate_ids`, returning how many tokens it produced."""
+        return lambda: self.generate_ids(source, beams, new_tokens).numel()
