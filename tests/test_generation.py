@@ -169,9 +169,10 @@ def test_min_length_processors_in_place_give_transformers_results():
     assert torch.isfinite(kept.logits[0][:, EOS]).all(), "the raw logits must not be edited in place"
 
 
-def test_static_cache_decoding_equals_dynamic():
+@pytest.mark.parametrize("positions", ["sinusoidal", "learned"])
+def test_static_cache_decoding_equals_dynamic(positions):
     # the static cache is what torch.compile'd decoding uses: positions from a tensor length, 4D masks
-    model = tiny_model()
+    model = tiny_model(position_embedding_type=positions)
     src = torch.tensor([[5, 6, 7, 2, 0, 0], [8, 9, 10, 11, 12, 2]])
     mask = src.ne(0).long()
     dynamic = model.generate(input_ids=src, attention_mask=mask, num_beams=1, max_new_tokens=10)

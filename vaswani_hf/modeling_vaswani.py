@@ -261,18 +261,20 @@ class VaswaniLearnedPositionalEmbedding(nn.Embedding):
         self.dropout = config.dropout
 
     def forward(self, scaled_embeddings: torch.Tensor, start: int | torch.Tensor = 0) -> torch.Tensor:
-        if isinstance(start, torch.Tensor):  # a static cache's length (torch.compile)
-            positions = self.weight[start + torch.arange(scaled_embeddings.shape[1], device=self.weight.device)]
-            return F.dropout(scaled_embeddings + positions.to(scaled_embeddings.dtype), p=self.dropout,
-                             training=self.training)  # fmt: skip
-        end = start + scaled_embeddings.shape[1]
-        if end > self.num_embeddings:
-            raise ValueError(
-                f"Sequence of {end} positions is longer than max_position_embeddings={self.num_embeddings} of this "
-                "model's learned positions. Truncate the input or use a sinusoidal model, which has no limit."
-            )
-        positions = self.weight[start:end].to(scaled_embeddings.dtype)
-        return F.dropout(scaled_embeddings + positions, p=self.dropout, training=self.training)
+        length = scaled_embeddings.shape[1]
+        if isinstance(start, torch.Tensor):  # a static cache's length (torch.compile): gather, no data-dependent slice
+            positions = self.weight[start + torch.arange(length, device=self.weight.device)]
+        else:
+            if start + length > self.num_embeddings:
+                raise ValueError(
+                    f"Sequence of {start + length} positions is longer than max_position_embeddings="
+                    f"{self.num_embeddings} of this model's learned positions. Truncate the input or use a sinusoidal "
+                    "model, which has no limit."
+                )
+            positions = self.weight[start : start + length]
+        return F.dropout(
+            scaled_embeddings + positions.to(scaled_embeddings.dtype), p=self.dropout, training=self.training
+        )
 
 
 def positional_encoding(config: VaswaniConfig) -> nn.Module:
