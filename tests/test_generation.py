@@ -4,7 +4,7 @@ import math
 
 import pytest
 import torch
-from transformers import LogitsProcessor, LogitsProcessorList
+from transformers import GenerationMixin, LogitsProcessor, LogitsProcessorList
 
 from vaswani_hf import VaswaniConfig, VaswaniForConditionalGeneration, gnmt_length_penalty
 from vaswani_hf.modeling_vaswani import gnmt_equivalent_exponent
@@ -180,3 +180,67 @@ def test_static_cache_decoding_equals_dynamic(positions):
         input_ids=src, attention_mask=mask, num_beams=1, max_new_tokens=10, cache_implementation="static"
     )
     assert torch.equal(dynamic, static)
+
+
+def test_beam_cache_layer_reorders_and_appends_like_transformers_layer():
+    from transformers.cache_utils import DynamicLayer
+
+    from vaswani_hf.modeling_vaswani import VaswaniBeamSearchCacheLayer
+
+    torch.manual_seed(0)
+    ours, reference = VaswaniBeamSearchCacheLayer(), DynamicLayer()
+    for step in range(6):
+        new_keys, new_values = torch.randn(8, 2, 1 if step else 3, 4), torch.randn(8, 2, 1 if step else 3, 4)
+        got, expected = ours.update(new_keys, new_values), reference.update(new_keys, new_values)
+        assert all(torch.equal(a, b) for a, b in zip(got, expected, strict=True))
+        for _ in range(1 + step % 2):  # twice in a row on odd steps: pending reorderings must compose
+            beam_idx = torch.randint(0, 8, (8,))
+            ours.reorder_cache(beam_idx)
+            reference.reorder_cache(beam_idx)
+        assert ours.get_seq_length() == reference.get_seq_length()
+    # reading applies a pending reordering, so the layer looks like a DynamicLayer from outside
+    assert torch.equal(ours.keys, reference.keys) and torch.equal(ours.values, reference.values)
+
+
+def test_beam_search_keeps_one_encoder_row_per_source_and_gives_the_same_beams(monkeypatch):
+    model = tiny_model()
+    src = torch.tensor([[5, 6, 7, 2, 0, 0], [8, 9, 10, 11, 12, 2], [13, 14, 2, 0, 0, 0]])
+    mask = src.ne(0).long()
+    kwargs = dict(attention_mask=mask, num_beams=4, num_return_sequences=2, max_new_tokens=9, output_scores=True,
+                  return_dict_in_generate=True)  # fmt: skip
+    folded = model.generate(input_ids=src, **kwargs)
+    # Transformers' own layout: the encoder output repeated for every beam
+    monkeypatch.setattr(type(model), "_expand_inputs_for_generation", GenerationMixin._expand_inputs_for_generation)
+    per_beam = model.generate(input_ids=src, **kwargs)
+    assert per_beam.past_key_values.cross_attention_cache.layers[0].keys.shape[0] == 3 * 4
+    assert torch.equal(folded.sequences, per_beam.sequences)
+    torch.testing.assert_close(folded.sequences_scores, per_beam.sequences_scores)
+    # the speed-ups are really in use: cross-attention keys once per source, the one-copy beam cache layer
+    cache = folded.past_key_values
+    assert cache.cross_attention_cache.layers[0].keys.shape[0] == 3
+    assert cache.self_attention_cache.layers[0].keys.shape[0] == 3 * 4
+    assert type(cache.self_attention_cache.layers[0]).__name__ == "VaswaniBeamSearchCacheLayer"
+
+
+@pytest.mark.parametrize("implementation", ["eager", "sdpa"])
+def test_cross_attention_over_shared_encoder_rows_equals_repeated_rows(implementation):
+    model = tiny_model()
+    model.set_attn_implementation(implementation)
+    src = torch.tensor([[5, 6, 7, 2, 0, 0], [8, 9, 10, 11, 12, 2]])
+    mask = src.ne(0).long()
+    encoder_outputs = model.get_encoder()(input_ids=src, attention_mask=mask)
+    target = torch.randint(4, 99, (2 * 3, 4))  # 3 decoder rows per source, 4 target positions each
+    shared = model(encoder_outputs=encoder_outputs, attention_mask=mask, decoder_input_ids=target,
+                   output_attentions=implementation == "eager")  # fmt: skip
+    repeated = model(
+        encoder_outputs=(encoder_outputs.last_hidden_state.repeat_interleave(3, dim=0),),
+        attention_mask=mask.repeat_interleave(3, dim=0),
+        decoder_input_ids=target,
+        output_attentions=implementation == "eager",
+    )
+    torch.testing.assert_close(shared.logits, repeated.logits)
+    if implementation == "eager":
+        for got, expected in zip(shared.cross_attentions, repeated.cross_attentions, strict=True):
+            torch.testing.assert_close(got, expected)
+    with pytest.raises(ValueError, match="one encoder output per decoder row"):
+        model(encoder_outputs=encoder_outputs, attention_mask=mask, decoder_input_ids=target[:5])

@@ -21,7 +21,7 @@ from torch import nn
 from torch.nn import functional as F
 from transformers import initialization as init
 from transformers.activations import ACT2FN
-from transformers.cache_utils import Cache, DynamicCache, EncoderDecoderCache
+from transformers.cache_utils import Cache, DynamicCache, DynamicLayer, EncoderDecoderCache
 from transformers.generation import (
     GenerationConfig,
     GenerationMixin,
@@ -145,6 +145,13 @@ class VaswaniMultiHeadAttention(nn.Module):
                 )
                 key, value = cache.update(key, value, self.layer_idx)
         else:
+            rows_per_source = self._rows_per_source(hidden_states, key_value_states)
+            if rows_per_source > 1:
+                # Beam search: the k beams of a source attend to the same encoder output. Attend once per source,
+                # with the beams' queries side by side: (batch * k, q, d) is (batch, k * q, d) in memory.
+                hidden_states = hidden_states.reshape(-1, rows_per_source * input_shape[1], hidden_states.shape[-1])
+                if attention_mask is not None and attention_mask.dim() == 4:
+                    attention_mask = attention_mask[:, :, :1]  # a padding mask: the same for every query
             (query,) = self._split_heads(self.q_proj(hidden_states), 1)
             cross_cache = past_key_values if isinstance(past_key_values, EncoderDecoderCache) else None
             if cross_cache is not None and cross_cache.is_updated.get(self.layer_idx):
@@ -174,7 +181,25 @@ class VaswaniMultiHeadAttention(nn.Module):
             **kwargs,
         )
         attn_output = attn_output.reshape(*input_shape, -1).to(dtype)
+        if attn_weights is not None and attn_weights.shape[0] != input_shape[0]:  # unfold the beams again
+            batch, heads, _, keys = attn_weights.shape
+            attn_weights = attn_weights.view(batch, heads, -1, *input_shape[1:], keys).transpose(1, 2)
+            attn_weights = attn_weights.reshape(*input_shape[:1], heads, *input_shape[1:], keys)
         return self.out_proj(attn_output), attn_weights
+
+    @staticmethod
+    def _rows_per_source(hidden_states: torch.Tensor, key_value_states: torch.Tensor | None) -> int:
+        """How many decoder rows share each encoder row: more than 1 when generate() kept one encoder output per
+        source (`_expand_inputs_for_generation`)."""
+        if key_value_states is None or key_value_states.shape[0] == hidden_states.shape[0]:
+            return 1
+        if hidden_states.shape[0] % key_value_states.shape[0]:
+            raise ValueError(
+                f"The decoder has {hidden_states.shape[0]} rows but the encoder output has {key_value_states.shape[0]}:"
+                " give one encoder output per decoder row, or the same number of decoder rows for every source "
+                "(beam search's layout, rows of one source next to each other)."
+            )
+        return hidden_states.shape[0] // key_value_states.shape[0]
 
 
 class VaswaniPositionwiseFeedForward(nn.Module):
@@ -710,6 +735,72 @@ class InPlaceMinLengthLogitsProcessor(LogitsProcessor):
         return scores
 
 
+class VaswaniBeamSearchCacheLayer(DynamicLayer):
+    """Section 6.1's beam search: a decoder self-attention cache layer that reorders the beams and appends the new
+    token in one copy.
+
+    Transformers' `DynamicLayer` copies the whole cache twice per beam-search step: `torch.cat` to append, then
+    `index_select` to follow the surviving beams. Here `reorder_cache` only records the beam indices; the next
+    `update` selects and appends into one new tensor. `keys` and `values` apply a pending reordering when read, so
+    the layer behaves like a `DynamicLayer` to everyone else.
+    """
+
+    def __init__(self, **kwargs):
+        self._beam_idx: torch.LongTensor | None = None
+        super().__init__(**kwargs)
+
+    @property
+    def keys(self) -> torch.Tensor | None:
+        self._apply_pending_reorder()
+        return self._keys
+
+    @keys.setter
+    def keys(self, tensor: torch.Tensor | None) -> None:
+        self._keys = tensor
+
+    @property
+    def values(self) -> torch.Tensor | None:
+        self._apply_pending_reorder()
+        return self._values
+
+    @values.setter
+    def values(self, tensor: torch.Tensor | None) -> None:
+        self._values = tensor
+
+    def _apply_pending_reorder(self) -> None:
+        if self._beam_idx is not None:
+            beam_idx, self._beam_idx = self._beam_idx, None
+            self._keys = self._keys.index_select(0, beam_idx)
+            self._values = self._values.index_select(0, beam_idx)
+
+    def get_seq_length(self) -> int:
+        if not self.is_initialized or self._keys.numel() == 0:
+            return 0
+        return self._keys.shape[-2]
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        if self.get_seq_length() > 0:
+            beam_idx = beam_idx.to(self._keys.device)
+            # two reorderings in a row compose: row i takes old row pending[beam_idx[i]]
+            self._beam_idx = beam_idx if self._beam_idx is None else self._beam_idx.index_select(0, beam_idx)
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        if self._beam_idx is None or self.get_seq_length() == 0:
+            return super().update(key_states, value_states, *args, **kwargs)
+        beam_idx, self._beam_idx = self._beam_idx, None
+        self._keys = self._select_and_append(self._keys, beam_idx, key_states)
+        self._values = self._select_and_append(self._values, beam_idx, value_states)
+        return self._keys, self._values
+
+    @staticmethod
+    def _select_and_append(cache: torch.Tensor, beam_idx: torch.LongTensor, new: torch.Tensor) -> torch.Tensor:
+        length = cache.shape[-2]
+        merged = cache.new_empty((*cache.shape[:-2], length + new.shape[-2], cache.shape[-1]))
+        torch.index_select(cache, 0, beam_idx, out=merged[..., :length, :])
+        merged[..., length:, :] = new
+        return merged
+
+
 class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, GenerationMixin):
     """Sections 3 and 3.4: the encoder-decoder with the pre-softmax linear projection (shared with the embeddings),
     and the paper's decoding (section 6.1) as its `generate()` defaults.
@@ -734,6 +825,7 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, GenerationMixin):
                 {"lm_head.weight": "model.shared.weight", "model.decoder.embed_tokens.weight": "model.shared.weight"}
             )
         self._gnmt_length_penalty = False
+        self._fold_source_rows = False
         self.post_init()
         for key, value in PAPER_GENERATION_DEFAULTS.items():
             setattr(self.generation_config, key, value)
@@ -867,10 +959,12 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, GenerationMixin):
                     logits_processor = LogitsProcessorList(logits_processor or [])
                     logits_processor.append(SourceLengthLimitLogitsProcessor(limits, eos))
         self._gnmt_length_penalty = penalty_type == "gnmt"
+        self._fold_source_rows = self.config._attn_implementation in ("sdpa", "eager")
         try:
             return super().generate(inputs, generation_config, logits_processor, **kwargs)
         finally:
             self._gnmt_length_penalty = False
+            self._fold_source_rows = False
 
     def _get_logits_processor(self, generation_config: GenerationConfig, *args, **kwargs) -> LogitsProcessorList:
         processors = super()._get_logits_processor(generation_config, *args, **kwargs)
@@ -882,6 +976,40 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, GenerationMixin):
             else p
             for p in processors
         )
+
+    def _prepare_cache_for_generation(self, generation_config: GenerationConfig, model_kwargs: dict, *args, **kwargs):
+        super()._prepare_cache_for_generation(generation_config, model_kwargs, *args, **kwargs)
+        cache = model_kwargs.get("past_key_values")
+        if isinstance(cache, EncoderDecoderCache) and not getattr(cache, "_is_user_defined", False):
+            # Transformers' default dynamic cache: reorder and append in one copy (VaswaniBeamSearchCacheLayer)
+            self_attention = cache.self_attention_cache
+            self_attention.layers = [
+                VaswaniBeamSearchCacheLayer() if type(layer) is DynamicLayer and not layer.is_initialized else layer
+                for layer in self_attention.layers
+            ]
+            if getattr(self_attention, "layer_class_to_replicate", None) is DynamicLayer:
+                self_attention.layer_class_to_replicate = VaswaniBeamSearchCacheLayer
+
+    def _expand_inputs_for_generation(
+        self, expand_size: int = 1, is_encoder_decoder: bool = False, input_ids: torch.LongTensor | None = None,
+        **model_kwargs,
+    ) -> tuple[torch.LongTensor, dict]:  # fmt: skip
+        """Beam search (and several samples per source) repeat every input `expand_size` times. Keep the encoder
+        output and its mask at one row per source instead: cross-attention then attends once per source for all its
+        beams (see `VaswaniMultiHeadAttention`), and the cross-attention keys and values are computed and stored
+        once per source. (Transformers returns the encoder's hidden states and attentions unexpanded anyway.) Kept
+        as Transformers does it where the attention kernel cannot take several queries per source row (flash,
+        flex)."""
+        if not (is_encoder_decoder and self._fold_source_rows and expand_size > 1):
+            return super()._expand_inputs_for_generation(expand_size, is_encoder_decoder, input_ids, **model_kwargs)
+        encoder_outputs = model_kwargs.pop("encoder_outputs", None)
+        if encoder_outputs is None:
+            raise ValueError("If `is_encoder_decoder` is True, make sure that `encoder_outputs` is defined.")
+        source_mask = model_kwargs.pop("attention_mask", None)
+        input_ids, model_kwargs = super()._expand_inputs_for_generation(expand_size, False, input_ids, **model_kwargs)
+        model_kwargs["encoder_outputs"] = encoder_outputs
+        model_kwargs["attention_mask"] = source_mask
+        return input_ids, model_kwargs
 
     def _reorder_cache(self, past_key_values: Cache, beam_idx: torch.LongTensor) -> Cache:
         """Beam search's cache reordering, without copying the cross-attention keys and values: beam search only
