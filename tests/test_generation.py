@@ -244,3 +244,21 @@ def test_cross_attention_over_shared_encoder_rows_equals_repeated_rows(implement
             torch.testing.assert_close(got, expected)
     with pytest.raises(ValueError, match="one encoder output per decoder row"):
         model(encoder_outputs=encoder_outputs, attention_mask=mask, decoder_input_ids=target[:5])
+
+
+@pytest.mark.slow
+def test_compiled_greedy_decoding_equals_eager_also_without_guard_checks():
+    # the README's "greedy decoding at its fastest" snippet
+    from transformers import CompileConfig
+
+    model = tiny_model()
+    src = torch.tensor([[5, 6, 7, 2, 0, 0], [8, 9, 10, 11, 12, 2]])
+    mask = src.ne(0).long()
+    compile_config = CompileConfig(fullgraph=True)
+    compile_config._compile_all_devices = True
+    fast = dict(num_beams=1, cache_implementation="static", compile_config=compile_config, max_new_tokens=10)
+    eager = model.generate(input_ids=src, attention_mask=mask, num_beams=1, max_new_tokens=10)
+    assert torch.equal(model.generate(input_ids=src, attention_mask=mask, **fast), eager)
+    assert hasattr(model, "_compiled_call"), "Transformers decoded without compiling"
+    with torch.compiler.set_stance("default", skip_guard_eval_unsafe=True):
+        assert torch.equal(model.generate(input_ids=src, attention_mask=mask, **fast), eager)
