@@ -825,7 +825,6 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, GenerationMixin):
                 {"lm_head.weight": "model.shared.weight", "model.decoder.embed_tokens.weight": "model.shared.weight"}
             )
         self._gnmt_length_penalty = False
-        self._fold_source_rows = False
         self.post_init()
         for key, value in PAPER_GENERATION_DEFAULTS.items():
             setattr(self.generation_config, key, value)
@@ -959,12 +958,10 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, GenerationMixin):
                     logits_processor = LogitsProcessorList(logits_processor or [])
                     logits_processor.append(SourceLengthLimitLogitsProcessor(limits, eos))
         self._gnmt_length_penalty = penalty_type == "gnmt"
-        self._fold_source_rows = self.config._attn_implementation in ("sdpa", "eager")
         try:
             return super().generate(inputs, generation_config, logits_processor, **kwargs)
         finally:
             self._gnmt_length_penalty = False
-            self._fold_source_rows = False
 
     def _get_logits_processor(self, generation_config: GenerationConfig, *args, **kwargs) -> LogitsProcessorList:
         processors = super()._get_logits_processor(generation_config, *args, **kwargs)
@@ -1000,7 +997,8 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, GenerationMixin):
         once per source. (Transformers returns the encoder's hidden states and attentions unexpanded anyway.) Kept
         as Transformers does it where the attention kernel cannot take several queries per source row (flash,
         flex)."""
-        if not (is_encoder_decoder and self._fold_source_rows and expand_size > 1):
+        folds = self.config._attn_implementation in ("sdpa", "eager")
+        if not (is_encoder_decoder and folds and expand_size > 1):
             return super()._expand_inputs_for_generation(expand_size, is_encoder_decoder, input_ids, **model_kwargs)
         encoder_outputs = model_kwargs.pop("encoder_outputs", None)
         if encoder_outputs is None:
@@ -1012,8 +1010,9 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, GenerationMixin):
         return input_ids, model_kwargs
 
     def _reorder_cache(self, past_key_values: Cache, beam_idx: torch.LongTensor) -> Cache:
-        """Beam search's cache reordering, without copying the cross-attention keys and values: beam search only
-        permutes the beams of one example among themselves, and they all attend to the same encoder output."""
+        """Beam search's cache reordering, of the self-attention cache only: beam search permutes the beams of one
+        example among themselves, and they all attend to the same encoder output, whose keys and values are cached
+        once per source (`_expand_inputs_for_generation`) or once per beam (flash, flex) and never need moving."""
         if isinstance(past_key_values, EncoderDecoderCache):
             past_key_values.self_attention_cache.reorder_cache(beam_idx)
         else:
