@@ -978,14 +978,9 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, GenerationMixin):
         super()._prepare_cache_for_generation(generation_config, model_kwargs, *args, **kwargs)
         cache = model_kwargs.get("past_key_values")
         if isinstance(cache, EncoderDecoderCache) and not getattr(cache, "_is_user_defined", False):
-            # Transformers' default dynamic cache: reorder and append in one copy (VaswaniBeamSearchCacheLayer)
-            self_attention = cache.self_attention_cache
-            self_attention.layers = [
-                VaswaniBeamSearchCacheLayer() if type(layer) is DynamicLayer and not layer.is_initialized else layer
-                for layer in self_attention.layers
-            ]
-            if getattr(self_attention, "layer_class_to_replicate", None) is DynamicLayer:
-                self_attention.layer_class_to_replicate = VaswaniBeamSearchCacheLayer
+            # Transformers' default dynamic cache, freshly built from the config: reorder and append in one copy
+            layers = cache.self_attention_cache.layers
+            layers[:] = [VaswaniBeamSearchCacheLayer() if type(layer) is DynamicLayer else layer for layer in layers]
 
     def _expand_inputs_for_generation(
         self, expand_size: int = 1, is_encoder_decoder: bool = False, input_ids: torch.LongTensor | None = None,
