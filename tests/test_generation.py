@@ -1,13 +1,10 @@
 """generate(): the paper's decoding defaults (section 6.1) and Transformers' own modes."""
 
-import math
-
 import pytest
 import torch
 from transformers import GenerationMixin, LogitsProcessor, LogitsProcessorList
 
 from vaswani_hf import VaswaniConfig, VaswaniForConditionalGeneration, gnmt_length_penalty
-from vaswani_hf.modeling_vaswani import gnmt_equivalent_exponent
 
 EOS, TOKEN = 2, 5
 
@@ -23,11 +20,9 @@ def test_paper_decoding_defaults():
     assert (config.length_penalty_type, config.max_length_offset) == ("gnmt", 50)
 
 
-def test_gnmt_formula_and_equivalent_exponent():
+def test_gnmt_formula():
     assert gnmt_length_penalty(1, 0.6) == 1.0
     assert gnmt_length_penalty(7, 0.6) == pytest.approx((12 / 6) ** 0.6)
-    for length in (1, 2, 3, 10, 57):
-        assert length ** gnmt_equivalent_exponent(length, 0.6) == pytest.approx(((5 + length) / 6) ** 0.6)
 
 
 class ScriptedScores(LogitsProcessor):
@@ -132,41 +127,71 @@ def test_bad_length_penalty_type_is_a_clear_error():
         tiny_model().generate(input_ids=torch.tensor([[5, 2]]), length_penalty_type="wu")
 
 
-def test_gnmt_override_is_scoped_to_the_call():
-    model = tiny_model()
-    model.generate(input_ids=torch.tensor([[5, 2]]), max_new_tokens=2)
-    assert model._gnmt_length_penalty is False
-    assert math.isclose(gnmt_equivalent_exponent(1, 0.6), 0.6)
+def test_no_private_generation_hook_is_overridden():
+    # a Transformers release may rename or change any private GenerationMixin method: we override none
+    private = {name for name in dir(GenerationMixin) if name.startswith("_") and not name.startswith("__")}
+    for cls in VaswaniForConditionalGeneration.__mro__:
+        if cls is not GenerationMixin and cls.__module__.startswith("vaswani_hf"):
+            assert not private & set(vars(cls)), f"{cls.__name__} overrides {private & set(vars(cls))}"
 
 
-# --- the decoding speed-ups (issue 5) change nothing in the results ---
+# --- the decoder of generation_vaswani.py against Transformers' own loop (which runs the handed-over modes) ---
 
 
-def test_beam_search_with_and_without_cache_agree():
-    # Our cache reordering leaves the cross-attention keys/values in place: beams of one example share them.
+def test_beam_search_equals_transformers_uncached_beam_search():
+    # use_cache=False is handed over: Transformers' loop recomputing every prefix, our decoder with its caches
     model = tiny_model()
     src = torch.tensor([[5, 6, 7, 2, 0, 0], [8, 9, 10, 11, 12, 2], [13, 14, 2, 0, 0, 0]])
     mask = src.ne(0).long()
     kwargs = dict(attention_mask=mask, num_beams=4, num_return_sequences=4, max_new_tokens=9, output_scores=True,
-                  return_dict_in_generate=True)  # fmt: skip
+                  return_dict_in_generate=True, length_penalty_type="hf")  # fmt: skip
     cached = model.generate(input_ids=src, use_cache=True, **kwargs)
     uncached = model.generate(input_ids=src, use_cache=False, **kwargs)
     assert torch.equal(cached.sequences, uncached.sequences)
     torch.testing.assert_close(cached.sequences_scores, uncached.sequences_scores)
 
 
-def test_min_length_processors_in_place_give_transformers_results():
+@pytest.mark.parametrize("num_beams", [1, 3])
+def test_min_length_bad_words_and_forced_eos_as_transformers(num_beams):
     model = tiny_model()
-    src = torch.randint(4, 99, (3, 5))
-    kwargs = dict(num_beams=1, min_new_tokens=6, max_new_tokens=8, return_dict_in_generate=True)
-    fast = model.generate(input_ids=src, output_scores=True, **kwargs)
-    # with output_logits the raw logits are kept, so Transformers' own (copying) processors run
-    kept = model.generate(input_ids=src, output_logits=True, output_scores=True, **kwargs)
-    assert torch.equal(fast.sequences, kept.sequences)
-    assert (fast.sequences[:, 1:7] != EOS).all()
-    for fast_scores, kept_scores in zip(fast.scores, kept.scores, strict=True):
-        assert torch.equal(fast_scores, kept_scores)
-    assert torch.isfinite(kept.logits[0][:, EOS]).all(), "the raw logits must not be edited in place"
+    src = torch.randint(4, 99, (3, 5), generator=torch.Generator().manual_seed(3))
+    kwargs = dict(num_beams=num_beams, min_new_tokens=4, max_new_tokens=8, bad_words_ids=[[7], [9, 10]],
+                  forced_eos_token_id=EOS)  # fmt: skip
+    ours = model.generate(input_ids=src, length_penalty_type="hf", max_length_offset=None, **kwargs)
+    theirs = GenerationMixin.generate(model, input_ids=src, **kwargs)
+    assert torch.equal(ours, theirs)
+    assert (ours[:, 1:5] != EOS).all() and not (ours == 7).any()
+
+
+def test_handing_over_a_beam_mode_warns_about_the_gnmt_penalty(caplog):
+    from transformers.utils import logging as hf_logging
+
+    model = tiny_model()
+    hf_logging.enable_propagation()
+    try:
+        with caplog.at_level("WARNING"):
+            model.generate(input_ids=torch.tensor([[5, 6, 2]]), num_beams=2, do_sample=True, max_new_tokens=3)
+    finally:
+        hf_logging.disable_propagation()
+    assert "length_penalty_type='gnmt'" in caplog.text and "beam_sample" in caplog.text
+
+
+def test_beam_search_keeps_one_encoder_row_per_source():
+    from vaswani_hf.generation_vaswani import DecodingState, VaswaniBeamSearchCacheLayer
+
+    model = tiny_model()
+    src = torch.tensor([[5, 6, 7, 2, 0, 0], [8, 9, 10, 11, 12, 2], [13, 14, 2, 0, 0, 0]])
+    mask = src.ne(0).long()
+    hidden = model.get_encoder()(input_ids=src, attention_mask=mask).last_hidden_state
+    state = DecodingState(model, hidden, mask, rows_per_example=4)
+    logits = state.logits(torch.full((12,), model.config.decoder_start_token_id))
+    assert logits.shape == (12, model.config.vocab_size)
+    assert state.cache.cross_attention_cache.layers[0].keys.shape[0] == 3  # once per source, not per beam
+    assert isinstance(state.cache.self_attention_cache.layers[0], VaswaniBeamSearchCacheLayer)
+    state.keep(torch.tensor([0, 2]))  # sentence 1 is done: its rows leave the batch
+    assert state.cache.cross_attention_cache.layers[0].keys.shape[0] == 2
+    assert state.cache.self_attention_cache.layers[0].keys.shape[0] == 8
+    assert state.example_ids.tolist() == [0, 2]
 
 
 @pytest.mark.parametrize("positions", ["sinusoidal", "learned"])
@@ -185,7 +210,7 @@ def test_static_cache_decoding_equals_dynamic(positions):
 def test_beam_cache_layer_reorders_and_appends_like_transformers_layer():
     from transformers.cache_utils import DynamicLayer
 
-    from vaswani_hf.modeling_vaswani import VaswaniBeamSearchCacheLayer
+    from vaswani_hf.generation_vaswani import VaswaniBeamSearchCacheLayer
 
     torch.manual_seed(0)
     ours, reference = VaswaniBeamSearchCacheLayer(), DynamicLayer()
@@ -200,26 +225,6 @@ def test_beam_cache_layer_reorders_and_appends_like_transformers_layer():
         assert ours.get_seq_length() == reference.get_seq_length()
     # reading applies a pending reordering, so the layer looks like a DynamicLayer from outside
     assert torch.equal(ours.keys, reference.keys) and torch.equal(ours.values, reference.values)
-
-
-def test_beam_search_keeps_one_encoder_row_per_source_and_gives_the_same_beams(monkeypatch):
-    model = tiny_model()
-    src = torch.tensor([[5, 6, 7, 2, 0, 0], [8, 9, 10, 11, 12, 2], [13, 14, 2, 0, 0, 0]])
-    mask = src.ne(0).long()
-    kwargs = dict(attention_mask=mask, num_beams=4, num_return_sequences=2, max_new_tokens=9, output_scores=True,
-                  return_dict_in_generate=True)  # fmt: skip
-    folded = model.generate(input_ids=src, **kwargs)
-    # Transformers' own layout: the encoder output repeated for every beam
-    monkeypatch.setattr(type(model), "_expand_inputs_for_generation", GenerationMixin._expand_inputs_for_generation)
-    per_beam = model.generate(input_ids=src, **kwargs)
-    assert per_beam.past_key_values.cross_attention_cache.layers[0].keys.shape[0] == 3 * 4
-    assert torch.equal(folded.sequences, per_beam.sequences)
-    torch.testing.assert_close(folded.sequences_scores, per_beam.sequences_scores)
-    # the speed-ups are really in use: cross-attention keys once per source, the one-copy beam cache layer
-    cache = folded.past_key_values
-    assert cache.cross_attention_cache.layers[0].keys.shape[0] == 3
-    assert cache.self_attention_cache.layers[0].keys.shape[0] == 3 * 4
-    assert type(cache.self_attention_cache.layers[0]).__name__ == "VaswaniBeamSearchCacheLayer"
 
 
 @pytest.mark.parametrize("implementation", ["eager", "sdpa"])

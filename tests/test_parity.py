@@ -13,6 +13,8 @@ from vaswani_hf import VaswaniConfig
 from vaswani_hf.convert import torch_transformer_to_vaswani
 from vaswani_hf.modeling_vaswani import VaswaniSinusoidalPositionalEncoding
 
+from .helpers import paper_marian_config
+
 ROOT = Path(__file__).resolve().parents[1]
 PAD, EOS = 98, 0
 
@@ -21,12 +23,7 @@ PAD, EOS = 98, 0
 def marian_pair(tmp_path_factory):
     """A random paper-style Marian (post-norm, relu, sinusoidal, shared embeddings) and its conversion by the script."""
     torch.manual_seed(0)
-    config = MarianConfig(
-        vocab_size=99, d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
-        decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64, activation_function="relu",
-        scale_embedding=True, max_position_embeddings=64, pad_token_id=PAD, decoder_start_token_id=PAD,
-        eos_token_id=EOS, forced_eos_token_id=None,
-    )  # fmt: skip
+    config = paper_marian_config(pad_token_id=PAD, decoder_start_token_id=PAD, eos_token_id=EOS)
     marian = MarianMTModel(config).eval()
     with torch.no_grad():
         marian.final_logits_bias.normal_()  # Opus-MT checkpoints have a non-zero output bias

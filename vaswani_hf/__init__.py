@@ -8,12 +8,8 @@ Importing the package registers the `vaswani` model type with `AutoConfig`, `Aut
 from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM
 
 from .configuration_vaswani import VaswaniConfig
-from .modeling_vaswani import (
-    VaswaniForConditionalGeneration,
-    VaswaniModel,
-    VaswaniPreTrainedModel,
-    gnmt_length_penalty,
-)
+from .generation_vaswani import gnmt_length_penalty
+from .modeling_vaswani import VaswaniForConditionalGeneration, VaswaniModel, VaswaniPreTrainedModel
 from .pipeline_vaswani import VaswaniTranslationPipeline
 
 __version__ = "0.1.0"

@@ -21,15 +21,8 @@ from torch import nn
 from torch.nn import functional as F
 from transformers import initialization as init
 from transformers.activations import ACT2FN
-from transformers.cache_utils import Cache, DynamicCache, DynamicLayer, EncoderDecoderCache
-from transformers.generation import (
-    GenerationConfig,
-    GenerationMixin,
-    LogitsProcessor,
-    LogitsProcessorList,
-    MinLengthLogitsProcessor,
-    MinNewTokensLengthLogitsProcessor,
-)
+from transformers.cache_utils import Cache, DynamicCache, EncoderDecoderCache
+from transformers.generation import GenerationMixin
 from transformers.masking_utils import create_bidirectional_mask, create_causal_mask
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import (
@@ -41,40 +34,12 @@ from transformers.modeling_outputs import (
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, PreTrainedModel
 from transformers.models.bart.modeling_bart import eager_attention_forward, shift_tokens_right
 from transformers.processing_utils import Unpack
-from transformers.utils import TransformersKwargs, can_return_tuple, logging
+from transformers.utils import TransformersKwargs, can_return_tuple
 from transformers.utils.generic import merge_with_config_defaults
 from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 
 from .configuration_vaswani import VaswaniConfig
-
-logger = logging.get_logger(__name__)
-
-# The paper's decoding (section 6.1), written into every new model's generation config.
-PAPER_GENERATION_DEFAULTS = {
-    "num_beams": 4,
-    "length_penalty": 0.6,
-    "length_penalty_type": "gnmt",
-    "max_length_offset": 50,
-    "early_stopping": True,
-}
-LENGTH_PENALTY_TYPES = ("gnmt", "hf")
-
-
-def gnmt_length_penalty(length: int | torch.Tensor, alpha: float) -> float | torch.Tensor:
-    """GNMT's length penalty lp(Y) = ((5 + |Y|) / 6) ** alpha (Wu et al., 2016), used by the paper (section 6.1)."""
-    return ((5 + length) / 6) ** alpha
-
-
-def gnmt_equivalent_exponent(length: int, alpha: float) -> float:
-    """The exponent e with length ** e == ((5 + length) / 6) ** alpha.
-
-    Transformers divides a finished hypothesis' score by length ** length_penalty. Within one beam-search step every
-    candidate has the same length, so substituting this exponent reproduces GNMT's penalty exactly. At length 1
-    both penalties are 1 whatever the exponent.
-    """
-    if length <= 1:
-        return alpha
-    return alpha * math.log((5 + length) / 6) / math.log(length)
+from .generation_vaswani import PAPER_GENERATION_DEFAULTS, VaswaniGenerationMixin
 
 
 class VaswaniFusedLinear(nn.Linear):
@@ -687,121 +652,7 @@ class VaswaniModel(VaswaniPreTrainedModel):
         )
 
 
-class SourceLengthLimitLogitsProcessor(LogitsProcessor):
-    """Section 6.1: "maximum output length = input length + 50", per example.
-
-    Forces EOS on every row (batch x beams) whose output reached its own source length + offset, so a batch of
-    short and long sources decodes each sentence as it would decode alone.
-    """
-
-    def __init__(self, max_output_lengths: torch.LongTensor, eos_token_id: int):
-        self.max_output_lengths = max_output_lengths
-        self.eos_token_id = eos_token_id
-        self.prompt_length: int | None = None
-
-    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
-        if self.prompt_length is None:
-            self.prompt_length = input_ids.shape[1]
-            rows_per_example = input_ids.shape[0] // self.max_output_lengths.shape[0]
-            self.max_output_lengths = self.max_output_lengths.to(input_ids.device).repeat_interleave(rows_per_example)
-            self.shortest = int(self.max_output_lengths.min())
-        # the token chosen now is output token number (generated so far + 1)
-        produced = input_ids.shape[1] - self.prompt_length + 1
-        if produced < self.shortest:  # no row at its limit yet: no pass over the scores
-            return scores
-        at_limit = (produced >= self.max_output_lengths)[:, None]
-        eos_only = torch.full_like(scores[:1], -math.inf)
-        eos_only[:, self.eos_token_id] = 0
-        return torch.where(at_limit, eos_only, scores)
-
-
-class InPlaceMinLengthLogitsProcessor(LogitsProcessor):
-    """Transformers' `MinLengthLogitsProcessor` / `MinNewTokensLengthLogitsProcessor`, same result, without their
-    `torch.where` over the whole (rows x vocabulary) score matrix at every step: EOS is set to -inf in place.
-
-    Only used where the scores are a private copy (nobody keeps the raw logits: `output_logits` is off).
-    """
-
-    def __init__(self, original: MinLengthLogitsProcessor | MinNewTokensLengthLogitsProcessor):
-        self.eos_token_id = original.eos_token_id
-        if isinstance(original, MinNewTokensLengthLogitsProcessor):
-            self.skip, self.minimum = original.prompt_length_to_skip, original.min_new_tokens
-        else:
-            self.skip, self.minimum = 0, original.min_length
-
-    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
-        if input_ids.shape[-1] - self.skip < self.minimum:
-            scores[:, self.eos_token_id.to(scores.device)] = -math.inf
-        return scores
-
-
-class VaswaniBeamSearchCacheLayer(DynamicLayer):
-    """Section 6.1's beam search: a decoder self-attention cache layer that reorders the beams and appends the new
-    token in one copy.
-
-    Transformers' `DynamicLayer` copies the whole cache twice per beam-search step: `torch.cat` to append, then
-    `index_select` to follow the surviving beams. Here `reorder_cache` only records the beam indices; the next
-    `update` selects and appends into one new tensor. `keys` and `values` apply a pending reordering when read, so
-    the layer behaves like a `DynamicLayer` to everyone else.
-    """
-
-    def __init__(self, **kwargs):
-        self._beam_idx: torch.LongTensor | None = None
-        super().__init__(**kwargs)
-
-    @property
-    def keys(self) -> torch.Tensor | None:
-        self._apply_pending_reorder()
-        return self._keys
-
-    @keys.setter
-    def keys(self, tensor: torch.Tensor | None) -> None:
-        self._keys = tensor
-
-    @property
-    def values(self) -> torch.Tensor | None:
-        self._apply_pending_reorder()
-        return self._values
-
-    @values.setter
-    def values(self, tensor: torch.Tensor | None) -> None:
-        self._values = tensor
-
-    def _apply_pending_reorder(self) -> None:
-        if self._beam_idx is not None:
-            beam_idx, self._beam_idx = self._beam_idx, None
-            self._keys = self._keys.index_select(0, beam_idx)
-            self._values = self._values.index_select(0, beam_idx)
-
-    def get_seq_length(self) -> int:
-        if not self.is_initialized or self._keys.numel() == 0:
-            return 0
-        return self._keys.shape[-2]
-
-    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
-        if self.get_seq_length() > 0:
-            beam_idx = beam_idx.to(self._keys.device)
-            # two reorderings in a row compose: row i takes old row pending[beam_idx[i]]
-            self._beam_idx = beam_idx if self._beam_idx is None else self._beam_idx.index_select(0, beam_idx)
-
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
-        if self._beam_idx is None or self.get_seq_length() == 0:
-            return super().update(key_states, value_states, *args, **kwargs)
-        beam_idx, self._beam_idx = self._beam_idx, None
-        self._keys = self._select_and_append(self._keys, beam_idx, key_states)
-        self._values = self._select_and_append(self._values, beam_idx, value_states)
-        return self._keys, self._values
-
-    @staticmethod
-    def _select_and_append(cache: torch.Tensor, beam_idx: torch.LongTensor, new: torch.Tensor) -> torch.Tensor:
-        length = cache.shape[-2]
-        merged = cache.new_empty((*cache.shape[:-2], length + new.shape[-2], cache.shape[-1]))
-        torch.index_select(cache, 0, beam_idx, out=merged[..., :length, :])
-        merged[..., length:, :] = new
-        return merged
-
-
-class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, GenerationMixin):
+class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, VaswaniGenerationMixin, GenerationMixin):
     """Sections 3 and 3.4: the encoder-decoder with the pre-softmax linear projection (shared with the embeddings),
     and the paper's decoding (section 6.1) as its `generate()` defaults.
 
@@ -824,7 +675,6 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, GenerationMixin):
             self._tied_weights_keys.update(
                 {"lm_head.weight": "model.shared.weight", "model.decoder.embed_tokens.weight": "model.shared.weight"}
             )
-        self._gnmt_length_penalty = False
         self.post_init()
         for key, value in PAPER_GENERATION_DEFAULTS.items():
             setattr(self.generation_config, key, value)
@@ -836,6 +686,14 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, GenerationMixin):
 
     def set_output_embeddings(self, new_embeddings: nn.Linear) -> None:
         self.lm_head = new_embeddings
+
+    def output_projection(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """Section 3.4: the pre-softmax linear transformation (the shared embedding matrix), plus the output bias of
+        converted Marian models."""
+        if self.final_logits_bias is None:
+            return self.lm_head(hidden_states)
+        # one addmm instead of a matmul and a pass over (tokens x vocabulary) to add the bias
+        return F.linear(hidden_states, self.lm_head.weight, self.final_logits_bias)
 
     def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:
         """Teacher forcing: the target shifted right behind `decoder_start_token_id` (-100 becomes padding)."""
@@ -880,10 +738,7 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, GenerationMixin):
             use_cache=use_cache,
             **kwargs,
         )
-        if self.final_logits_bias is None:
-            logits = self.lm_head(outputs.last_hidden_state)
-        else:  # one addmm instead of a matmul and a pass over (tokens x vocabulary) to add the bias
-            logits = F.linear(outputs.last_hidden_state, self.lm_head.weight, self.final_logits_bias)
+        logits = self.output_projection(outputs.last_hidden_state)
         loss = None
         if labels is not None:
             loss = self.translation_loss(logits, labels, num_items_in_batch)
@@ -925,126 +780,9 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, GenerationMixin):
             num_items_in_batch = num_items_in_batch.to(total.device)
         return total / num_items_in_batch
 
-    # --- decoding: section 6.1 ---
-
-    @torch.no_grad()
-    def generate(
-        self,
-        inputs: torch.Tensor | None = None,
-        generation_config: GenerationConfig | None = None,
-        logits_processor: LogitsProcessorList | None = None,
-        **kwargs,
-    ):
-        """`GenerationMixin.generate` with the paper's per-example length limit and GNMT's length penalty.
-
-        Extra keyword arguments (also readable from the generation config): `length_penalty_type` ("gnmt" or
-        "hf") and `max_length_offset` (int, or None for Transformers' own `max_length`).
-        """
-        config = generation_config if generation_config is not None else self.generation_config
-        penalty_type = kwargs.pop("length_penalty_type", getattr(config, "length_penalty_type", "hf"))
-        offset = kwargs.pop("max_length_offset", getattr(config, "max_length_offset", None))
-        if penalty_type not in LENGTH_PENALTY_TYPES:
-            raise ValueError(f"length_penalty_type must be one of {LENGTH_PENALTY_TYPES}, got {penalty_type!r}.")
-        explicit_length = any(kwargs.get(k) is not None for k in ("max_length", "max_new_tokens"))
-        if offset is not None and not explicit_length and config.max_new_tokens is None:
-            source_lengths = self._source_lengths(inputs, kwargs)
-            if source_lengths is not None:
-                limits = source_lengths + offset
-                kwargs["max_new_tokens"] = int(limits.max())
-                eos = kwargs.get("eos_token_id", config.eos_token_id)
-                if isinstance(eos, (list, tuple)):
-                    eos = eos[0]
-                if eos is not None:
-                    logits_processor = LogitsProcessorList(logits_processor or [])
-                    logits_processor.append(SourceLengthLimitLogitsProcessor(limits, eos))
-        self._gnmt_length_penalty = penalty_type == "gnmt"
-        try:
-            return super().generate(inputs, generation_config, logits_processor, **kwargs)
-        finally:
-            self._gnmt_length_penalty = False
-
-    def _get_logits_processor(self, generation_config: GenerationConfig, *args, **kwargs) -> LogitsProcessorList:
-        processors = super()._get_logits_processor(generation_config, *args, **kwargs)
-        if generation_config.output_logits:
-            return processors
-        return LogitsProcessorList(
-            InPlaceMinLengthLogitsProcessor(p)
-            if type(p) in (MinLengthLogitsProcessor, MinNewTokensLengthLogitsProcessor)
-            else p
-            for p in processors
-        )
-
-    def _prepare_cache_for_generation(self, generation_config: GenerationConfig, model_kwargs: dict, *args, **kwargs):
-        super()._prepare_cache_for_generation(generation_config, model_kwargs, *args, **kwargs)
-        cache = model_kwargs.get("past_key_values")
-        if isinstance(cache, EncoderDecoderCache) and not getattr(cache, "_is_user_defined", False):
-            # Transformers' default dynamic cache, freshly built from the config: reorder and append in one copy
-            layers = cache.self_attention_cache.layers
-            layers[:] = [VaswaniBeamSearchCacheLayer() if type(layer) is DynamicLayer else layer for layer in layers]
-
-    def _expand_inputs_for_generation(
-        self, expand_size: int = 1, is_encoder_decoder: bool = False, input_ids: torch.LongTensor | None = None,
-        **model_kwargs,
-    ) -> tuple[torch.LongTensor, dict]:  # fmt: skip
-        """Beam search (and several samples per source) repeat every input `expand_size` times. Keep the encoder
-        output and its mask at one row per source instead: cross-attention then attends once per source for all its
-        beams (see `VaswaniMultiHeadAttention`), and the cross-attention keys and values are computed and stored
-        once per source. (Transformers returns the encoder's hidden states and attentions unexpanded anyway.) Kept
-        as Transformers does it where the attention kernel cannot take several queries per source row (flash,
-        flex)."""
-        folds = self.config._attn_implementation in ("sdpa", "eager")
-        if not (is_encoder_decoder and folds and expand_size > 1):
-            return super()._expand_inputs_for_generation(expand_size, is_encoder_decoder, input_ids, **model_kwargs)
-        encoder_outputs = model_kwargs.pop("encoder_outputs", None)
-        if encoder_outputs is None:
-            raise ValueError("If `is_encoder_decoder` is True, make sure that `encoder_outputs` is defined.")
-        source_mask = model_kwargs.pop("attention_mask", None)
-        input_ids, model_kwargs = super()._expand_inputs_for_generation(expand_size, False, input_ids, **model_kwargs)
-        model_kwargs["encoder_outputs"] = encoder_outputs
-        model_kwargs["attention_mask"] = source_mask
-        return input_ids, model_kwargs
-
-    def _reorder_cache(self, past_key_values: Cache, beam_idx: torch.LongTensor) -> Cache:
-        """Beam search's cache reordering, of the self-attention cache only: beam search permutes the beams of one
-        example among themselves, and they all attend to the same encoder output, whose keys and values are cached
-        once per source (`_expand_inputs_for_generation`) or once per beam (flash, flex) and never need moving."""
-        if isinstance(past_key_values, EncoderDecoderCache):
-            past_key_values.self_attention_cache.reorder_cache(beam_idx)
-        else:
-            past_key_values.reorder_cache(beam_idx)
-        return past_key_values
-
-    def _source_lengths(self, inputs: torch.Tensor | None, kwargs: dict) -> torch.LongTensor | None:
-        attention_mask = kwargs.get("attention_mask")
-        if attention_mask is not None:
-            return attention_mask.sum(-1).long()
-        source = inputs if inputs is not None else kwargs.get("input_ids")
-        if source is None and kwargs.get("encoder_outputs") is not None:
-            source = kwargs["encoder_outputs"][0][..., 0]
-        if source is None:
-            return None
-        return torch.full((source.shape[0],), source.shape[1], dtype=torch.long, device=source.device)
-
-    def _update_finished_beams(self, **kwargs):
-        if self._gnmt_length_penalty:
-            length = kwargs["cur_len"] + 1 - kwargs["decoder_prompt_len"]
-            kwargs["length_penalty"] = gnmt_equivalent_exponent(length, kwargs["length_penalty"])
-        return super()._update_finished_beams(**kwargs)
-
-    def _check_early_stop_heuristic(self, **kwargs):
-        if self._gnmt_length_penalty:
-            alpha = kwargs["length_penalty"]
-            if kwargs["early_stopping"] == "never" and alpha > 0.0:
-                length = kwargs["max_length"] - kwargs["decoder_prompt_len"]
-            else:
-                length = kwargs["cur_len"] - kwargs["decoder_prompt_len"]
-            kwargs["length_penalty"] = gnmt_equivalent_exponent(length, alpha)
-        return GenerationMixin._check_early_stop_heuristic(**kwargs)
-
 
 __all__ = [
     "VaswaniForConditionalGeneration",
     "VaswaniModel",
     "VaswaniPreTrainedModel",
-    "gnmt_length_penalty",
 ]

@@ -1,0 +1,88 @@
+"""The decoder of generation_vaswani.py against Transformers' beam search and greedy search on the same weights.
+
+Random paper-style Marian models (converted with `marian_to_vaswani`) over many seeds: with
+`length_penalty_type="hf"` and `max_length_offset=None` our sequences must equal Marian's `generate()` and the
+scores must match. The output bias on EOS varies per seed so that hypotheses end at many different lengths, which
+is what exercises the finished-hypothesis bookkeeping, early stopping and sentences leaving the batch.
+"""
+
+import pytest
+import torch
+from transformers import MarianMTModel
+
+from vaswani_hf.convert.marian import marian_to_vaswani
+
+from .helpers import paper_marian_config
+
+PAD, EOS = 60, 0
+
+
+def random_pair(seed: int):
+    torch.manual_seed(seed)
+    config = paper_marian_config(vocab_size=61, d_model=16, encoder_attention_heads=2, decoder_attention_heads=2,
+                                 pad_token_id=PAD, decoder_start_token_id=PAD, eos_token_id=EOS)  # fmt: skip
+    marian = MarianMTModel(config).eval()
+    with torch.no_grad():
+        marian.final_logits_bias.normal_(std=2.0)
+        marian.final_logits_bias[EOS] = 1.0 + seed % 4  # some seeds end early, some late
+    return marian, marian_to_vaswani(marian).eval()
+
+
+def padded_batch(seed: int, batch: int = 4):
+    generator = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(2, 9, (batch,), generator=generator)
+    input_ids = torch.randint(1, PAD, (batch, int(lengths.max())), generator=generator)
+    for row, length in enumerate(lengths.tolist()):
+        input_ids[row, length - 1] = EOS
+        input_ids[row, length:] = PAD
+    return input_ids, input_ids.ne(PAD).long()
+
+
+def assert_same(ours, theirs, scores: bool):
+    assert torch.equal(ours.sequences, theirs.sequences)
+    if scores:
+        torch.testing.assert_close(ours.sequences_scores, theirs.sequences_scores, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("seed", range(24))
+def test_beam_search_equals_transformers(seed):
+    marian, vaswani = random_pair(seed)
+    input_ids, attention_mask = padded_batch(seed)
+    num_beams = 2 + seed % 7  # 2..8
+    early_stopping = [True, False, "never"][seed % 3]
+    kwargs = dict(
+        input_ids=input_ids, attention_mask=attention_mask, num_beams=num_beams,
+        num_return_sequences=1 + seed % num_beams, max_new_tokens=5 + seed % 11,
+        length_penalty=[1.0, 0.6, -0.5][seed % 3],
+        early_stopping=early_stopping, output_scores=True, return_dict_in_generate=True,
+    )  # fmt: skip
+    theirs = marian.generate(**kwargs)
+    ours = vaswani.generate(length_penalty_type="hf", max_length_offset=None, **kwargs)
+    assert_same(ours, theirs, scores=True)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_greedy_equals_transformers(seed):
+    marian, vaswani = random_pair(seed)
+    input_ids, attention_mask = padded_batch(seed, batch=5)
+    kwargs = dict(input_ids=input_ids, attention_mask=attention_mask, num_beams=1, max_new_tokens=4 + 3 * seed,
+                  return_dict_in_generate=True)  # fmt: skip
+    assert_same(vaswani.generate(max_length_offset=None, **kwargs), marian.generate(**kwargs), scores=False)
+
+
+@pytest.mark.parametrize("num_beams", [1, 4])
+def test_a_sentence_decodes_the_same_alone_and_in_a_batch(num_beams):
+    # the paper's decoding (GNMT penalty, source + 50, sentences leaving the batch when done)
+    _, vaswani = random_pair(3)
+    input_ids, attention_mask = padded_batch(7, batch=6)
+    batched = vaswani.generate(input_ids=input_ids, attention_mask=attention_mask, num_beams=num_beams,
+                               output_scores=True, return_dict_in_generate=True)  # fmt: skip
+    for row in range(input_ids.shape[0]):
+        length = int(attention_mask[row].sum())
+        alone = vaswani.generate(input_ids=input_ids[row : row + 1, :length], num_beams=num_beams,
+                                 output_scores=True, return_dict_in_generate=True)  # fmt: skip
+        tokens = alone.sequences[0]
+        assert batched.sequences[row, : tokens.shape[0]].tolist() == tokens.tolist()
+        assert (batched.sequences[row, tokens.shape[0] :] == PAD).all()
+        if num_beams > 1:
+            torch.testing.assert_close(batched.sequences_scores[row], alone.sequences_scores[0])
