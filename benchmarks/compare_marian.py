@@ -365,16 +365,23 @@ def peak_rss(args, model_name: str, case: str) -> float | None:
 # --- report -------------------------------------------------------------------------------------------------------
 
 
+# the CPU features that decide which kernels (and so which precisions) are fast
+CPU_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_bf16", "amx_int8")
+
+
 def machine() -> str:
-    cpu = platform.processor() or platform.machine()
+    cpu, flags = platform.processor() or platform.machine(), set()
     with contextlib.suppress(OSError):
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
                 cpu = line.split(":", 1)[1].strip()
+            elif line.startswith("flags"):
+                flags = set(line.split(":", 1)[1].split())
                 break
     import transformers
 
-    return (f"{cpu}, {torch.get_num_threads()} threads, torch {torch.__version__} "
+    present = " ".join(flag for flag in CPU_FLAGS if flag in flags) or "none of " + " ".join(CPU_FLAGS)
+    return (f"{cpu} [{present}], {torch.get_num_threads()} threads, torch {torch.__version__} "
             f"({torch.backends.cpu.get_cpu_capability()}), transformers {transformers.__version__}, "
             f"Python {platform.python_version()}")  # fmt: skip
 
@@ -476,6 +483,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.memory_child:
         peak_rss_child(args)
         return
+    print(f"machine: {machine()}", flush=True)
     marian, vaswani = build_pair(args.preset)
     ct2 = None
     if args.ctranslate2:

@@ -10,7 +10,7 @@ import torch
 
 from vaswani_hf import VaswaniConfig, VaswaniForConditionalGeneration
 from vaswani_hf.data import load_split, read_parallel
-from vaswani_hf.recipe import load_for_inference
+from vaswani_hf.inference import load_for_inference
 
 from .helpers import TINY_RUN, vaswani
 

@@ -75,3 +75,44 @@ def test_non_utf8_input_names_file_and_line(tmp_path):
 def test_missing_model_directory_is_a_clear_error(tmp_path):
     result = vaswani("translate", str(tmp_path / "nope"), stdin="seven\n")
     assert result.returncode == 2 and "is not a model directory" in result.stderr
+
+
+def test_translate_nbest_prints_moses_blocks_best_first(trained):
+    out, _ = trained
+    result = vaswani("translate", str(out), "--nbest", "3", stdin="seven\ntwenty-one\n")
+    assert result.returncode == 0, result.stderr[-2000:]
+    rows = [line.split(" ||| ") for line in result.stdout.splitlines()]
+    assert [int(r[0]) for r in rows] == [0, 0, 0, 1, 1, 1]  # one block of 3 per input line, in input order
+    for block in (rows[:3], rows[3:]):
+        scores = [float(r[2]) for r in block]
+        assert scores == sorted(scores, reverse=True) and all(s <= 0 for s in scores)
+    plain = vaswani("translate", str(out), stdin="seven\ntwenty-one\n").stdout.splitlines()
+    assert plain == [rows[0][1], rows[3][1]]  # the 1-best of the n-best list is the plain translation
+
+
+def test_score_is_the_forced_decoding_log_probability(trained, tmp_path):
+    import torch
+
+    from vaswani_hf.inference import load_for_inference
+
+    out, _ = trained
+    (tmp_path / "src").write_text("seven\ntwenty-one , five\n", encoding="utf-8")
+    (tmp_path / "tgt").write_text("sieben\neinundzwanzig , fünf\n", encoding="utf-8")
+    result = vaswani("score", str(out), "--source", str(tmp_path / "src"), "--target", str(tmp_path / "tgt"))
+    assert result.returncode == 0, result.stderr[-2000:]
+    scored = [json.loads(line) for line in result.stdout.splitlines()]
+    assert len(scored) == 2
+    # against the model's own per-token probabilities, one sentence at a time without padding
+    model, tokenizer = load_for_inference(out)
+    labels = tokenizer(text_target="einundzwanzig , fünf", return_tensors="pt")["input_ids"]
+    source = tokenizer("twenty-one , five", return_tensors="pt")
+    with torch.no_grad():
+        logits = model(**source, labels=labels).logits
+    expected = torch.log_softmax(logits, -1)[0].gather(-1, labels[0][:, None])[:, 0]
+    assert scored[1]["tokens"] == labels.shape[1] and scored[1]["token_strings"][-1] == tokenizer.eos_token
+    torch.testing.assert_close(torch.tensor(scored[1]["token_log_probs"]), expected, atol=1e-4, rtol=0)
+    assert abs(scored[1]["log_prob"] - float(expected.sum())) < 1e-3
+    mismatched = tmp_path / "short"
+    mismatched.write_text("sieben\n", encoding="utf-8")
+    result = vaswani("score", str(out), "--source", str(tmp_path / "src"), "--target", str(mismatched))
+    assert result.returncode == 2 and "must be aligned" in result.stderr

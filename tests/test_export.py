@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from vaswani_hf.recipe import load_for_inference
+from vaswani_hf.inference import load_for_inference
 from vaswani_hf.tasks import builtin_splits
 
 from .helpers import vaswani

@@ -113,7 +113,7 @@ def _write_card(trainer, training_args, data_args, stats, metrics, pairs, builti
     """training_facts.json, the attention map of one test sentence, and the README.md model card."""
     from .attention import write_attention_maps
     from .hub import FACTS_FILE, training_facts, write_model_card
-    from .recipe import translate
+    from .inference import translate
 
     output_dir = Path(training_args.output_dir)
     model, tokenizer = trainer.model, trainer.processing_class
@@ -165,7 +165,7 @@ def push_command(argv: list[str]) -> int:
 
 def attention_command(argv: list[str]) -> int:
     from .attention import write_attention_maps
-    from .recipe import load_for_inference
+    from .inference import load_for_inference
 
     parser = argparse.ArgumentParser(
         prog="vaswani attention", description="Heat maps of every layer and head for one sentence (PNG)."
@@ -201,25 +201,70 @@ def average_command(argv: list[str]) -> int:
 
 
 def translate_command(argv: list[str]) -> int:
-    from .recipe import load_for_inference, translate
+    from .inference import load_for_inference, translate_nbest
 
-    parser = argparse.ArgumentParser(prog="vaswani translate", description="Translate lines from a file or stdin.")
+    parser = argparse.ArgumentParser(
+        prog="vaswani translate",
+        description="Translate lines from a file or stdin, one translation a line. With --nbest N: N lines per input "
+        "line, 'INDEX ||| TRANSLATION ||| SCORE' (Moses n-best format; INDEX counts input lines from 0, best first, "
+        "SCORE is the length-penalised log-probability beam search ranks by).",
+    )
     parser.add_argument("model_dir")
     parser.add_argument("--input", help="file with one sentence a line (default: stdin)")
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--num-beams", type=int, default=None, help="default: the model's (paper: 4)")
+    parser.add_argument("--nbest", type=int, default=None, help="print the N best translations with their scores")
+    args = parser.parse_args(argv)
+    if args.nbest is not None and args.nbest < 1:
+        raise ValueError(f"--nbest must be at least 1, got {args.nbest}.")
+    model, tokenizer = load_for_inference(args.model_dir)
+    lines = _read_lines(args.input)
+    kwargs = {"num_beams": args.num_beams} if args.num_beams else {}
+    results = translate_nbest(model, tokenizer, lines, args.nbest or 1, batch_size=args.batch_size,
+                              progress=sys.stderr.isatty(), **kwargs)  # fmt: skip
+    for index, candidates in enumerate(results):
+        if args.nbest is None:
+            print(candidates[0][0])
+            continue
+        for text, value in candidates:
+            print(f"{index} ||| {text} ||| {value:.6f}" if value is not None else f"{index} ||| {text} |||")
+    return 0
+
+
+def score_command(argv: list[str]) -> int:
+    from .inference import load_for_inference, score_translations
+
+    parser = argparse.ArgumentParser(
+        prog="vaswani score",
+        description="Forced decoding: the log-probability of each target line given its source line, one JSON "
+        "object a line: log_prob (natural log, sum over the target tokens and EOS), tokens, mean_log_prob, "
+        "token_log_probs, token_strings. For filtering parallel data and reranking n-best lists.",
+    )
+    parser.add_argument("model_dir")
+    parser.add_argument("--source", required=True, help="file with one source sentence a line")
+    parser.add_argument("--target", required=True, help="file with the target sentences, aligned with --source")
+    parser.add_argument("--batch-size", type=int, default=32)
     args = parser.parse_args(argv)
     model, tokenizer = load_for_inference(args.model_dir)
-    lines = open(args.input, encoding="utf-8").read().splitlines() if args.input else sys.stdin.read().splitlines()
-    kwargs = {"num_beams": args.num_beams} if args.num_beams else {}
-    for line in translate(model, tokenizer, lines, batch_size=args.batch_size, progress=sys.stderr.isatty(), **kwargs):
-        print(line)
+    sources, targets = _read_lines(args.source), _read_lines(args.target)
+    for result in score_translations(model, tokenizer, sources, targets, args.batch_size, sys.stderr.isatty()):
+        print(json.dumps(result, ensure_ascii=False))
     return 0
+
+
+def _read_lines(path: str | None) -> list[str]:
+    if path is None:
+        return sys.stdin.read().splitlines()
+    try:
+        return Path(path).read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError as err:
+        raise ValueError(f"{path} is not UTF-8 text (byte {err.start}).") from None
 
 
 def evaluate_command(argv: list[str]) -> int:
     from .data import load_split
-    from .recipe import load_for_inference, score, translate
+    from .inference import load_for_inference, translate
+    from .recipe import score
     from .tasks import builtin_splits
 
     parser = argparse.ArgumentParser(prog="vaswani evaluate", description="BLEU/chrF of a model with sacrebleu.")
@@ -240,7 +285,7 @@ def evaluate_command(argv: list[str]) -> int:
 
 def export_command(argv: list[str]) -> int:
     from .export import export_ctranslate2, tokenizer_vocabulary
-    from .recipe import load_for_inference
+    from .inference import load_for_inference
 
     parser = argparse.ArgumentParser(prog="vaswani export", description="Export a saved model to another engine.")
     parser.add_argument("model_dir")
@@ -262,7 +307,7 @@ def export_command(argv: list[str]) -> int:
 
 COMMANDS = {"train": train_command, "translate": translate_command, "evaluate": evaluate_command,
             "average": average_command, "push": push_command, "attention": attention_command,
-            "export": export_command}  # fmt: skip
+            "export": export_command, "score": score_command}  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:

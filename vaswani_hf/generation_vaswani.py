@@ -276,7 +276,7 @@ class DecodingState:
             past_key_values=self.cache,
             use_cache=True,
         )
-        return self.model.output_projection(decoder_output.last_hidden_state[:, -1]).float()
+        return output_logits(self.model, decoder_output.last_hidden_state[:, -1])
 
     def reorder(self, row_idx: torch.LongTensor) -> None:
         self.cache.self_attention_cache.reorder_cache(row_idx)
@@ -294,6 +294,25 @@ class DecodingState:
             self.source_mask = self.source_mask.index_select(0, source_idx)
             self.encoder_mask = self._encoder_mask()
         self.example_ids = self.example_ids[examples.cpu()]
+
+
+def output_logits(model, hidden: torch.Tensor) -> torch.Tensor:
+    """The output projection of a decoding step, (rows, d_model) -> (rows, vocabulary) float32 logits.
+
+    On CPU, a product of the (vocabulary x d_model) weight with few rows is 2.5-5x faster computed as
+    weight @ hidden^T than as `F.linear` (which packs the whole weight matrix for every call): measured on the base
+    preset's 37,000 x 512 matrix, 2 threads, AMD EPYC (AVX-512), 2-64 rows. One row is fastest as two (BLAS's
+    matrix-vector kernel for this layout is the slow one), so a single row is doubled. Same products, so the same
+    logits up to float rounding.
+    """
+    if hidden.device.type != "cpu" or hidden.shape[0] > 256:
+        return model.output_projection(hidden).float()
+    rows = hidden.shape[0]
+    columns = hidden.repeat(2, 1) if rows == 1 else hidden.contiguous()
+    bias = getattr(model, "final_logits_bias", None)
+    weight = model.get_output_embeddings().weight
+    logits = weight @ columns.t() if bias is None else torch.addmm(bias[:, None], weight, columns.t())
+    return logits.t()[:rows].float().contiguous()
 
 
 def apply_processors(settings: DecodingSettings, scores: torch.Tensor, step: int, limits: torch.Tensor,

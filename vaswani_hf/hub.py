@@ -191,7 +191,7 @@ def push(
     config, the remote code (`configuration_vaswani.py`, `modeling_vaswani.py`, `generation_vaswani.py`,
     `pipeline_vaswani.py`), tokenizer, card. Unchanged files are not sent again. The token comes from `token`,
     `HF_TOKEN` or `hf auth login`, as everywhere in huggingface_hub."""
-    from .recipe import load_for_inference
+    from .inference import load_for_inference
 
     model_dir = Path(model_dir)
     model, _ = load_for_inference(model_dir, device="cpu")  # refuses incomplete or mismatched folders

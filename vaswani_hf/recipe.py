@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 from dataclasses import dataclass, field
@@ -12,11 +11,7 @@ import numpy as np
 import sacrebleu
 import torch
 from datasets import Dataset
-from safetensors import SafetensorError
-from tqdm.auto import tqdm
 from transformers import (
-    AutoModelForSeq2SeqLM,
-    AutoTokenizer,
     DataCollatorForSeq2Seq,
     EvalPrediction,
     PreTrainedTokenizerBase,
@@ -27,6 +22,7 @@ from transformers import (
 from .averaging import average_checkpoints, list_checkpoints, load_weights
 from .configuration_vaswani import VaswaniConfig
 from .data import Pairs, load_split
+from .inference import load_model
 from .modeling_vaswani import VaswaniForConditionalGeneration
 from .trainer import VaswaniTrainer, noam_learning_rate
 
@@ -281,30 +277,6 @@ def train(trainer: VaswaniTrainer, resume: bool = False) -> dict:
             "resumed_from": checkpoint, "averaged": [p.name for p in averaged]}  # fmt: skip
 
 
-def translate(
-    model: VaswaniForConditionalGeneration,
-    tokenizer: PreTrainedTokenizerBase,
-    sentences: list[str],
-    batch_size: int = 32,
-    progress: bool = True,
-    **generate_kwargs,
-) -> list[str]:
-    """Batched translation with the model's generation defaults (paper: beam 4, GNMT alpha 0.6, source + 50).
-
-    Sentences are decoded longest first (less padding) and returned in input order."""
-    model.eval()
-    order = sorted(range(len(sentences)), key=lambda i: -len(sentences[i]))
-    outputs: list[str] = [""] * len(sentences)
-    for start in tqdm(range(0, len(order), batch_size), desc="translating", disable=not progress, unit="batch"):
-        index = order[start : start + batch_size]
-        batch = tokenizer([sentences[i] for i in index], return_tensors="pt", padding=True, truncation=True)
-        with torch.no_grad():
-            generated = model.generate(**batch.to(model.device), **generate_kwargs)
-        for i, text in zip(index, tokenizer.batch_decode(generated, skip_special_tokens=True), strict=True):
-            outputs[i] = text.strip()
-    return outputs
-
-
 def score(hypotheses: list[str], references: list[str]) -> dict:
     """Cased, detokenized corpus BLEU and chrF with sacrebleu (section 6.1), with their signatures."""
     bleu = sacrebleu.metrics.BLEU()
@@ -318,51 +290,3 @@ def score(hypotheses: list[str], references: list[str]) -> dict:
         "chrf_signature": str(chrf.get_signature()),
         "brevity_penalty": round(bleu_score.bp, 3),
     }
-
-
-def load_model(name_or_path: str | Path) -> VaswaniForConditionalGeneration:
-    """A vaswani checkpoint from a local folder (checked first, for clear errors) or a Hub id; safetensors only,
-    so loading never unpickles a file (convert `pytorch_model.bin` checkpoints in Python first)."""
-    path = Path(name_or_path)
-    looks_local = path.exists() or str(name_or_path).startswith(("/", ".", "~")) or str(name_or_path).count("/") != 1
-    if looks_local:  # a Hub id is exactly "owner/name"
-        config_file = path / "config.json"
-        if not config_file.is_file():
-            raise FileNotFoundError(f"{path} is not a model directory (no config.json); train one with `vaswani train`")
-        try:
-            model_type = json.loads(config_file.read_text()).get("model_type")
-        except json.JSONDecodeError as err:
-            raise ValueError(f"{config_file} is not valid JSON ({err.msg}, line {err.lineno}).") from None
-        if model_type != VaswaniConfig.model_type:
-            raise ValueError(
-                f"{path} holds a {model_type!r} model, not a {VaswaniConfig.model_type!r} one; a Marian checkpoint "
-                "converts with scripts/convert_marian_to_vaswani.py."
-            )
-        if not any((path / name).is_file() for name in ("model.safetensors", "model.safetensors.index.json")):
-            raise FileNotFoundError(
-                f"{path} has config.json but no model.safetensors: the save did not finish. Use the last complete "
-                "checkpoint-N folder of the run (`vaswani train ... --resume` continues from it)."
-            )
-    try:
-        return AutoModelForSeq2SeqLM.from_pretrained(name_or_path, use_safetensors=True)
-    except SafetensorError as err:
-        raise ValueError(f"{path}: cannot read model.safetensors ({err}); the file is truncated or corrupt.") from None
-    except RuntimeError as err:
-        if "mismatched" not in str(err):
-            raise
-        raise ValueError(
-            f"{path}: the weights do not fit config.json (tensor shapes differ): the config was edited or belongs to "
-            "another model."
-        ) from None
-
-
-def load_for_inference(model_dir: str | Path, device: str | None = None):
-    """Model (on the GPU when there is one) and tokenizer of a saved model directory; they must match."""
-    model = load_model(model_dir)
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    if len(tokenizer) > model.config.vocab_size:
-        raise ValueError(
-            f"{model_dir}: the tokenizer has {len(tokenizer)} tokens but the model only {model.config.vocab_size}: "
-            "they come from different runs. Save the training run's tokenizer beside the model."
-        )
-    return model.to(device or ("cuda" if torch.cuda.is_available() else "cpu")).eval(), tokenizer

@@ -1,0 +1,155 @@
+"""Inference with a trained model: loading a checkpoint safely, batched translation (also n-best), and forced
+decoding (the log-probability of given translations, for filtering and reranking)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError
+from tqdm.auto import tqdm
+from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, PreTrainedTokenizerBase
+
+from .configuration_vaswani import VaswaniConfig
+from .modeling_vaswani import VaswaniForConditionalGeneration
+
+
+def load_model(name_or_path: str | Path) -> VaswaniForConditionalGeneration:
+    """A vaswani checkpoint from a local folder (checked first, for clear errors) or a Hub id; safetensors only,
+    so loading never unpickles a file (convert `pytorch_model.bin` checkpoints in Python first)."""
+    path = Path(name_or_path)
+    looks_local = path.exists() or str(name_or_path).startswith(("/", ".", "~")) or str(name_or_path).count("/") != 1
+    if looks_local:  # a Hub id is exactly "owner/name"
+        config_file = path / "config.json"
+        if not config_file.is_file():
+            raise FileNotFoundError(f"{path} is not a model directory (no config.json); train one with `vaswani train`")
+        try:
+            model_type = json.loads(config_file.read_text()).get("model_type")
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{config_file} is not valid JSON ({err.msg}, line {err.lineno}).") from None
+        if model_type != VaswaniConfig.model_type:
+            raise ValueError(
+                f"{path} holds a {model_type!r} model, not a {VaswaniConfig.model_type!r} one; a Marian checkpoint "
+                "converts with scripts/convert_marian_to_vaswani.py."
+            )
+        if not any((path / name).is_file() for name in ("model.safetensors", "model.safetensors.index.json")):
+            raise FileNotFoundError(
+                f"{path} has config.json but no model.safetensors: the save did not finish. Use the last complete "
+                "checkpoint-N folder of the run (`vaswani train ... --resume` continues from it)."
+            )
+    try:
+        return AutoModelForSeq2SeqLM.from_pretrained(name_or_path, use_safetensors=True)
+    except SafetensorError as err:
+        raise ValueError(f"{path}: cannot read model.safetensors ({err}); the file is truncated or corrupt.") from None
+    except RuntimeError as err:
+        if "mismatched" not in str(err):
+            raise
+        raise ValueError(
+            f"{path}: the weights do not fit config.json (tensor shapes differ): the config was edited or belongs to "
+            "another model."
+        ) from None
+
+
+def load_for_inference(model_dir: str | Path, device: str | None = None):
+    """Model (on the GPU when there is one) and tokenizer of a saved model directory; they must match."""
+    model = load_model(model_dir)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    if len(tokenizer) > model.config.vocab_size:
+        raise ValueError(
+            f"{model_dir}: the tokenizer has {len(tokenizer)} tokens but the model only {model.config.vocab_size}: "
+            "they come from different runs. Save the training run's tokenizer beside the model."
+        )
+    return model.to(device or ("cuda" if torch.cuda.is_available() else "cpu")).eval(), tokenizer
+
+
+def _batches(lengths: list[int], batch_size: int, progress: bool, desc: str):
+    """Indices of the inputs in batches, longest first (less padding); callers put the results back in order."""
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    for start in tqdm(range(0, len(order), batch_size), desc=desc, disable=not progress, unit="batch"):
+        yield order[start : start + batch_size]
+
+
+def translate_nbest(
+    model: VaswaniForConditionalGeneration,
+    tokenizer: PreTrainedTokenizerBase,
+    sentences: list[str],
+    nbest: int = 1,
+    batch_size: int = 32,
+    progress: bool = True,
+    **generate_kwargs,
+) -> list[list[tuple[str, float | None]]]:
+    """Batched translation with the model's generation defaults (paper: beam 4, GNMT alpha 0.6, source + 50):
+    for each sentence, in input order, its `nbest` best translations with their beam-search scores (the
+    length-penalised log-probability; None for greedy decoding), best first. The beam is widened to `nbest`
+    when the model's is narrower."""
+    model.eval()
+    if nbest > 1:
+        beams = generate_kwargs.get("num_beams") or model.generation_config.num_beams or 1
+        generate_kwargs["num_beams"] = max(beams, nbest)
+    beam = (generate_kwargs.get("num_beams") or model.generation_config.num_beams or 1) > 1
+    outputs: list[list[tuple[str, float | None]]] = [[] for _ in sentences]
+    for index in _batches([len(s) for s in sentences], batch_size, progress, "translating"):
+        batch = tokenizer([sentences[i] for i in index], return_tensors="pt", padding=True, truncation=True)
+        with torch.no_grad():
+            generated = model.generate(**batch.to(model.device), num_return_sequences=nbest, output_scores=beam,
+                                       return_dict_in_generate=True, **generate_kwargs)  # fmt: skip
+        texts = tokenizer.batch_decode(generated.sequences, skip_special_tokens=True)
+        scores = generated.sequences_scores.tolist() if beam else [None] * len(texts)
+        for row, (text, value) in enumerate(zip(texts, scores, strict=True)):
+            outputs[index[row // nbest]].append((text.strip(), value))
+    return outputs
+
+
+def translate(
+    model: VaswaniForConditionalGeneration,
+    tokenizer: PreTrainedTokenizerBase,
+    sentences: list[str],
+    batch_size: int = 32,
+    progress: bool = True,
+    **generate_kwargs,
+) -> list[str]:
+    """The best translation of each sentence, in input order (see `translate_nbest`)."""
+    best = translate_nbest(model, tokenizer, sentences, 1, batch_size, progress, **generate_kwargs)
+    return [candidates[0][0] for candidates in best]
+
+
+def score_translations(
+    model: VaswaniForConditionalGeneration,
+    tokenizer: PreTrainedTokenizerBase,
+    sources: list[str],
+    targets: list[str],
+    batch_size: int = 32,
+    progress: bool = True,
+) -> list[dict]:
+    """Forced decoding: log p(target | source) under the model, per sentence and per target token (EOS included),
+    in natural log, without label smoothing or length penalty: what `fairseq-generate --score-reference` and
+    `marian-scorer` compute, for filtering parallel data and reranking n-best lists."""
+    if len(sources) != len(targets):
+        raise ValueError(f"{len(sources)} source lines but {len(targets)} target lines: the files must be aligned.")
+    model.eval()
+    results: list[dict] = [{} for _ in sources]
+    for index in _batches([len(s) + len(t) for s, t in zip(sources, targets, strict=True)], batch_size, progress,
+                          "scoring"):  # fmt: skip
+        batch = tokenizer([sources[i] for i in index], text_target=[targets[i] for i in index], return_tensors="pt",
+                          padding=True, truncation=True)  # fmt: skip
+        labels = batch.pop("labels")
+        labels = labels.masked_fill(labels == tokenizer.pad_token_id, -100)
+        batch = batch.to(model.device)
+        with torch.no_grad():
+            logits = model(**batch, labels=None, decoder_input_ids=model.prepare_decoder_input_ids_from_labels(
+                labels.to(model.device))).logits  # fmt: skip
+        log_probs = torch.log_softmax(logits.float(), dim=-1)
+        token_log_probs = log_probs.gather(-1, labels.clamp(min=0).to(model.device)[..., None])[..., 0].cpu()
+        for row, i in enumerate(index):
+            keep = labels[row] != -100
+            values = token_log_probs[row][keep].tolist()
+            ids = labels[row][keep].tolist()
+            results[i] = {
+                "log_prob": sum(values),
+                "tokens": len(values),
+                "mean_log_prob": sum(values) / max(len(values), 1),
+                "token_log_probs": [round(v, 4) for v in values],
+                "token_strings": tokenizer.convert_ids_to_tokens(ids),
+            }
+    return results
