@@ -14,12 +14,12 @@ from vaswani_hf.convert.marian import marian_to_vaswani
 
 from .helpers import paper_marian_config
 
-PAD, EOS = 60, 0
+PAD, EOS = 1499, 0  # a vocabulary of 1,500: enough chunks for the two-stage top-k (generation_vaswani.py)
 
 
 def random_pair(seed: int):
     torch.manual_seed(seed)
-    config = paper_marian_config(vocab_size=61, d_model=16, encoder_attention_heads=2, decoder_attention_heads=2,
+    config = paper_marian_config(vocab_size=1500, d_model=16, encoder_attention_heads=2, decoder_attention_heads=2,
                                  pad_token_id=PAD, decoder_start_token_id=PAD, eos_token_id=EOS)  # fmt: skip
     marian = MarianMTModel(config).eval()
     with torch.no_grad():
@@ -86,3 +86,22 @@ def test_a_sentence_decodes_the_same_alone_and_in_a_batch(num_beams):
         assert (batched.sequences[row, tokens.shape[0] :] == PAD).all()
         if num_beams > 1:
             torch.testing.assert_close(batched.sequences_scores[row], alone.sequences_scores[0])
+
+
+@pytest.mark.parametrize("vocab", [640, 1000, 1500])
+@pytest.mark.parametrize("k", [2, 8, 16])
+def test_two_stage_top_k_equals_torch_top_k(vocab, k):
+    from vaswani_hf.generation_vaswani import top_k_per_row
+
+    generator = torch.Generator().manual_seed(vocab + k)
+    columns = torch.randn(vocab, 12, generator=generator)
+    columns[-1, 3] = 10.0  # the best entry of a row in the ragged tail
+    columns[:, 5] = -float("inf")
+    columns[7, 5] = 0.0  # a forced row: one finite entry
+    scores = columns.t()  # the (rows, vocabulary) view the searches pass
+    values, index = top_k_per_row(scores, k)
+    expected_values, expected_index = torch.topk(scores, k)
+    assert torch.equal(values, expected_values)
+    finite = torch.isfinite(expected_values)
+    assert torch.equal(index[finite], expected_index[finite])
+    assert index[3, 0] == vocab - 1 and index[5, 0] == 7

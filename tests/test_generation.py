@@ -185,7 +185,7 @@ def test_beam_search_keeps_one_encoder_row_per_source():
     hidden = model.get_encoder()(input_ids=src, attention_mask=mask).last_hidden_state
     state = DecodingState(model, hidden, mask, rows_per_example=4)
     logits = state.logits(torch.full((12,), model.config.decoder_start_token_id))
-    assert logits.shape == (12, model.config.vocab_size)
+    assert logits.shape == (model.config.vocab_size, 12)  # one column per decoder row
     assert state.cache.cross_attention_cache.layers[0].keys.shape[0] == 3  # once per source, not per beam
     assert isinstance(state.cache.self_attention_cache.layers[0], VaswaniBeamSearchCacheLayer)
     state.keep(torch.tensor([0, 2]))  # sentence 1 is done: its rows leave the batch
