@@ -355,7 +355,7 @@ def force(scores: torch.Tensor, rows: torch.Tensor | None, token: int) -> None:
         scores.copy_(torch.where(rows[:, None], forced, scores))
 
 
-def greedy_search(model, settings: DecodingSettings, state: DecodingState) -> dict:
+def greedy_search(settings: DecodingSettings, state: DecodingState) -> dict:
     """Greedy decoding: the most probable token at each step, from the raw logits (no softmax needed)."""
     batch = int(state.example_ids.shape[0])
     device = state.encoder_hidden.device
@@ -389,7 +389,7 @@ def greedy_search(model, settings: DecodingSettings, state: DecodingState) -> di
     return {"sequences": output, "lengths": lengths}
 
 
-def beam_search(model, settings: DecodingSettings, state: DecodingState) -> dict:
+def beam_search(settings: DecodingSettings, state: DecodingState) -> dict:
     """Beam search (section 6.1) with Transformers' candidate and finished-hypothesis rules.
 
     At each step every beam proposes its best `candidates` continuations; the best `candidates` of all a
@@ -442,7 +442,7 @@ def beam_search(model, settings: DecodingSettings, state: DecodingState) -> dict
         top_scores, top_index = totals.topk(candidates, dim=-1)
         top_beams = top_index // candidates
         top_tokens = token_ids.reshape(batch, beams * candidates).gather(1, top_index)
-        top_sequences = running.gather(1, top_beams[..., None].expand(-1, -1, steps)).clone()
+        top_sequences = running.gather(1, top_beams[..., None].expand(-1, -1, steps))  # a new tensor
         top_sequences[:, :, step] = top_tokens
         ends = torch.isin(top_tokens, eos) | (step + 2 > steps)
 
@@ -477,12 +477,11 @@ def beam_search(model, settings: DecodingSettings, state: DecodingState) -> dict
             if stay.numel() == 0:
                 break
             row_stay = (stay[:, None] * beams + torch.arange(beams, device=device)).flatten()
-            parent_rows = parent_rows.flatten()
             # rows of the sentences that go on, renumbered after the others leave
             position = torch.full((done.shape[0] * beams,), -1, dtype=torch.long, device=device)
             position[row_stay] = torch.arange(row_stay.numel(), device=device)
             state.keep(stay)
-            parent_rows = position[parent_rows.view(batch, beams)[stay].flatten()]
+            parent_rows = position[parent_rows[stay]]
             running, running_scores, finished = running[stay], running_scores[stay], finished[stay]
             finished_scores, finished_lengths = finished_scores[stay], finished_lengths[stay]
             is_finished, improvable, limits = is_finished[stay], improvable[stay], limits[stay]
@@ -625,7 +624,8 @@ class VaswaniGenerationMixin:
             return self.get_encoder()(input_ids=source.input_ids, attention_mask=source.attention_mask)[0]
         return source.encoder_outputs[0]
 
-    def _settings(self, config: GenerationConfig, limits, penalty_type: str, logits_processor) -> DecodingSettings:
+    def _settings(self, config: GenerationConfig, limits, penalty_type: str, logits_processor,
+                  batch: int) -> DecodingSettings:  # fmt: skip
         eos = config.eos_token_id
         eos = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
         pad = config.pad_token_id
@@ -635,7 +635,7 @@ class VaswaniGenerationMixin:
         max_new = config.max_new_tokens if config.max_new_tokens is not None else config.max_length - 1
         if limits is not None:
             max_new = int(limits.max())
-        batch_limits = limits if limits is not None else torch.full((1,), max_new, dtype=torch.long)
+        batch_limits = limits if limits is not None else torch.full((batch,), max_new, dtype=torch.long)
         min_new = max((config.min_length or 0) - 1, config.min_new_tokens or 0) if eos else 0
         eos_tensor = torch.tensor(eos, dtype=torch.long)
         return DecodingSettings(
@@ -664,14 +664,12 @@ class VaswaniGenerationMixin:
         )
 
     def _decode(self, config, model_kwargs, source, limits, penalty_type, logits_processor):
-        settings = self._settings(config, limits, penalty_type, logits_processor)
+        settings = self._settings(config, limits, penalty_type, logits_processor, batch=source.lengths.shape[0])
         hidden = self._encode(source)
-        if settings.limits.shape[0] != hidden.shape[0]:
-            settings.limits = settings.limits.expand(hidden.shape[0]).clone()
         mask = source.attention_mask.to(hidden.device) if source.attention_mask is not None else None
         state = DecodingState(self, hidden, mask, settings.num_beams)
         search = beam_search if settings.num_beams > 1 else greedy_search
-        result = search(self, settings, state)
+        result = search(settings, state)
         length = max(int(result["lengths"].max()), 1)
         start = torch.full((result["sequences"].shape[0], 1), settings.start, dtype=torch.long, device=hidden.device)
         sequences = torch.cat([start, result["sequences"][:, :length]], dim=1)

@@ -84,10 +84,9 @@ def translate_nbest(
     length-penalised log-probability; None for greedy decoding), best first. The beam is widened to `nbest`
     when the model's is narrower."""
     model.eval()
-    if nbest > 1:
-        beams = generate_kwargs.get("num_beams") or model.generation_config.num_beams or 1
-        generate_kwargs["num_beams"] = max(beams, nbest)
-    beam = (generate_kwargs.get("num_beams") or model.generation_config.num_beams or 1) > 1
+    beams = max(generate_kwargs.get("num_beams") or model.generation_config.num_beams or 1, nbest)
+    generate_kwargs["num_beams"] = beams
+    beam = beams > 1
     outputs: list[list[tuple[str, float | None]]] = [[] for _ in sentences]
     for index in _batches([len(s) for s in sentences], batch_size, progress, "translating"):
         batch = tokenizer([sentences[i] for i in index], return_tensors="pt", padding=True, truncation=True)
@@ -137,7 +136,7 @@ def score_translations(
         labels = labels.masked_fill(labels == tokenizer.pad_token_id, -100)
         batch = batch.to(model.device)
         with torch.no_grad():
-            logits = model(**batch, labels=None, decoder_input_ids=model.prepare_decoder_input_ids_from_labels(
+            logits = model(**batch, decoder_input_ids=model.prepare_decoder_input_ids_from_labels(
                 labels.to(model.device))).logits  # fmt: skip
         log_probs = torch.log_softmax(logits.float(), dim=-1)
         token_log_probs = log_probs.gather(-1, labels.clamp(min=0).to(model.device)[..., None])[..., 0].cpu()

@@ -154,8 +154,8 @@ class VaswaniMultiHeadAttention(nn.Module):
 
     @staticmethod
     def _rows_per_source(hidden_states: torch.Tensor, key_value_states: torch.Tensor | None) -> int:
-        """How many decoder rows share each encoder row: more than 1 when generate() kept one encoder output per
-        source (`_expand_inputs_for_generation`)."""
+        """How many decoder rows share each encoder row: more than 1 when beam search keeps one encoder output per
+        source (`generation_vaswani.DecodingState`)."""
         if key_value_states is None or key_value_states.shape[0] == hidden_states.shape[0]:
             return 1
         if hidden_states.shape[0] % key_value_states.shape[0]:
@@ -660,7 +660,8 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, VaswaniGenerationM
     beam 4, GNMT length penalty ((5 + |Y|) / 6) ** 0.6 (`length_penalty_type="gnmt"`; "hf" gives Transformers'
     |Y| ** length_penalty), at most source length + 50 output tokens per example (`max_length_offset=50`; it
     applies unless the call passes `max_length`/`max_new_tokens` or the generation config sets `max_new_tokens`;
-    `None` returns to Transformers' `max_length`), and early stopping once every beam is finished.
+    `None` returns to Transformers' `max_length`), and early stopping once no running beam can beat the best finished
+    hypothesis (tensor2tensor's rule). The decoder itself is `generation_vaswani.VaswaniGenerationMixin`.
     """
 
     _keys_to_ignore_on_load_missing = ["final_logits_bias"]
