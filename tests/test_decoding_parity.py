@@ -17,15 +17,18 @@ from .helpers import paper_marian_config
 PAD, EOS = 1499, 0  # a vocabulary of 1,500: enough chunks for the two-stage top-k (generation_vaswani.py)
 
 
-def random_pair(seed: int):
+def random_pair(seed: int, paper_decoding: bool = False):
     torch.manual_seed(seed)
+    # init_std 0.4, not Marian's 0.02: with tiny weights every source gives the same logits, and the output bias
+    # alone would decide where hypotheses end
     config = paper_marian_config(vocab_size=1500, d_model=16, encoder_attention_heads=2, decoder_attention_heads=2,
-                                 pad_token_id=PAD, decoder_start_token_id=PAD, eos_token_id=EOS)  # fmt: skip
+                                 pad_token_id=PAD, decoder_start_token_id=PAD, eos_token_id=EOS,
+                                 init_std=0.4)  # fmt: skip
     marian = MarianMTModel(config).eval()
     with torch.no_grad():
-        marian.final_logits_bias.normal_(std=2.0)
-        marian.final_logits_bias[EOS] = 1.0 + seed % 4  # some seeds end early, some late
-    return marian, marian_to_vaswani(marian).eval()
+        marian.final_logits_bias.normal_(std=0.5)
+        marian.final_logits_bias[0, EOS] = 4.0 + seed % 4  # some seeds end at once, some midway, some at the limit
+    return marian, marian_to_vaswani(marian, paper_decoding=paper_decoding).eval()
 
 
 def padded_batch(seed: int, batch: int = 4):
@@ -70,10 +73,35 @@ def test_greedy_equals_transformers(seed):
     assert_same(vaswani.generate(max_length_offset=None, **kwargs), marian.generate(**kwargs), scores=False)
 
 
+@pytest.mark.parametrize("seed", range(6))
+def test_a_converted_model_decodes_as_marian_with_the_same_call(seed, tmp_path):
+    # An Opus-MT generation config: beams, a length limit with EOS forced there, the padding (= start) token
+    # forbidden, log-probabilities renormalised after those processors.
+    marian, _ = random_pair(seed)
+    with torch.no_grad():
+        marian.final_logits_bias[0, PAD] = 7.0  # forbidding it removes much of the mass: renormalising matters
+    marian.generation_config.update(num_beams=[1, 4, 5, 2, 3, 6][seed], max_length=6 + seed, bad_words_ids=[[PAD]],
+                                    forced_eos_token_id=EOS, renormalize_logits=True)  # fmt: skip
+    marian.save_pretrained(tmp_path / "marian")
+    from vaswani_hf.convert.marian import convert_marian_checkpoint
+
+    vaswani = type(random_pair(seed)[1]).from_pretrained(
+        convert_marian_checkpoint(tmp_path / "marian", tmp_path / "vaswani")
+    )
+    input_ids, attention_mask = padded_batch(seed)
+    kwargs = dict(input_ids=input_ids, attention_mask=attention_mask)
+    assert torch.equal(vaswani.generate(**kwargs), marian.generate(**kwargs))
+    kwargs.update(output_scores=True, return_dict_in_generate=True)
+    assert_same(vaswani.generate(**kwargs), marian.generate(**kwargs), scores=marian.generation_config.num_beams > 1)
+    paper = marian_to_vaswani(marian, paper_decoding=True).generation_config
+    assert (paper.num_beams, paper.length_penalty_type, paper.max_length_offset) == (4, "gnmt", 50)
+    assert paper.forced_eos_token_id == EOS and paper.bad_words_ids == [[PAD]]
+
+
 @pytest.mark.parametrize("num_beams", [1, 4])
 def test_a_sentence_decodes_the_same_alone_and_in_a_batch(num_beams):
     # the paper's decoding (GNMT penalty, source + 50, sentences leaving the batch when done)
-    _, vaswani = random_pair(3)
+    _, vaswani = random_pair(3, paper_decoding=True)
     input_ids, attention_mask = padded_batch(7, batch=6)
     batched = vaswani.generate(input_ids=input_ids, attention_mask=attention_mask, num_beams=num_beams,
                                output_scores=True, return_dict_in_generate=True)  # fmt: skip

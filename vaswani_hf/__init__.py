@@ -2,10 +2,13 @@
 
 Importing the package registers the `vaswani` model type with `AutoConfig`, `AutoModel` and
 `AutoModelForSeq2SeqLM`, and marks the classes so `save_pretrained` ships their code for
-`trust_remote_code=True` loading where this package is not installed.
+`trust_remote_code=True` loading where this package is not installed. It also brings back the `translation`
+pipeline task, which Transformers 5 removed, served by `VaswaniTranslationPipeline` for any seq2seq model.
 """
 
+import transformers.pipelines
 from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM
+from transformers.pipelines import PIPELINE_REGISTRY
 
 from .configuration_vaswani import VaswaniConfig
 from .generation_vaswani import gnmt_length_penalty
@@ -20,6 +23,12 @@ AutoModelForSeq2SeqLM.register(VaswaniConfig, VaswaniForConditionalGeneration, e
 VaswaniConfig.register_for_auto_class("AutoConfig")
 VaswaniModel.register_for_auto_class("AutoModel")
 VaswaniForConditionalGeneration.register_for_auto_class("AutoModelForSeq2SeqLM")
+# `pipeline("translation", model=<a model object>)` has no config naming our pipeline to go by, and Transformers 5
+# refuses the task by name before it looks at `pipeline_class`: lift the refusal and register the task.
+getattr(transformers.pipelines, "REMOVED_TASKS", {}).pop("translation", None)
+PIPELINE_REGISTRY.register_pipeline(
+    "translation", pipeline_class=VaswaniTranslationPipeline, pt_model=AutoModelForSeq2SeqLM, type="text"
+)
 
 __all__ = [
     "VaswaniConfig",

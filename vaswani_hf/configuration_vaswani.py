@@ -34,6 +34,11 @@ class VaswaniConfig(PreTrainedConfig):
     Vaswani et al. (2017), section 3. The defaults are the paper's base model (Table 3); `VaswaniConfig.big()`,
     `.small()` and `.tiny()` give the other presets and accept overrides.
 
+    Label smoothing (section 5.4) is a training setting, not a property of the model: `forward(...,
+    label_smoothing=0.1)` smooths one loss, and `vaswani train` / `VaswaniTrainer` pass their
+    `label_smoothing_factor` during training steps only. (A `label_smoothing` key in an older config.json is kept
+    as an attribute and ignored.)
+
     Paper symbols are accepted as keyword aliases: `N`/`num_layers` (both stacks), `h`/`num_heads` (both stacks),
     `d_ff` (both stacks), `d_k`/`d_v` (= `d_kv`; the paper keeps d_k = d_v), `P_drop` (= `dropout`).
 
@@ -68,9 +73,6 @@ class VaswaniConfig(PreTrainedConfig):
         init_std: `None` (default) initialises like the reference code bases: Xavier-uniform linear layers and
             N(0, d_model^-0.5) embeddings. A float gives every weight N(0, init_std) as most Transformers
             models do (measured: 0.02 does not learn at small d_model).
-        label_smoothing: label smoothing of the loss the model returns when given `labels`. Default 0.0, so
-            `loss` is the plain cross-entropy (perplexity stays meaningful). The paper trains with 0.1: the
-            `vaswani train` recipe sets it.
         output_bias: add a learned bias to the output logits. The paper has none; converted Marian (Opus-MT)
             checkpoints have one (`final_logits_bias`).
         pad_token_id / bos_token_id / eos_token_id / unk_token_id: special token ids of the shared vocabulary.
@@ -108,7 +110,6 @@ class VaswaniConfig(PreTrainedConfig):
     norm_position: str = "post"
     layer_norm_eps: float = 1e-6
     init_std: float | None = None
-    label_smoothing: float = 0.0
     output_bias: bool = False
     pad_token_id: int | None = 0
     bos_token_id: int | None = 1
@@ -153,7 +154,7 @@ class VaswaniConfig(PreTrainedConfig):
                         f"VaswaniConfig: d_model={self.d_model} is not divisible by {name}={heads}. "
                         f"Choose a head count that divides d_model, or set `d_kv` (d_k = d_v) explicitly."
                     )
-        for name in ("dropout", "attention_dropout", "activation_dropout", "label_smoothing"):
+        for name in ("dropout", "attention_dropout", "activation_dropout"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
                 raise ValueError(f"VaswaniConfig: `{name}` must be a number in [0, 1), got {value!r}.")

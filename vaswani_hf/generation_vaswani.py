@@ -227,6 +227,7 @@ class DecodingSettings:
     suppress: torch.LongTensor | None
     bad_words: NoBadWordsLogitsProcessor | None
     user_processors: LogitsProcessorList
+    renormalize: bool  # log-softmax again after the processors (Opus-MT's generation configs ask for it)
     return_dict: bool
     output_scores: bool
 
@@ -341,6 +342,8 @@ def apply_processors(settings: DecodingSettings, scores: torch.Tensor, step: int
             force(scores, at_limit, settings.limit_eos)
     if settings.user_processors:
         scores = settings.user_processors(input_ids(), scores)
+    if settings.renormalize:
+        scores = scores.log_softmax(dim=-1)
     return scores
 
 
@@ -548,6 +551,7 @@ class VaswaniGenerationMixin:
         source = self._source(model_kwargs)
         use_offset = offset is not None and not explicit_length and config.max_new_tokens is None
         limits = source.lengths + offset if use_offset else None
+        limits = self._fit_position_table(config, limits)
 
         reason = self._handed_over_because(config, model_kwargs)
         if reason is None:
@@ -566,6 +570,23 @@ class VaswaniGenerationMixin:
                 logits_processor = LogitsProcessorList(logits_processor or [])
                 logits_processor.append(SourceLengthLimitLogitsProcessor(limits, eos))
         return GenerationMixin.generate(self, inputs, generation_config, logits_processor, **kwargs)
+
+    def _fit_position_table(self, config: GenerationConfig, limits: torch.Tensor | None) -> torch.Tensor | None:
+        """A learned position table (Table 3 row E) ends at `max_position_embeddings`: generating N tokens feeds
+        N decoder positions. The source + offset limit is cut there (EOS forced); an explicit longer request is an
+        error naming the table, not the input."""
+        if getattr(self.config, "position_embedding_type", None) != "learned":
+            return limits
+        positions = self.config.max_position_embeddings
+        if limits is not None:
+            return limits.clamp(max=positions)
+        asked = config.max_new_tokens if config.max_new_tokens is not None else config.max_length - 1
+        if asked > positions:
+            raise ValueError(
+                f"generate(): {asked} new tokens need {asked} decoder positions, but this model's learned position "
+                f"table has max_position_embeddings={positions}: ask for at most max_new_tokens={positions}."
+            )
+        return limits
 
     def _resolved_config(self, generation_config: GenerationConfig | None) -> GenerationConfig:
         """The call's generation config: its own settings, then the model's, then Transformers' defaults."""
@@ -659,6 +680,7 @@ class VaswaniGenerationMixin:
             suppress=torch.tensor(config.suppress_tokens, dtype=torch.long) if config.suppress_tokens else None,
             bad_words=NoBadWordsLogitsProcessor(config.bad_words_ids, eos_tensor) if config.bad_words_ids else None,
             user_processors=LogitsProcessorList(logits_processor or []),
+            renormalize=bool(config.renormalize_logits) and config.num_beams > 1,  # greedy's argmax is the same
             return_dict=bool(config.return_dict_in_generate),
             output_scores=bool(config.output_scores),
         )

@@ -72,7 +72,7 @@ def training_facts(model, tokenizer, training_args, data: dict, stats: dict, met
             "schedule": training_args.lr_scheduler_type.value if hasattr(training_args.lr_scheduler_type, "value")
             else str(training_args.lr_scheduler_type),
             "adam": [training_args.adam_beta1, training_args.adam_beta2, training_args.adam_epsilon],
-            "label_smoothing": config.label_smoothing, "max_grad_norm": training_args.max_grad_norm,
+            "label_smoothing": training_args.label_smoothing_factor, "max_grad_norm": training_args.max_grad_norm,
             "seed": training_args.seed, "averaged": stats.get("averaged", []), "bf16": training_args.bf16,
             "hardware": hardware(), "torch": torch.__version__, "transformers": transformers.__version__,
             "train_loss": stats.get("train_loss"),

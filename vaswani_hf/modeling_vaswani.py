@@ -12,9 +12,7 @@ This file is also shipped as Hub remote code: it imports only torch, transformer
 from __future__ import annotations
 
 import math
-import shutil
 from collections.abc import Callable
-from pathlib import Path
 
 import torch
 from torch import nn
@@ -378,10 +376,29 @@ class VaswaniPreTrainedModel(PreTrainedModel):
         elif isinstance(module, VaswaniForConditionalGeneration) and module.final_logits_bias is not None:
             init.zeros_(module.final_logits_bias)
 
+    def resize_token_embeddings(
+        self, new_num_tokens: int | None = None, pad_to_multiple_of: int | None = None, mean_resizing: bool = True
+    ) -> nn.Embedding:
+        """Transformers' resize, plus what it does not know of: the untied target embedding and the output bias."""
+        embeddings = super().resize_token_embeddings(new_num_tokens, pad_to_multiple_of, mean_resizing)
+        rows = embeddings.num_embeddings
+        model = getattr(self, "model", self)
+        if isinstance(model, VaswaniModel) and model.decoder.embed_tokens.num_embeddings != rows:
+            model.decoder.embed_tokens = self._get_resized_embeddings(
+                model.decoder.embed_tokens, rows, mean_resizing=mean_resizing
+            )
+        bias = getattr(self, "final_logits_bias", None)
+        if bias is not None and bias.shape[0] != rows:
+            resized = bias.new_zeros(rows)  # new tokens start without a bias, like Marian's resize
+            kept = min(rows, bias.shape[0])
+            resized[:kept] = bias.detach()[:kept]
+            self.final_logits_bias = nn.Parameter(resized, requires_grad=bias.requires_grad)
+        return embeddings
+
     def save_pretrained(self, save_directory, *args, **kwargs):
-        # `register_for_auto_class` records only the saved class and AutoConfig: record all three Auto classes
-        # so AutoModel and AutoModelForSeq2SeqLM both load the checkpoint as remote code.
         if self.is_remote_code():
+            # `register_for_auto_class` records only the saved class and AutoConfig: record all three Auto classes
+            # so AutoModel and AutoModelForSeq2SeqLM both load the checkpoint as remote code.
             module = type(self).__module__.rsplit(".", 1)[-1]
             config_module = type(self.config).__module__.rsplit(".", 1)[-1]
             self.config.auto_map = {
@@ -390,17 +407,16 @@ class VaswaniPreTrainedModel(PreTrainedModel):
                 "AutoModel": f"{module}.VaswaniModel",
                 "AutoModelForSeq2SeqLM": f"{module}.VaswaniForConditionalGeneration",
             }
-        # Transformers 5 has no built-in translation task: declare ours (pipeline_vaswani.py) and ship it.
-        pipeline_file = Path(__file__).with_name("pipeline_vaswani.py")
-        if pipeline_file.is_file():
+            # Transformers 5 has no built-in translation task: declare ours. Transformers ships every file this
+            # one imports relatively (`from .x import y`, read as text) beside it, at save time and when it loads
+            # this file as remote code, so a re-saved remote-code model keeps the pipeline its config declares.
+            from .pipeline_vaswani import VaswaniTranslationPipeline
+
             self.config.custom_pipelines = {
-                "translation": {"impl": "pipeline_vaswani.VaswaniTranslationPipeline", "pt": ["AutoModelForSeq2SeqLM"],
-                                "tf": [], "type": "text"}
+                "translation": {"impl": f"pipeline_vaswani.{VaswaniTranslationPipeline.__name__}",
+                                "pt": ["AutoModelForSeq2SeqLM"], "tf": [], "type": "text"}
             }  # fmt: skip
-        result = super().save_pretrained(save_directory, *args, **kwargs)
-        if pipeline_file.is_file() and Path(save_directory).resolve() != pipeline_file.parent.resolve():
-            shutil.copy(pipeline_file, Path(save_directory) / pipeline_file.name)
-        return result
+        return super().save_pretrained(save_directory, *args, **kwargs)
 
 
 class VaswaniStack(VaswaniPreTrainedModel):
@@ -588,10 +604,18 @@ class VaswaniModel(VaswaniPreTrainedModel):
             self._tied_weights_keys["decoder.embed_tokens.weight"] = "shared.weight"
         self.encoder = VaswaniEncoder(config)
         self.decoder = VaswaniDecoder(config)
+        if not config.tie_word_embeddings:
+            # Transformers ties nothing when `tie_word_embeddings=False`, but the encoder must still read `shared`
+            # (what `get_input_embeddings()` returns and resizes): give it the module itself.
+            self.encoder.embed_tokens = self.shared
         self.post_init()
 
     def get_input_embeddings(self) -> nn.Embedding:
         return self.shared
+
+    def get_decoder_input_embeddings(self) -> nn.Embedding:
+        """The target embedding: `shared` itself unless `tie_word_embeddings=False`."""
+        return self.decoder.embed_tokens
 
     def set_input_embeddings(self, value: nn.Embedding) -> None:
         self.shared = value
@@ -719,10 +743,12 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, VaswaniGenerationM
         labels (`torch.LongTensor` of shape `(batch_size, target_sequence_length)`, *optional*):
             Target token ids, -100 for positions to ignore. They are not shifted: `logits[:, i]` predicts
             `labels[:, i]`, and `decoder_input_ids` are built from them when not given. The loss is the mean
-            cross-entropy over non-ignored tokens, label-smoothed by `config.label_smoothing`; when Trainer passes
-            `num_items_in_batch` (gradient accumulation) it is the sum divided by that count instead.
+            cross-entropy over non-ignored tokens; when Trainer passes `num_items_in_batch` (gradient accumulation)
+            it is the sum divided by that count instead. A `label_smoothing` keyword (a float in [0, 1)) smooths
+            it, as `VaswaniTrainer` does for training steps.
         """
         num_items_in_batch = kwargs.pop("num_items_in_batch", None)
+        label_smoothing = kwargs.pop("label_smoothing", 0.0)
         if labels is not None:
             use_cache = False
             if decoder_input_ids is None and decoder_inputs_embeds is None:
@@ -742,7 +768,7 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, VaswaniGenerationM
         logits = self.output_projection(outputs.last_hidden_state)
         loss = None
         if labels is not None:
-            loss = self.translation_loss(logits, labels, num_items_in_batch)
+            loss = self.translation_loss(logits, labels, num_items_in_batch, label_smoothing)
         return Seq2SeqLMOutput(
             loss=loss,
             logits=logits,
@@ -756,7 +782,11 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, VaswaniGenerationM
         )
 
     def translation_loss(
-        self, logits: torch.Tensor, labels: torch.Tensor, num_items_in_batch: int | torch.Tensor | None = None
+        self,
+        logits: torch.Tensor,
+        labels: torch.Tensor,
+        num_items_in_batch: int | torch.Tensor | None = None,
+        label_smoothing: float = 0.0,
     ) -> torch.Tensor:
         """Section 5.4: cross-entropy with label smoothing (uniform over the whole vocabulary, padding included,
         like `torch.nn.functional.cross_entropy` and Trainer's smoother); positions labelled -100 are ignored."""
@@ -773,7 +803,7 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, VaswaniGenerationM
             labels.reshape(-1),
             ignore_index=-100,
             reduction="sum",
-            label_smoothing=self.config.label_smoothing,
+            label_smoothing=label_smoothing,
         )
         if num_items_in_batch is None:
             num_items_in_batch = (labels != -100).sum().clamp(min=1)

@@ -3,8 +3,9 @@ saved by vaswani-hf declares this one in `config.custom_pipelines` and ships thi
 
     pipeline("translation", model=REPO_OR_DIR, trust_remote_code=True)
 
-works anywhere, and with vaswani_hf installed also `pipeline(..., pipeline_class=VaswaniTranslationPipeline)`
-without remote code. Like the modeling files, it imports only transformers (it is Hub remote code)."""
+works anywhere. With vaswani_hf installed, `import vaswani_hf` registers it as the `translation` task, so
+`pipeline("translation", model=model_object, tokenizer=tokenizer)` works too (for any seq2seq model).
+Like the modeling files, it imports only transformers (it is Hub remote code)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,9 @@ from transformers import Pipeline
 class VaswaniTranslationPipeline(Pipeline):
     """Translate text with the model's generation defaults (paper: beam 4, GNMT alpha 0.6, source + 50).
 
-    Returns `[{"translation_text": ...}]` per input, like Transformers 4's translation pipeline."""
+    Like Transformers 4's translation pipeline: one `{"translation_text": ...}` per input, or per input a list of
+    `num_return_sequences` of them when more than one is asked for; `truncation=True` cuts inputs longer than the
+    tokenizer's `model_max_length` instead of failing; other keyword arguments go to `generate()`."""
 
     _load_processor = False
     _load_image_processor = False
@@ -23,21 +26,29 @@ class VaswaniTranslationPipeline(Pipeline):
 
     def __call__(self, inputs, **kwargs):
         result = super().__call__(inputs, **kwargs)
-        if isinstance(inputs, list):  # one dict per sentence, not a list of one-element lists
-            return [item[0] for item in result]
+        if isinstance(inputs, list) and all(len(candidates) == 1 for candidates in result):
+            return [candidates[0] for candidates in result]  # one dict per sentence, not one-element lists
         return result
 
-    def _sanitize_parameters(self, **generate_kwargs):
-        return {}, generate_kwargs, {}
+    def _sanitize_parameters(self, truncation=None, clean_up_tokenization_spaces=None, **generate_kwargs):
+        preprocess = {} if truncation is None else {"truncation": truncation}
+        postprocess = {}
+        if clean_up_tokenization_spaces is not None:
+            postprocess["clean_up_tokenization_spaces"] = clean_up_tokenization_spaces
+        return preprocess, generate_kwargs, postprocess
 
-    def preprocess(self, text: str):
+    def preprocess(self, text: str, truncation: bool | str = False):
         if not isinstance(text, str) or not text.strip():
             raise ValueError(f"translation input must be a non-empty string, got {text!r}.")
-        return self.tokenizer([text], return_tensors="pt")
+        return self.tokenizer([text], return_tensors="pt", truncation=truncation)
 
     def _forward(self, model_inputs, **generate_kwargs):
         return {"output_ids": self.model.generate(**model_inputs, **generate_kwargs)}
 
-    def postprocess(self, model_outputs):
-        texts = self.tokenizer.batch_decode(model_outputs["output_ids"], skip_special_tokens=True)
+    def postprocess(self, model_outputs, clean_up_tokenization_spaces: bool | None = None):
+        texts = self.tokenizer.batch_decode(
+            model_outputs["output_ids"],
+            skip_special_tokens=True,
+            clean_up_tokenization_spaces=clean_up_tokenization_spaces,
+        )
         return [{"translation_text": text.strip()} for text in texts]

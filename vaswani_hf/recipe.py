@@ -62,7 +62,6 @@ class ModelArguments:
     model_name_or_path: str | None = field(
         default=None, metadata={"help": "fine-tune this checkpoint, keeping its tokenizer and config"}
     )
-    label_smoothing: float = field(default=0.1, metadata={"help": "paper: 0.1"})
     dropout: float | None = field(default=None, metadata={"help": "residual dropout P_drop (default: the preset's)"})
     lr_scale: float = field(default=1.0, metadata={"help": "multiplies the Noam learning rate"})
 
@@ -90,6 +89,11 @@ class VaswaniTrainingArguments(Seq2SeqTrainingArguments):
         default=False,
         metadata={"help": "train a bf16 model with fp32 master weights (vaswani_hf.mixed_precision); faster than "
                   "--bf16 (autocast) on CPUs with AMX; the final model is saved in fp32"},
+    )  # fmt: skip
+    label_smoothing_factor: float = field(
+        default=0.1,
+        metadata={"help": "label smoothing of the training loss (paper: 0.1); not saved with the model, and the "
+                  "evaluation loss stays plain cross-entropy", "aliases": ["--label_smoothing"]},
     )  # fmt: skip
     learning_rate: float = field(default=0.0)
     lr_scheduler_type: str = field(default="inverse_sqrt")
@@ -198,9 +202,7 @@ def build_model(model_args: ModelArguments, tokenizer: PreTrainedTokenizerBase) 
     ids = {name: tokenizer.convert_tokens_to_ids(token) for name, token in special.items()}
     if model_args.dropout is not None:
         ids["dropout"] = model_args.dropout
-    config = getattr(VaswaniConfig, model_args.preset)(
-        vocab_size=len(tokenizer), label_smoothing=model_args.label_smoothing, **ids
-    )
+    config = getattr(VaswaniConfig, model_args.preset)(vocab_size=len(tokenizer), **ids)
     return VaswaniForConditionalGeneration(config)
 
 
@@ -216,7 +218,6 @@ def build_trainer(
     label smoothing, BLEU `compute_metrics` on the evaluation split when there is one."""
     set_seed(training_args.seed)
     model = build_model(model_args, tokenizer)
-    model.config.label_smoothing = model_args.label_smoothing
     if training_args.bf16_weights:
         if training_args.bf16 or training_args.fp16:
             raise ValueError("--bf16_weights replaces autocast: drop --bf16/--fp16.")

@@ -47,10 +47,14 @@ class VaswaniTrainer(Seq2SeqTrainer):
       first update as step 1 (Trainer's own inverse_sqrt runs the first update at lr 0). Other types pass through.
     - Checkpoints are written to a staging folder and renamed into place: a `checkpoint-N` folder is complete.
     - A NaN or infinite loss stops training with the step and a hint instead of training on garbage.
+    - `args.label_smoothing_factor` (section 5.4) smooths the training loss only, inside the model's loss (exact
+      under gradient accumulation); evaluation loss stays plain cross-entropy, and nothing is written into the
+      model's config. (Transformers' own smoother would smooth `eval_loss` too.)
     """
 
     def __init__(self, *args, train_lengths: tuple[list[int], list[int]] | None = None, **kwargs) -> None:
         super().__init__(*args, **kwargs)
+        self.label_smoother = None  # ours is the model's loss with `label_smoothing`, see compute_loss
         self.train_lengths = train_lengths
         self.token_sampler: TokenBudgetBatchSampler | None = None
         self.target_tokens_seen = 0
@@ -126,6 +130,8 @@ class VaswaniTrainer(Seq2SeqTrainer):
         return super().create_scheduler(num_training_steps, optimizer)
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        if model.training and self.args.label_smoothing_factor and "labels" in inputs:
+            inputs = {**inputs, "label_smoothing": self.args.label_smoothing_factor}
         result = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
         if model.training:
             loss = result[0] if return_outputs else result

@@ -8,6 +8,7 @@ logits; only Marian features outside the paper (separate encoder/decoder vocabul
 
 from __future__ import annotations
 
+import copy
 import shutil
 from pathlib import Path
 
@@ -88,8 +89,14 @@ def vaswani_state_dict_from_marian(marian_state: dict[str, torch.Tensor]) -> dic
     return state
 
 
-def marian_to_vaswani(marian_model) -> VaswaniForConditionalGeneration:
-    """A `VaswaniForConditionalGeneration` with the weights of a `MarianMTModel` (in its dtype, eval mode)."""
+def marian_to_vaswani(marian_model, paper_decoding: bool = False) -> VaswaniForConditionalGeneration:
+    """A `VaswaniForConditionalGeneration` with the weights of a `MarianMTModel` (in its dtype, eval mode).
+
+    Its generation config is Marian's (beams, `max_length`, `forced_eos_token_id`, `bad_words_ids`,
+    `renormalize_logits`...) with Transformers' length penalty and no source + offset limit, so the same
+    `generate()` call decodes exactly as the Marian model. `paper_decoding=True` keeps the paper's decoding
+    instead (beam 4, GNMT penalty 0.6, source + 50), Marian's `bad_words_ids` and `forced_eos_token_id` included.
+    """
     config = vaswani_config_from_marian(marian_model.config)
     model = VaswaniForConditionalGeneration(config).to(marian_model.dtype)
     state = vaswani_state_dict_from_marian(marian_model.state_dict())
@@ -97,21 +104,29 @@ def marian_to_vaswani(marian_model) -> VaswaniForConditionalGeneration:
     missing = [k for k in missing if not k.endswith(("embed_tokens.weight", "lm_head.weight"))]
     if missing or unexpected:
         raise ValueError(f"Marian conversion left weights unmatched: missing {missing}, unexpected {unexpected}.")
-    bad_words = getattr(marian_model.generation_config, "bad_words_ids", None)
-    if bad_words:  # Opus-MT forbids generating the padding (= decoder start) token
-        model.generation_config.bad_words_ids = bad_words
+    marian_generation = marian_model.generation_config
+    if paper_decoding:
+        for name in ("bad_words_ids", "forced_eos_token_id"):  # Opus-MT forbids its padding (= start) token
+            if getattr(marian_generation, name, None) is not None:
+                setattr(model.generation_config, name, getattr(marian_generation, name))
+    else:
+        model.generation_config = copy.deepcopy(marian_generation)
+        model.generation_config.length_penalty_type = "hf"
+        model.generation_config.max_length_offset = None
+    model.generation_config._from_model_config = False  # keep these settings on save and reload
     return model.eval()
 
 
-def convert_marian_checkpoint(src_dir: str | Path, dst_dir: str | Path) -> Path:
-    """Convert a Marian checkpoint directory into a Vaswani one (weights, configs, tokenizer files)."""
+def convert_marian_checkpoint(src_dir: str | Path, dst_dir: str | Path, paper_decoding: bool = False) -> Path:
+    """Convert a Marian checkpoint directory into a Vaswani one (weights, configs, tokenizer files); see
+    `marian_to_vaswani` for the generation config and `paper_decoding`."""
     from transformers import MarianMTModel
 
     src_dir, dst_dir = Path(src_dir), Path(dst_dir)
     if not (src_dir / "config.json").is_file():
         raise FileNotFoundError(f"{src_dir} has no config.json: give the directory of a saved MarianMTModel.")
     marian = MarianMTModel.from_pretrained(src_dir)
-    model = marian_to_vaswani(marian)
+    model = marian_to_vaswani(marian, paper_decoding=paper_decoding)
     model.save_pretrained(dst_dir)
     for name in TOKENIZER_FILES:
         if (src_dir / name).is_file():
