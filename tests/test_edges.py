@@ -28,6 +28,19 @@ OPTIONS = {
 }  # fmt: skip
 
 
+def word_tokenizer():
+    """A word-level tokenizer over the tiny preset's 99 ids: `<pad> <s> </s> <unk> w4 ... w98`."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {token: i for i, token in enumerate(["<pad>", "<s>", "</s>", "<unk>"] + [f"w{i}" for i in range(4, 99)])}
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    backend.post_processor = processors.TemplateProcessing(single="$A </s>", special_tokens=[("</s>", 2)])
+    return PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="<pad>", bos_token="<s>", eos_token="</s>",
+                                   unk_token="<unk>", model_max_length=64)  # fmt: skip
+
+
 def tiny(**overrides) -> VaswaniForConditionalGeneration:
     torch.manual_seed(0)
     return VaswaniForConditionalGeneration(VaswaniConfig.tiny(**overrides))
@@ -65,7 +78,7 @@ REMOTE = textwrap.dedent(
 
 
 @pytest.mark.parametrize("name", sorted(OPTIONS))
-def test_every_option_trains_saves_loads_resizes_and_generates(name, tmp_path):
+def test_every_option_trains_saves_loads_generates_translates_and_resizes(name, tmp_path):
     model = tiny(**OPTIONS[name])
     ids, mask = batch()
 
@@ -107,6 +120,14 @@ def test_every_option_trains_saves_loads_resizes_and_generates(name, tmp_path):
     for num_beams in (1, 4):
         out = model.generate(input_ids=long_source, num_beams=num_beams)
         assert out.shape[0] == 2 and out.shape[1] <= 1 + 30 + 50
+
+    # the translation pipeline, on what generate() gives
+    tokenizer = word_tokenizer()
+    sentences = ["w5 w6 w7", "w40 w41 w42 w43 w44"]
+    translated = pipeline("translation", model=model, tokenizer=tokenizer)(sentences)
+    expected = [tokenizer.decode(model.generate(**tokenizer(text, return_tensors="pt"))[0], skip_special_tokens=True)
+                for text in sentences]  # fmt: skip
+    assert [r["translation_text"] for r in translated] == [text.strip() for text in expected]
 
     # resize up: new rows everywhere a token id is looked up or predicted; then down again
     for size in (110, 90):

@@ -62,6 +62,8 @@ def training_facts(model, tokenizer, training_args, data: dict, stats: dict, met
             "vocab_size": config.vocab_size, "shared_embeddings": config.tie_word_embeddings,
         },
         "data": data,
+        "decoding": {name: getattr(model.generation_config, name, None)
+                     for name in ("num_beams", "length_penalty", "length_penalty_type", "max_length_offset")},
         "tokenizer": {"type": "shared source-target BPE (tokenizers)", "size": len(tokenizer)},
         "training": {
             "steps": stats["steps"], "seconds": stats["seconds"], "target_tokens_per_s": stats["target_tokens_per_s"],
@@ -79,6 +81,17 @@ def training_facts(model, tokenizer, training_args, data: dict, stats: dict, met
         },
         "evaluation": metrics,
     }  # fmt: skip
+
+
+def _decoding(decoding: dict | None) -> str:
+    """The decoding settings the evaluation used, in words, from the model's generation config."""
+    if not decoding:
+        return "the model's generation config"
+    penalty = ("GNMT length penalty alpha" if decoding.get("length_penalty_type") == "gnmt"
+               else "length penalty |Y| **")  # fmt: skip
+    limit = (f"maximum length source + {decoding['max_length_offset']}" if decoding.get("max_length_offset")
+             is not None else "Transformers' max_length")  # fmt: skip
+    return f"beam {decoding.get('num_beams')}, {penalty} {decoding.get('length_penalty')}, {limit}"
 
 
 def _rows(facts: dict) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
@@ -154,7 +167,7 @@ def build_model_card(facts: dict, repo_id: str, model_name: str | None = None) -
         f"({t['target_tokens_per_s']:,} target tokens/s; final training loss {t['train_loss']}), with torch "
         f"{t['torch']} and transformers {t['transformers']}.",
         evaluation_description=f"Cased, detokenized corpus BLEU and chrF (sacreBLEU) on `{evaluation.get('split')}`, "
-        "decoded with the paper's settings: beam 4, GNMT length penalty alpha 0.6, maximum length source + 50.",
+        f"decoded with {_decoding(facts.get('decoding'))}.",
         eval_split=evaluation.get("split"),
         eval_samples=evaluation.get("samples"),
         bleu=evaluation.get("bleu"),

@@ -316,7 +316,6 @@ class VaswaniDecoderLayer(GradientCheckpointingLayer):
         encoder_hidden_states: torch.Tensor | None = None,
         encoder_attention_mask: torch.Tensor | None = None,
         past_key_values: Cache | None = None,
-        use_cache: bool | None = True,
         **kwargs: Unpack[TransformersKwargs],
     ) -> torch.Tensor:
         attended, _ = self.self_attn(
@@ -582,7 +581,6 @@ class VaswaniDecoder(VaswaniStack):
                 encoder_hidden_states,  # positional, so gradient checkpointing sees it
                 encoder_attention_mask=encoder_attention_mask,
                 past_key_values=past_key_values,
-                use_cache=use_cache,
                 **kwargs,
             )
         if self.layer_norm is not None:
