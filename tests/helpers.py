@@ -1,7 +1,9 @@
-"""Shared by the tests: run the `vaswani` command in a subprocess, tiny training settings."""
+"""Shared by the tests: run the `vaswani` command in a subprocess, tiny training settings, remote-code loading."""
 
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 TINY_RUN = ["--preset", "tiny", "--max_steps", "4", "--warmup_steps", "2", "--vocab_size", "120",
             "--per_device_train_batch_size", "8", "--disable_tqdm", "true", "--max_eval_samples", "8"]  # fmt: skip
@@ -23,3 +25,36 @@ def paper_marian_config(**overrides):
         scale_embedding=True, max_position_embeddings=64, forced_eos_token_id=None,
     )  # fmt: skip
     return MarianConfig(**{**settings, **overrides})
+
+
+# Load a saved model as remote code where vaswani_hf cannot be imported, and compute on the inputs saved beside it.
+REMOTE_LOAD = """
+import sys, torch
+sys.modules["vaswani_hf"] = None  # only the checkpoint's own code may be used
+from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM
+path = sys.argv[1]
+model = AutoModelForSeq2SeqLM.from_pretrained(path, trust_remote_code=True).eval()
+assert type(model).__module__.startswith("transformers_modules"), type(model).__module__
+assert type(AutoModel.from_pretrained(path, trust_remote_code=True)).__name__ == "VaswaniModel"
+assert AutoConfig.from_pretrained(path, trust_remote_code=True).model_type == "vaswani"
+inputs = torch.load(path + "/inputs.pt", weights_only=True)
+source = {"input_ids": inputs["input_ids"], "attention_mask": inputs["attention_mask"]}
+with torch.no_grad():
+    logits = model(**inputs).logits
+torch.save({"logits": logits, "beam": model.generate(**source), "greedy": model.generate(**source, num_beams=1)},
+           path + "/remote.pt")
+"""
+
+
+def remote_code_outputs(path: Path, inputs: dict) -> dict:
+    """The logits (for `inputs`, which hold input_ids, attention_mask and decoder_input_ids) and the default beam
+    and greedy `generate()` outputs of the model saved in `path`, loaded as remote code in a fresh process."""
+    import torch
+
+    path = Path(path)
+    torch.save(inputs, path / "inputs.pt")
+    env = {**os.environ, "HF_HOME": str(path / "hf_home"), "HF_HUB_OFFLINE": "1"}
+    result = subprocess.run([sys.executable, "-c", REMOTE_LOAD, str(path)], capture_output=True, text=True, env=env,
+                            cwd=path, stdin=subprocess.DEVNULL)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    return torch.load(path / "remote.pt", weights_only=True)

@@ -10,7 +10,7 @@ import pytest
 import torch
 from transformers import MarianMTModel
 
-from vaswani_hf.convert.marian import marian_to_vaswani
+from vaswani_hf.convert.marian import convert_marian_checkpoint, marian_to_vaswani
 
 from .helpers import paper_marian_config
 
@@ -83,7 +83,6 @@ def test_a_converted_model_decodes_as_marian_with_the_same_call(seed, tmp_path):
     marian.generation_config.update(num_beams=[1, 4, 5, 2, 3, 6][seed], max_length=6 + seed, bad_words_ids=[[PAD]],
                                     forced_eos_token_id=EOS, renormalize_logits=True)  # fmt: skip
     marian.save_pretrained(tmp_path / "marian")
-    from vaswani_hf.convert.marian import convert_marian_checkpoint
 
     vaswani = type(random_pair(seed)[1]).from_pretrained(
         convert_marian_checkpoint(tmp_path / "marian", tmp_path / "vaswani")

@@ -14,6 +14,8 @@ from transformers import AutoModelForSeq2SeqLM, pipeline
 
 from vaswani_hf import VaswaniConfig, VaswaniForConditionalGeneration, VaswaniTranslationPipeline
 
+from .helpers import remote_code_outputs
+
 OPTIONS = {
     "paper": {},
     "untied": {"tie_word_embeddings": False},
@@ -60,23 +62,6 @@ def logits(model, ids, mask):
         return model.eval()(input_ids=ids, attention_mask=mask, decoder_input_ids=ids[:, :5]).logits
 
 
-REMOTE = textwrap.dedent(
-    """
-    import sys, torch
-    sys.modules["vaswani_hf"] = None  # only the checkpoint's own code may be used
-    from transformers import AutoModelForSeq2SeqLM
-    path = sys.argv[1]
-    model = AutoModelForSeq2SeqLM.from_pretrained(path, trust_remote_code=True).eval()
-    assert type(model).__module__.startswith("transformers_modules"), type(model).__module__
-    inputs = torch.load(path + "/inputs.pt", weights_only=True)
-    with torch.no_grad():
-        out = model(**inputs).logits
-    torch.save({"logits": out, "beam": model.generate(input_ids=inputs["input_ids"],
-                attention_mask=inputs["attention_mask"], max_new_tokens=6)}, path + "/remote.pt")
-    """
-)
-
-
 @pytest.mark.parametrize("name", sorted(OPTIONS))
 def test_every_option_trains_saves_loads_generates_translates_and_resizes(name, tmp_path):
     model = tiny(**OPTIONS[name])
@@ -97,15 +82,10 @@ def test_every_option_trains_saves_loads_generates_translates_and_resizes(name, 
     model.save_pretrained(tmp_path)
     loaded = AutoModelForSeq2SeqLM.from_pretrained(tmp_path)
     torch.testing.assert_close(logits(loaded, ids, mask), logits(model, ids, mask))
-    inputs = {"input_ids": ids, "attention_mask": mask, "decoder_input_ids": ids[:, :5]}
-    torch.save(inputs, tmp_path / "inputs.pt")
-    env = {**os.environ, "HF_HOME": str(tmp_path / "hf_home"), "HF_HUB_OFFLINE": "1"}
-    result = subprocess.run([sys.executable, "-c", REMOTE, str(tmp_path)], capture_output=True, text=True, env=env,
-                            cwd=tmp_path)  # fmt: skip
-    assert result.returncode == 0, result.stderr[-3000:]
-    remote = torch.load(tmp_path / "remote.pt", weights_only=True)
+    remote = remote_code_outputs(tmp_path, {"input_ids": ids, "attention_mask": mask, "decoder_input_ids": ids[:, :5]})
     torch.testing.assert_close(remote["logits"], logits(model, ids, mask))
-    assert torch.equal(remote["beam"], model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=6))
+    assert torch.equal(remote["beam"], model.generate(input_ids=ids, attention_mask=mask))
+    assert torch.equal(remote["greedy"], model.generate(input_ids=ids, attention_mask=mask, num_beams=1))
 
     # the input embedding is the one the encoder reads
     with torch.no_grad():
@@ -277,7 +257,8 @@ def test_trainer_smooths_training_steps_only(tmp_path):
 
 @pytest.mark.parametrize("targets", ["all-linear", ["qkv_proj", "q_proj", "kv_proj", "out_proj", "fc1", "fc2"]])
 def test_lora_trains_merges_saves_and_reloads(targets, tmp_path):
-    peft = pytest.importorskip("peft")
+    import peft
+
     model = tiny(dropout=0.0)
     lora = peft.get_peft_model(model, peft.LoraConfig(r=4, lora_alpha=8, target_modules=targets,
                                                       task_type="SEQ_2_SEQ_LM", init_lora_weights=False))  # fmt: skip

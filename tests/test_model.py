@@ -1,10 +1,7 @@
 """Behaviour of the model itself: config, caches, masks, loss, save/load and remote code."""
 
 import json
-import os
-import subprocess
 import sys
-import textwrap
 
 import pytest
 import torch
@@ -12,6 +9,8 @@ from safetensors import safe_open
 from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM
 
 from vaswani_hf import VaswaniConfig, VaswaniForConditionalGeneration, VaswaniModel
+
+from .helpers import remote_code_outputs
 
 PAD = 0
 
@@ -268,41 +267,16 @@ def test_save_load_round_trip(tmp_path):
     assert isinstance(AutoModel.from_pretrained(tmp_path), VaswaniModel)
 
 
-REMOTE_LOAD = textwrap.dedent(
-    """
-    import sys
-    sys.modules["vaswani_hf"] = None  # the package must not be importable here
-    import torch
-    from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM
-    path = sys.argv[1]
-    model = AutoModelForSeq2SeqLM.from_pretrained(path, trust_remote_code=True).eval()
-    assert not type(model).__module__.startswith("vaswani_hf"), type(model).__module__
-    assert type(AutoModel.from_pretrained(path, trust_remote_code=True)).__name__ == "VaswaniModel"
-    assert AutoConfig.from_pretrained(path, trust_remote_code=True).model_type == "vaswani"
-    inputs = torch.load(path + "/inputs.pt", weights_only=True)
-    with torch.no_grad():
-        logits = model(**inputs).logits
-    generated = model.generate(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"])
-    torch.save({"logits": logits, "generated": generated}, path + "/remote.pt")
-    """
-)
-
-
 def test_remote_code_loading_without_the_package(tmp_path):
     model = tiny_model()
     model.save_pretrained(tmp_path)
     src, mask, tgt = batch()
-    torch.save({"input_ids": src, "attention_mask": mask, "decoder_input_ids": tgt}, tmp_path / "inputs.pt")
-    env = {**os.environ, "HF_HOME": str(tmp_path / "hf_home"), "HF_HUB_OFFLINE": "1"}
-    result = subprocess.run([sys.executable, "-c", REMOTE_LOAD, str(tmp_path)], capture_output=True, text=True,
-                            env=env, cwd=tmp_path)  # fmt: skip
-    assert result.returncode == 0, result.stderr[-3000:]
-    remote = torch.load(tmp_path / "remote.pt", weights_only=True)
+    remote = remote_code_outputs(tmp_path, {"input_ids": src, "attention_mask": mask, "decoder_input_ids": tgt})
     with torch.no_grad():
         torch.testing.assert_close(
             remote["logits"], model(input_ids=src, attention_mask=mask, decoder_input_ids=tgt).logits
         )
-    assert torch.equal(remote["generated"], model.generate(input_ids=src, attention_mask=mask))
+    assert torch.equal(remote["beam"], model.generate(input_ids=src, attention_mask=mask))
 
 
 def test_modeling_files_import_only_torch_transformers_and_each_other():
@@ -310,7 +284,6 @@ def test_modeling_files_import_only_torch_transformers_and_each_other():
     from pathlib import Path
 
     package = Path(__file__).resolve().parents[1] / "vaswani_hf"
-    import sys
 
     for name in ("modeling_vaswani.py", "generation_vaswani.py", "configuration_vaswani.py", "pipeline_vaswani.py"):
         tree = ast.parse((package / name).read_text())

@@ -6,9 +6,7 @@ Importing the package registers the `vaswani` model type with `AutoConfig`, `Aut
 pipeline task, which Transformers 5 removed, served by `VaswaniTranslationPipeline` for any seq2seq model.
 """
 
-import transformers.pipelines
-from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM
-from transformers.pipelines import PIPELINE_REGISTRY
+from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM, pipelines
 
 from .configuration_vaswani import VaswaniConfig
 from .generation_vaswani import gnmt_length_penalty
@@ -25,8 +23,8 @@ VaswaniModel.register_for_auto_class("AutoModel")
 VaswaniForConditionalGeneration.register_for_auto_class("AutoModelForSeq2SeqLM")
 # `pipeline("translation", model=<a model object>)` has no config naming our pipeline to go by, and Transformers 5
 # refuses the task by name before it looks at `pipeline_class`: lift the refusal and register the task.
-getattr(transformers.pipelines, "REMOVED_TASKS", {}).pop("translation", None)
-PIPELINE_REGISTRY.register_pipeline(
+getattr(pipelines, "REMOVED_TASKS", {}).pop("translation", None)
+pipelines.PIPELINE_REGISTRY.register_pipeline(
     "translation", pipeline_class=VaswaniTranslationPipeline, pt_model=AutoModelForSeq2SeqLM, type="text"
 )
 
