@@ -14,7 +14,7 @@ Cases (`--cases`, default all):
                generate() with `--new-tokens` new tokens forced (min = max), fp32
 
 Contenders: Marian and Vaswani in fp32 eager for every case; for `train` also both under naive
-`torch.autocast("cpu", torch.bfloat16)` and our bf16 path (`vaswani_hf.mixed_precision.MasterWeightAdamW`:
+`torch.autocast("cpu", torch.bfloat16)` and our bf16 path (`vaswani_hf.precision.MasterWeightAdamW`:
 bf16 weights and activations, fp32 master weights, fp32 loss and CPU attention); `--compile` adds torch.compile'd
 Vaswani (training, and Transformers' static-cache compiled greedy decoding, also with torch's guard evaluation
 skipped after warm-up: `without_guard_evaluation`); `--ctranslate2` adds the exported
@@ -498,7 +498,7 @@ def main(argv: list[str] | None = None) -> None:
         m["opt_fp32"], m["opt_ac"] = adam(m["fp32"]), adam(m["ac"])
         v["opt_fp32"], v["opt_ac"] = adam(v["fp32"]), adam(v["ac"])
         if not args.no_bf16:
-            from vaswani_hf.mixed_precision import MasterWeightAdamW
+            from vaswani_hf.precision import MasterWeightAdamW
 
             v["bf16"] = copy.deepcopy(vaswani).to(torch.bfloat16)
             v["opt_bf16"] = MasterWeightAdamW(

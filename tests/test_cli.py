@@ -49,9 +49,32 @@ def test_train_on_a_data_folder_and_evaluate(tmp_path, trained):
     result = vaswani("train", "--data", str(data), *TINY_RUN, "--output_dir", str(tmp_path / "m"))
     assert result.returncode == 0, result.stderr[-3000:]
     assert "BLEU" in result.stdout
-    result = vaswani("evaluate", str(trained[0]), "--data", str(data), "--split", "val", "--batch-size", "64")
+    result = vaswani("evaluate", str(trained[0]), "--data", str(data), "--split", "val", "--batch-size", "64",
+                     "--precision", "int8")  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     assert json.loads(result.stdout)["sentences"] == 20
+    assert json.loads(result.stdout)["precision"] == "int8" and "precision: int8" in result.stderr
+
+
+def test_translate_in_each_precision_keeps_the_lines(trained):
+    for precision in ("fp32", "auto", "int8"):
+        result = vaswani("translate", str(trained[0]), "--precision", precision, stdin="seven\nninety\n")
+        assert result.returncode == 0, result.stderr[-2000:]
+        assert len(result.stdout.splitlines()) == 2 and "precision: " in result.stderr
+
+
+def test_bf16_on_a_cpu_without_it_is_a_clear_error(trained, monkeypatch, capsys):
+    import torch
+
+    from vaswani_hf.cli import main
+
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)
+    for argv in (["translate", str(trained[0]), "--precision", "bf16"], ["train", "--precision", "bf16"],
+                 ["train", "--bf16_weights"]):  # fmt: skip
+        assert main(argv) == 2
+        error = capsys.readouterr().err
+        assert "neither AMX-BF16 nor AVX512-BF16" in error and "--precision fp32" in error, error
 
 
 def test_mismatched_line_counts_are_a_clear_error(tmp_path):

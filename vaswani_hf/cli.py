@@ -58,9 +58,10 @@ def train_command(argv: list[str]) -> int:
         parser.print_help()
         return 0
     builtin = _is_builtin(argv)
-    if builtin:
-        given = {a.lstrip("-").replace("-", "_").split("=")[0] for a in argv if a.startswith("--")}
-        parser.set_defaults(**{k: v for k, v in BUILTIN_DEFAULTS.items() if k not in given})
+    given = {a.lstrip("-").replace("-", "_").split("=")[0] for a in argv if a.startswith("--")}
+    # The command picks the precision by the hardware (vaswani_hf.precision); the Python class keeps fp32.
+    defaults = {**BUILTIN_DEFAULTS, "precision": "auto"} if builtin else {"precision": "auto"}
+    parser.set_defaults(**{k: v for k, v in defaults.items() if k not in given})
     data_args, model_args, training_args = parser.parse_args_into_dataclasses(argv)
     output_dir = Path(training_args.output_dir)
     if output_dir.is_dir() and list_checkpoints(output_dir) and not training_args.resume:
@@ -80,8 +81,8 @@ def train_command(argv: list[str]) -> int:
                             callbacks=[stop, WallClockCallback(training_args.max_train_minutes)])  # fmt: skip
     main = trainer.is_world_process_zero()
     if main:
-        print(f"task: {task}; {len(trainer.train_dataset)} training pairs; world size {training_args.world_size}",
-              flush=True)  # fmt: skip
+        print(f"task: {task}; {len(trainer.train_dataset)} training pairs; world size {training_args.world_size}; "
+              f"precision {training_args.precision_choice}", flush=True)  # fmt: skip
     stats = train(trainer, resume=training_args.resume)
     if stop.signal is not None:
         if main:
@@ -200,8 +201,30 @@ def average_command(argv: list[str]) -> int:
     return 0
 
 
+def _add_precision(parser: argparse.ArgumentParser) -> None:
+    from .precision import PRECISIONS
+
+    parser.add_argument("--precision", choices=PRECISIONS, default="auto",
+                        help="auto (default): bf16 where the hardware runs it natively (CPUs with AMX-BF16 or "
+                        "AVX512-BF16, GPUs with bf16), else fp32; int8: dynamic quantization for CPU serving "
+                        "(never picked by auto); see vaswani_hf.precision")  # fmt: skip
+
+
+def _load(args: argparse.Namespace):
+    """The model in the precision asked for, which is said on stderr (stdout holds the results)."""
+    import torch
+
+    from .inference import load_for_inference
+    from .precision import resolve_precision
+
+    choice = resolve_precision(args.precision, "cuda" if torch.cuda.is_available() else "cpu")
+    print(f"precision: {choice}", file=sys.stderr)
+    model, tokenizer = load_for_inference(args.model_dir, precision=choice)
+    return model, tokenizer, choice
+
+
 def translate_command(argv: list[str]) -> int:
-    from .inference import load_for_inference, translate_nbest
+    from .inference import translate_nbest
 
     parser = argparse.ArgumentParser(
         prog="vaswani translate",
@@ -214,10 +237,11 @@ def translate_command(argv: list[str]) -> int:
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--num-beams", type=int, default=None, help="default: the model's (paper: 4)")
     parser.add_argument("--nbest", type=int, default=None, help="print the N best translations with their scores")
+    _add_precision(parser)
     args = parser.parse_args(argv)
     if args.nbest is not None and args.nbest < 1:
         raise ValueError(f"--nbest must be at least 1, got {args.nbest}.")
-    model, tokenizer = load_for_inference(args.model_dir)
+    model, tokenizer, _ = _load(args)
     lines = _read_lines(args.input)
     kwargs = {"num_beams": args.num_beams} if args.num_beams else {}
     results = translate_nbest(model, tokenizer, lines, args.nbest or 1, batch_size=args.batch_size,
@@ -263,7 +287,7 @@ def _read_lines(path: str | None) -> list[str]:
 
 def evaluate_command(argv: list[str]) -> int:
     from .data import load_split
-    from .inference import load_for_inference, translate
+    from .inference import translate
     from .recipe import score
     from .tasks import builtin_splits
 
@@ -274,12 +298,13 @@ def evaluate_command(argv: list[str]) -> int:
     parser.add_argument("--src", default="en")
     parser.add_argument("--tgt", default="de")
     parser.add_argument("--batch-size", type=int, default=32)
+    _add_precision(parser)
     args = parser.parse_args(argv)
-    model, tokenizer = load_for_inference(args.model_dir)
+    model, tokenizer, precision = _load(args)
     pairs = load_split(args.data, args.split, args.src, args.tgt) if args.data else builtin_splits()[args.split]
     hypotheses = translate(model, tokenizer, [s for s, _ in pairs], batch_size=args.batch_size)
-    print(json.dumps({"split": args.split, "sentences": len(pairs), **score(hypotheses, [t for _, t in pairs])},
-                     indent=2))  # fmt: skip
+    print(json.dumps({"split": args.split, "sentences": len(pairs), "precision": precision.name,
+                      **score(hypotheses, [t for _, t in pairs])}, indent=2))  # fmt: skip
     return 0
 
 

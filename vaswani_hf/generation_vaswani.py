@@ -309,10 +309,12 @@ def output_logits(model, hidden: torch.Tensor) -> torch.Tensor:
     matrix-vector kernel for this layout is the slow one). Keeping the (vocabulary, rows) result as it is avoids a
     strided transposing copy that cost as much as the product. Same products, so the same logits up to rounding.
     """
-    if hidden.device.type != "cpu" or hidden.shape[0] > 256:
+    weight = getattr(model.get_output_embeddings(), "weight", None)
+    # int8 models (`vaswani_hf.precision`) hold a packed or subclassed weight: their own module computes the product
+    if hidden.device.type != "cpu" or hidden.shape[0] > 256 or type(weight) is not torch.nn.Parameter:
         return model.output_projection(hidden).float().t()
     rows = hidden.shape[0]
-    columns = model.get_output_embeddings().weight @ (hidden.repeat(2, 1) if rows == 1 else hidden).t()
+    columns = weight @ (hidden.repeat(2, 1) if rows == 1 else hidden).t()
     bias = getattr(model, "final_logits_bias", None)
     if bias is not None:
         columns += bias[:, None]

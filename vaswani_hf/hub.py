@@ -75,7 +75,8 @@ def training_facts(model, tokenizer, training_args, data: dict, stats: dict, met
             else str(training_args.lr_scheduler_type),
             "adam": [training_args.adam_beta1, training_args.adam_beta2, training_args.adam_epsilon],
             "label_smoothing": training_args.label_smoothing_factor, "max_grad_norm": training_args.max_grad_norm,
-            "seed": training_args.seed, "averaged": stats.get("averaged", []), "bf16": training_args.bf16,
+            "seed": training_args.seed, "averaged": stats.get("averaged", []),
+            "precision": str(training_args.precision_choice),
             "hardware": hardware(), "torch": torch.__version__, "transformers": transformers.__version__,
             "train_loss": stats.get("train_loss"),
         },
@@ -119,7 +120,7 @@ def _rows(facts: dict) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
         ("label smoothing", str(t["label_smoothing"])),
         ("steps", str(t["steps"])),
         ("checkpoint averaging", ", ".join(t["averaged"]) if t["averaged"] else "none"),
-        ("precision", "bf16 autocast" if t["bf16"] else "fp32"),
+        ("precision", t.get("precision") or ("bf16 autocast" if t.get("bf16") else "fp32")),  # older facts: "bf16"
         ("seed", str(t["seed"])),
     ]  # fmt: skip
     return architecture, hyperparameters

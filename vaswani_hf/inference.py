@@ -13,6 +13,7 @@ from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, PreTrainedTokeniz
 
 from .configuration_vaswani import VaswaniConfig
 from .modeling_vaswani import VaswaniForConditionalGeneration
+from .precision import Precision, resolve_precision
 
 
 def load_model(name_or_path: str | Path) -> VaswaniForConditionalGeneration:
@@ -51,8 +52,9 @@ def load_model(name_or_path: str | Path) -> VaswaniForConditionalGeneration:
         ) from None
 
 
-def load_for_inference(model_dir: str | Path, device: str | None = None):
-    """Model (on the GPU when there is one) and tokenizer of a saved model directory; they must match."""
+def load_for_inference(model_dir: str | Path, device: str | None = None, precision: str | Precision = "fp32"):
+    """Model (on the GPU when there is one) and tokenizer of a saved model directory; they must match.
+    `precision` (fp32, bf16, int8 or auto; see `vaswani_hf.precision`) casts or quantizes the model for serving."""
     model = load_model(model_dir)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     if len(tokenizer) > model.config.vocab_size:
@@ -60,7 +62,9 @@ def load_for_inference(model_dir: str | Path, device: str | None = None):
             f"{model_dir}: the tokenizer has {len(tokenizer)} tokens but the model only {model.config.vocab_size}: "
             "they come from different runs. Save the training run's tokenizer beside the model."
         )
-    return model.to(device or ("cuda" if torch.cuda.is_available() else "cpu")).eval(), tokenizer
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    choice = precision if isinstance(precision, Precision) else resolve_precision(precision, device)
+    return choice.apply(model.to(device).eval()), tokenizer
 
 
 def _batches(lengths: list[int], batch_size: int, progress: bool, desc: str):

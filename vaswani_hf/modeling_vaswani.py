@@ -713,8 +713,9 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, VaswaniGenerationM
     def output_projection(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """Section 3.4: the pre-softmax linear transformation (the shared embedding matrix), plus the output bias of
         converted Marian models."""
-        if self.final_logits_bias is None:
-            return self.lm_head(hidden_states)
+        if self.final_logits_bias is None or not isinstance(self.lm_head, nn.Linear):
+            logits = self.lm_head(hidden_states)
+            return logits if self.final_logits_bias is None else logits + self.final_logits_bias
         # one addmm instead of a matmul and a pass over (tokens x vocabulary) to add the bias
         return F.linear(hidden_states, self.lm_head.weight, self.final_logits_bias)
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -15,7 +14,6 @@ from transformers import (
     DataCollatorForSeq2Seq,
     EvalPrediction,
     PreTrainedTokenizerBase,
-    Seq2SeqTrainingArguments,
     set_seed,
 )
 
@@ -24,7 +22,7 @@ from .configuration_vaswani import VaswaniConfig
 from .data import Pairs, load_split
 from .inference import load_model
 from .modeling_vaswani import VaswaniForConditionalGeneration
-from .trainer import VaswaniTrainer, noam_learning_rate
+from .trainer import VaswaniTrainer, VaswaniTrainingArguments, noam_learning_rate
 
 logger = logging.getLogger(__name__)
 
@@ -64,61 +62,6 @@ class ModelArguments:
     )
     dropout: float | None = field(default=None, metadata={"help": "residual dropout P_drop (default: the preset's)"})
     lr_scale: float = field(default=1.0, metadata={"help": "multiplies the Noam learning rate"})
-
-
-@dataclass
-class VaswaniTrainingArguments(Seq2SeqTrainingArguments):
-    """Seq2SeqTrainingArguments with the paper's optimisation as defaults (section 5.3): Adam(0.9, 0.98, 1e-9),
-    warmup 4000 then inverse square root decay, no gradient clipping, token-budget batches (section 5.1).
-    `learning_rate` 0 (default) means the Noam peak d_model^-0.5 * warmup^-0.5 (times --lr_scale)."""
-
-    output_dir: str | None = field(default="vaswani-model")
-    max_tokens: int = field(
-        default=3125,
-        metadata={"help": "token budget per batch and process, each side, padded (paper: 25,000 per step on 8 "
-                  "GPUs = 3125 each; on fewer, multiply with --gradient_accumulation_steps); 0 = fixed "
-                  "--per_device_train_batch_size sentences"},
-    )  # fmt: skip
-    average_last: int = field(
-        default=0, metadata={"help": "average the last N checkpoints into the final model (paper: 5 base, 20 big)"}
-    )
-    resume: bool = field(default=False, metadata={"help": "continue from the last complete checkpoint"})
-    overwrite_output_dir: bool = field(default=False, metadata={"help": "delete an earlier run's output_dir"})
-    max_train_minutes: float | None = field(default=None, metadata={"help": "stop (with a checkpoint) after this"})
-    bf16_weights: bool = field(
-        default=False,
-        metadata={"help": "train a bf16 model with fp32 master weights (vaswani_hf.mixed_precision); faster than "
-                  "--bf16 (autocast) on CPUs with AMX; the final model is saved in fp32"},
-    )  # fmt: skip
-    label_smoothing_factor: float = field(
-        default=0.1,
-        metadata={"help": "label smoothing of the training loss (paper: 0.1); not saved with the model, and the "
-                  "evaluation loss stays plain cross-entropy", "aliases": ["--label_smoothing"]},
-    )  # fmt: skip
-    learning_rate: float = field(default=0.0)
-    lr_scheduler_type: str = field(default="inverse_sqrt")
-    warmup_steps: float = field(default=4000)
-    adam_beta1: float = field(default=0.9)
-    adam_beta2: float = field(default=0.98)
-    adam_epsilon: float = field(default=1e-9)
-    weight_decay: float = field(default=0.0)
-    max_grad_norm: float = field(default=0.0)
-    per_device_train_batch_size: int = field(default=64)
-    per_device_eval_batch_size: int = field(default=64)
-    logging_steps: float = field(default=50)
-    save_strategy: str = field(default="steps")
-    save_steps: float = field(default=1000)
-    predict_with_generate: bool = field(default=True)
-    ddp_find_unused_parameters: bool | None = field(default=False)
-
-    def __post_init__(self) -> None:
-        # Under torchrun on a machine without GPUs, Accelerate only builds a gloo process group with use_cpu;
-        # otherwise every process would silently train alone.
-        if not torch.cuda.is_available():
-            self.dataloader_pin_memory = False  # pinning needs an accelerator; torch warns on every loader
-            if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-                self.use_cpu = True
-        super().__post_init__()
 
 
 def tokenize_pairs(
@@ -218,10 +161,6 @@ def build_trainer(
     label smoothing, BLEU `compute_metrics` on the evaluation split when there is one."""
     set_seed(training_args.seed)
     model = build_model(model_args, tokenizer)
-    if training_args.bf16_weights:
-        if training_args.bf16 or training_args.fp16:
-            raise ValueError("--bf16_weights replaces autocast: drop --bf16/--fp16.")
-        model.to(torch.bfloat16)
     if not training_args.learning_rate:
         warmup = int(training_args.warmup_steps)
         training_args.learning_rate = noam_learning_rate(warmup, model.config.d_model, warmup, model_args.lr_scale)
@@ -256,9 +195,6 @@ def train(trainer: VaswaniTrainer, resume: bool = False) -> dict:
         if checkpoint is None:
             logger.warning("--resume: no checkpoint in %s yet, starting from scratch", args.output_dir)
     result = trainer.train(resume_from_checkpoint=checkpoint)
-    if getattr(args, "bf16_weights", False):  # save and evaluate the fp32 master weights, not their bf16 copy
-        optimizer = getattr(trainer.optimizer, "optimizer", trainer.optimizer)
-        optimizer.copy_master_weights_to(trainer.model.float())
     tokens = trainer.accelerator.reduce(torch.tensor(trainer.target_tokens_seen, device=args.device), "sum")
     trainer.save_model(args.output_dir)
     trainer.save_state()  # trainer_state.json: the log history (loss, BLEU, elapsed_s) for curves
@@ -275,7 +211,8 @@ def train(trainer: VaswaniTrainer, resume: bool = False) -> dict:
     return {"steps": result.global_step, "seconds": round(seconds, 1), "world_size": args.world_size,
             "target_tokens_per_s": round(int(tokens) / max(seconds, 1e-9)),
             "train_loss": round(result.training_loss, 4),
-            "resumed_from": checkpoint, "averaged": [p.name for p in averaged]}  # fmt: skip
+            "resumed_from": checkpoint, "averaged": [p.name for p in averaged],
+            "precision": str(args.precision_choice)}  # fmt: skip
 
 
 def score(hypotheses: list[str], references: list[str]) -> dict:

@@ -9,16 +9,17 @@ import os
 import shutil
 import signal
 import time
+from dataclasses import dataclass, field
 from functools import partial
 
 import torch
 from torch.optim.lr_scheduler import LambdaLR
 from torch.utils.data import DataLoader
-from transformers import Seq2SeqTrainer, TrainerCallback
+from transformers import Seq2SeqTrainer, Seq2SeqTrainingArguments, TrainerCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, SchedulerType, rotate_checkpoints
 
 from .batching import TokenBudgetBatchSampler
-from .mixed_precision import MasterWeightAdamW
+from .precision import MasterWeightAdamW, Precision, resolve_precision
 
 logger = logging.getLogger(__name__)
 
@@ -38,6 +39,89 @@ def _noam_factor(completed_updates: int, warmup_steps: int) -> float:
     return noam_learning_rate(completed_updates + 1, 1, warmup_steps) / peak
 
 
+@dataclass
+class VaswaniTrainingArguments(Seq2SeqTrainingArguments):
+    """Seq2SeqTrainingArguments with the paper's optimisation as defaults (section 5.3): Adam(0.9, 0.98, 1e-9),
+    warmup 4000 then inverse square root decay, no gradient clipping, token-budget batches (section 5.1).
+    `learning_rate` 0 (default) means the Noam peak d_model^-0.5 * warmup^-0.5 (times --lr_scale)."""
+
+    output_dir: str | None = field(default="vaswani-model")
+    max_tokens: int = field(
+        default=3125,
+        metadata={"help": "token budget per batch and process, each side, padded (paper: 25,000 per step on 8 "
+                  "GPUs = 3125 each; on fewer, multiply with --gradient_accumulation_steps); 0 = fixed "
+                  "--per_device_train_batch_size sentences"},
+    )  # fmt: skip
+    average_last: int = field(
+        default=0, metadata={"help": "average the last N checkpoints into the final model (paper: 5 base, 20 big)"}
+    )
+    resume: bool = field(default=False, metadata={"help": "continue from the last complete checkpoint"})
+    overwrite_output_dir: bool = field(default=False, metadata={"help": "delete an earlier run's output_dir"})
+    max_train_minutes: float | None = field(default=None, metadata={"help": "stop (with a checkpoint) after this"})
+    precision: str | None = field(
+        default=None,
+        metadata={"help": "fp32, bf16, or auto: bf16 where the hardware runs it natively (CPUs with AMX-BF16 or "
+                  "AVX512-BF16, GPUs with bf16), else fp32 (vaswani_hf.precision). bf16 on CPU trains a bf16 model "
+                  "with fp32 master weights, on GPU it is autocast; the final model is saved in fp32. Default: "
+                  "fp32 (`vaswani train`: auto)", "choices": ["auto", "fp32", "bf16"]},
+    )  # fmt: skip
+    bf16_weights: bool = field(default=False, metadata={"help": "alias of --precision bf16 (older name)"})
+    label_smoothing_factor: float = field(
+        default=0.1,
+        metadata={"help": "label smoothing of the training loss (paper: 0.1); not saved with the model, and the "
+                  "evaluation loss stays plain cross-entropy", "aliases": ["--label_smoothing"]},
+    )  # fmt: skip
+    learning_rate: float = field(default=0.0)
+    lr_scheduler_type: str = field(default="inverse_sqrt")
+    warmup_steps: float = field(default=4000)
+    adam_beta1: float = field(default=0.9)
+    adam_beta2: float = field(default=0.98)
+    adam_epsilon: float = field(default=1e-9)
+    weight_decay: float = field(default=0.0)
+    max_grad_norm: float = field(default=0.0)
+    per_device_train_batch_size: int = field(default=64)
+    per_device_eval_batch_size: int = field(default=64)
+    logging_steps: float = field(default=50)
+    save_strategy: str = field(default="steps")
+    save_steps: float = field(default=1000)
+    predict_with_generate: bool = field(default=True)
+    ddp_find_unused_parameters: bool | None = field(default=False)
+
+    def __post_init__(self) -> None:
+        # Under torchrun on a machine without GPUs, Accelerate only builds a gloo process group with use_cpu;
+        # otherwise every process would silently train alone.
+        if not torch.cuda.is_available():
+            self.dataloader_pin_memory = False  # pinning needs an accelerator; torch warns on every loader
+            if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+                self.use_cpu = True
+        self.precision_choice = self._resolve_precision()
+        super().__post_init__()
+
+    def _resolve_precision(self) -> Precision:
+        """Once per run: the precision asked for (or picked by `auto`), applied as autocast on GPUs
+        (Trainer's `bf16`) or as a bf16 model with fp32 master weights on CPU (`bf16_weights`)."""
+        autocast = "bf16" if self.bf16 else "fp16" if self.fp16 else None
+        requested = self.precision
+        if self.bf16_weights:
+            if requested not in (None, "auto", "bf16"):
+                raise ValueError(f"--bf16_weights is --precision bf16; it contradicts --precision {requested}.")
+            requested = "bf16"
+        if autocast:
+            if requested not in (None, "auto") or self.bf16_weights:
+                raise ValueError(f"--{autocast} (Transformers' autocast) and --precision {requested} both choose the "
+                                 "precision: keep one.")  # fmt: skip
+            return Precision(autocast, f"asked for: --{autocast} autocast")
+        if requested is None:
+            return Precision("fp32", "the default; --precision auto picks by the hardware")
+        device = "cpu" if self.use_cpu or not torch.cuda.is_available() else "cuda"
+        choice = resolve_precision(requested, device, training=True)
+        if choice.name != "bf16":
+            return choice
+        self.bf16, self.bf16_weights = device == "cuda", device == "cpu"
+        how = "autocast" if self.bf16 else "bf16 weights with fp32 master weights"
+        return Precision("bf16", f"{choice.reason}; {how}")
+
+
 class VaswaniTrainer(Seq2SeqTrainer):
     """Seq2SeqTrainer for the paper's recipe.
 
@@ -52,15 +136,21 @@ class VaswaniTrainer(Seq2SeqTrainer):
       model's config. (Transformers' own smoother would smooth `eval_loss` too.)
     """
 
-    def __init__(self, *args, train_lengths: tuple[list[int], list[int]] | None = None, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
+    def __init__(self, model=None, args: VaswaniTrainingArguments | None = None, *rest,
+                 train_lengths: tuple[list[int], list[int]] | None = None, **kwargs) -> None:  # fmt: skip
+        if not isinstance(args, VaswaniTrainingArguments):
+            raise TypeError(f"VaswaniTrainer needs VaswaniTrainingArguments (token budget, label smoothing, "
+                            f"precision), got {type(args).__name__}.")  # fmt: skip
+        if args.bf16_weights and model is not None:
+            model.to(torch.bfloat16)  # see vaswani_hf.precision; `train` writes the fp32 master weights back
+        super().__init__(model, args, *rest, **kwargs)
         self.label_smoother = None  # ours is the model's loss with `label_smoothing`, see compute_loss
         self.train_lengths = train_lengths
         self.token_sampler: TokenBudgetBatchSampler | None = None
         self.target_tokens_seen = 0
 
     def get_train_dataloader(self) -> DataLoader:
-        max_tokens = getattr(self.args, "max_tokens", 0)
+        max_tokens = self.args.max_tokens
         if not max_tokens:
             return super().get_train_dataloader()
         if self.train_lengths is None:
@@ -105,9 +195,9 @@ class VaswaniTrainer(Seq2SeqTrainer):
             self.model.generation_config = generation_config
 
     def create_optimizer(self, model=None) -> torch.optim.Optimizer:
-        if not getattr(self.args, "bf16_weights", False) or self.optimizer is not None:
+        if not self.args.bf16_weights or self.optimizer is not None:
             return super().create_optimizer(model)
-        # The model is bf16 (see `vaswani_hf.mixed_precision`): Adam steps fp32 master copies of its weights.
+        # The model is bf16 (see `vaswani_hf.precision`): Adam steps fp32 master copies of its weights.
         model = model or self.model
         decay = set(self.get_decay_parameter_names(model))
         named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
@@ -122,6 +212,13 @@ class VaswaniTrainer(Seq2SeqTrainer):
             eps=self.args.adam_epsilon,
         )
         return self.optimizer
+
+    def train(self, *args, **kwargs):
+        result = super().train(*args, **kwargs)
+        if self.args.bf16_weights:  # save and evaluate the fp32 master weights, not their bf16 copy
+            optimizer = getattr(self.optimizer, "optimizer", self.optimizer)
+            optimizer.copy_master_weights_to(self.model.float())
+        return result
 
     def create_scheduler(self, num_training_steps: int, optimizer: torch.optim.Optimizer | None = None):
         if self.lr_scheduler is None and self.args.lr_scheduler_type == SchedulerType.INVERSE_SQRT:

@@ -1,0 +1,215 @@
+"""Numeric precision chosen by what the hardware does fast: fp32, bf16 (training and inference), int8 (CPU
+inference). One module holds the whole feature: which precision a device runs fast, and how each is applied.
+
+Measured on the base preset, 2 threads (`benchmarks/compare_marian.py`; figures and CPUs in the README):
+
+- **bf16 is fast only where the CPU has native bf16 instructions** (AMX-BF16 on Intel Sapphire Rapids and later,
+  AVX512-BF16 on AMD Zen 4 and Intel Cooper Lake) **or on a CUDA GPU with bf16**. On an AVX2-only CPU, torch
+  emulates bf16 and a training step took 41.3 s against 1.38 s in fp32 (0.03x): there `bf16` is refused with the
+  missing feature named, and `auto` picks fp32.
+- **bf16 training on CPU** keeps the model itself in bf16 (weights, activations, gradients: every matrix product runs
+  on the bf16 kernels, no casts), while `MasterWeightAdamW` keeps fp32 master copies of the weights and Adam's
+  moments, so small updates are not lost to bf16 rounding (Micikevicius et al., 2018). The loss is computed in fp32
+  (`translation_loss` upcasts the logits) and attention runs in fp32 on CPU (`VaswaniMultiHeadAttention`), where
+  torch's bf16 attention backward is slower. `torch.autocast("cpu")` instead casts fp32 weights at every op: slower.
+  On CUDA, bf16 training is autocast (Trainer's `bf16=True`), the fast path there.
+- **int8 is dynamic quantization of every linear layer** (weights int8 per tensor, activations quantized per
+  batch): `torch.ao.quantization.quantize_dynamic`, CPU only. torchao's int8 configurations were measured too and
+  were slower than fp32 in eager mode (0.4-0.8x; they are built for `torch.compile`), so the kept library is torch's
+  built-in one, deprecated but present in the pinned torch; `quantize_int8` says so if a torch release removes it.
+  int8 is never picked by `auto`: it changes the model's numbers by more than rounding, so it is asked for.
+
+    from vaswani_hf.precision import quantize_int8, resolve_precision
+    model = quantize_int8(model)                        # CPU serving; the fp32 model is not changed
+    choice = resolve_precision("auto", "cpu")           # Precision(name="bf16", reason="auto: ... AVX512-BF16")
+    model = choice.apply(model)                          # inference: cast or quantize
+
+Training with bf16 weights by hand:
+
+    model = VaswaniForConditionalGeneration(config).to(torch.bfloat16)
+    optimizer = MasterWeightAdamW(model.parameters(), lr=..., betas=(0.9, 0.98), eps=1e-9)
+    ... loss.backward(); optimizer.step(); optimizer.zero_grad()
+    optimizer.copy_master_weights_to(model.float())  # fp32 weights for saving and inference
+
+`vaswani train --precision bf16` (or `auto` on such hardware) does all of this inside `VaswaniTrainer`.
+"""
+
+from __future__ import annotations
+
+import copy
+import platform
+import warnings
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+PRECISIONS = ("auto", "fp32", "bf16", "int8")
+
+
+def cpu_name() -> str:
+    """The CPU's model name, for logs and benchmark tables."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def native_bf16(device: str | torch.device = "cpu") -> str | None:
+    """The hardware feature that makes bf16 fast on `device`, or None where bf16 would be emulated."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return f"{torch.cuda.get_device_name(device)} supports bf16" if torch.cuda.is_bf16_supported() else None
+    if device.type != "cpu":
+        return None
+    if torch.cpu._is_amx_tile_supported():
+        return "this CPU has AMX-BF16"
+    if torch.cpu._is_avx512_bf16_supported():
+        return "this CPU has AVX512-BF16"
+    return None
+
+
+@dataclass(frozen=True)
+class Precision:
+    """A resolved precision: `name` is fp32, bf16 or int8; `reason` says why, for logs, summaries and cards."""
+
+    name: str
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.reason})"
+
+    def apply(self, model: torch.nn.Module) -> torch.nn.Module:
+        """The model for inference in this precision (int8 returns a quantized copy; bf16 casts in place)."""
+        if self.name == "int8":
+            return quantize_int8(model)
+        return model.to(torch.bfloat16) if self.name == "bf16" else model
+
+
+def resolve_precision(requested: str, device: str | torch.device = "cpu", training: bool = False) -> Precision:
+    """The precision to run in: `requested` if the device runs it fast, `auto`'s pick, or a ValueError that
+    names the missing feature and the alternative."""
+    if requested not in PRECISIONS:
+        raise ValueError(f"precision must be one of {PRECISIONS}, got {requested!r}.")
+    device = torch.device(device)
+    where = cpu_name() if device.type == "cpu" else str(device)
+    if requested == "fp32":
+        return Precision("fp32", "asked for")
+    if requested == "int8":
+        if training:
+            raise ValueError("--precision int8 is for inference (translate, evaluate): train in fp32 or bf16.")
+        if device.type != "cpu":
+            raise ValueError(f"--precision int8 quantizes for CPU serving; on {where} use --precision bf16 or fp32.")
+        return Precision("int8", "asked for: dynamic int8 quantization of the linear layers")
+    native = native_bf16(device)
+    if requested == "bf16":
+        if native is None:
+            missing = "neither AMX-BF16 nor AVX512-BF16" if device.type == "cpu" else "no bf16 support"
+            raise ValueError(
+                f"--precision bf16: {where} has {missing}, so bf16 is emulated there and runs many times slower "
+                "than fp32 (a training step measured 30x slower on an AVX2-only CPU). Use --precision fp32 (or "
+                "auto, which picks it)" + ("" if training else ", or int8 for faster CPU inference") + "."
+            )
+        return Precision("bf16", f"asked for; {native}")
+    if native is not None:
+        return Precision("bf16", f"auto: {native}")
+    return Precision("fp32", f"auto: {where} has no native bf16" + ("" if device.type != "cpu" else
+                     " (AMX-BF16 or AVX512-BF16)"))  # fmt: skip
+
+
+def quantize_int8(model: torch.nn.Module) -> torch.nn.Module:
+    """A copy of `model` with every `nn.Linear` dynamically quantized to int8, for CPU inference; the original
+    is not changed. Quantized models are for serving: save the fp32 model, quantize after loading."""
+    quantize = getattr(getattr(torch.ao, "quantization", None), "quantize_dynamic", None)
+    if quantize is None:
+        raise RuntimeError(
+            f"torch {torch.__version__} no longer has torch.ao.quantization.quantize_dynamic: install the torch "
+            "release pinned in the README or use --precision fp32/bf16."
+        )
+    if next(model.parameters()).device.type != "cpu":
+        raise ValueError("int8 dynamic quantization runs on CPU: move the model with model.to('cpu') first.")
+    model = copy.deepcopy(model).float().eval()
+    for module in model.modules():
+        if isinstance(module, torch.nn.Linear):
+            # the fused Q/K/V projections are plain linears at run time; torch quantizes exact nn.Linear types only
+            module.__class__ = torch.nn.Linear
+    with warnings.catch_warnings():  # deprecated in favour of torchao, which measured slower in eager mode
+        warnings.simplefilter("ignore")
+        quantized = quantize(model, {torch.nn.Linear}, dtype=torch.qint8, inplace=True)
+    if hasattr(quantized, "save_pretrained"):  # push_to_hub writes its files through it too
+        quantized.save_pretrained = _refuse_to_save
+    return quantized
+
+
+def _refuse_to_save(*args, **kwargs) -> None:
+    raise ValueError(
+        "this model is quantized to int8 for serving; its packed weights are not a checkpoint. Save the fp32 model "
+        "and quantize after loading (vaswani_hf.precision.quantize_int8, or --precision int8)."
+    )
+
+
+class MasterWeightAdamW(torch.optim.AdamW):
+    """AdamW (with weight_decay=0: the paper's Adam) that updates fp32 master copies of low-precision parameters.
+
+    `step()` upcasts the model's gradients into the masters, steps, and writes the rounded masters back into the
+    model. `state_dict()` carries the masters, so a resumed run continues from the exact fp32 weights.
+    """
+
+    def __init__(self, params: Iterable[torch.nn.Parameter] | Iterable[dict], **kwargs):
+        groups = list(params)
+        if groups and not isinstance(groups[0], dict):
+            groups = [{"params": groups}]
+        self.model_params: list[torch.nn.Parameter] = []
+        master_groups = []
+        for group in groups:
+            model_params = [p for p in group["params"] if p.requires_grad]
+            self.model_params += model_params
+            masters = [p.detach().to(torch.float32, copy=True) for p in model_params]
+            master_groups.append({**group, "params": masters})
+        super().__init__(master_groups, **kwargs)
+
+    @property
+    def master_params(self) -> list[torch.Tensor]:
+        return [p for group in self.param_groups for p in group["params"]]
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], float] | None = None):
+        for param, master in zip(self.model_params, self.master_params, strict=True):
+            master.grad = None if param.grad is None else param.grad.to(torch.float32)
+        loss = super().step(closure)
+        torch._foreach_copy_(self.model_params, self.master_params)
+        return loss
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for param in self.model_params:
+            param.grad = None
+        super().zero_grad(set_to_none)
+
+    def state_dict(self) -> dict:
+        state = super().state_dict()
+        state["master_weights"] = [m.detach().clone() for m in self.master_params]
+        return state
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        state_dict = dict(state_dict)
+        masters = state_dict.pop("master_weights", None)
+        super().load_state_dict(state_dict)
+        if masters is not None:
+            with torch.no_grad():
+                for master, saved in zip(self.master_params, masters, strict=True):
+                    master.copy_(saved)
+                torch._foreach_copy_(self.model_params, self.master_params)
+
+    @torch.no_grad()
+    def copy_master_weights_to(self, model: torch.nn.Module) -> torch.nn.Module:
+        """Write the fp32 masters into `model` (call `model.float()` first to keep them at full precision)."""
+        by_id = {id(p): i for i, p in enumerate(self.model_params)}
+        masters = self.master_params
+        for param in model.parameters():
+            if id(param) in by_id:
+                param.copy_(masters[by_id[id(param)]])
+        return model
