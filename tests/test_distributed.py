@@ -1,10 +1,12 @@
-"""`vaswani train` under torchrun: 2 CPU processes (gloo DDP) train together and evaluate every example once."""
+"""`vaswani train` under torchrun: 2 CPU processes (gloo DDP) train together and evaluate every example once;
+FSDP2 on CPU (torch directly; through Accelerate it is a clear error)."""
 
 import json
 import os
 import socket
 import subprocess
 import sys
+from pathlib import Path
 
 from vaswani_hf.tasks import number_pairs
 
@@ -36,3 +38,29 @@ def test_two_process_ddp_run(tmp_path):
     # dataset order means nothing was padded in twice or dropped.
     assert summary["samples"] == 37
     assert len((out / "val.hyp").read_text().splitlines()) == 37
+
+
+def test_fsdp2_shards_trains_and_gathers_on_two_cpu_processes(tmp_path):
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
+               str(free_port()), "-m", "tests.fsdp_cpu", str(tmp_path / "saved")]  # fmt: skip
+    result = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"},
+                            timeout=600, cwd=Path(__file__).parents[1])  # fmt: skip
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert "FSDP2 OK: 4 units, 2 processes" in result.stdout
+
+
+def test_fsdp_through_accelerate_on_cpu_stops_instead_of_running_ddp(tmp_path):
+    config = (Path(__file__).parents[1] / "scripts" / "accelerate" / "fsdp-8gpu.yaml").read_text()
+    cpu_config = tmp_path / "fsdp-cpu.yaml"
+    for old, new in (("num_processes: 8", "num_processes: 2"), ("use_cpu: false", "use_cpu: true"),
+                     ("mixed_precision: bf16", "mixed_precision: 'no'")):  # fmt: skip
+        assert old in config
+        config = config.replace(old, new)
+    cpu_config.write_text(config)
+    command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(cpu_config),
+               "--main_process_port", str(free_port()), "-m", "vaswani_hf.cli", "train", "--preset", "tiny",
+               "--max_steps", "1", "--output_dir", str(tmp_path / "out")]  # fmt: skip
+    result = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"},
+                            timeout=600)  # fmt: skip
+    assert result.returncode != 0
+    assert "error: FSDP needs GPUs: on CPU, Accelerate runs plain DDP instead" in result.stderr, result.stderr[-3000:]

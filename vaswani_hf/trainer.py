@@ -91,6 +91,12 @@ class VaswaniTrainingArguments(Seq2SeqTrainingArguments):
         # Under torchrun on a machine without GPUs, Accelerate only builds a gloo process group with use_cpu;
         # otherwise every process would silently train alone.
         if not torch.cuda.is_available():
+            if self.fsdp or os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true":
+                # Accelerate turns FSDP on for GPU-class devices only; on CPU it would quietly run DDP instead, every
+                # process holding the whole model. torch's FSDP2 itself shards on CPU (tests/fsdp_cpu.py).
+                raise ValueError("FSDP needs GPUs: on CPU, Accelerate runs plain DDP instead (every process holds the "
+                                 "whole model). On CPU train with DDP (torchrun --nproc_per_node N -m vaswani_hf.cli "
+                                 "train ...), or run FSDP on a GPU machine.")  # fmt: skip
             self.dataloader_pin_memory = False  # pinning needs an accelerator; torch warns on every loader
             if int(os.environ.get("WORLD_SIZE", "1")) > 1:
                 self.use_cpu = True
