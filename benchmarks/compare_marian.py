@@ -18,7 +18,9 @@ Contenders: Marian and Vaswani in fp32 eager for every case; for `train` also bo
 bf16 weights and activations, fp32 master weights, fp32 loss and CPU attention); `--compile` adds torch.compile'd
 Vaswani (training, and Transformers' static-cache compiled greedy decoding, also with torch's guard evaluation
 skipped after warm-up: `without_guard_evaluation`); `--ctranslate2` adds the exported
-CTranslate2 model (generation cases).
+CTranslate2 model (generation cases); `--precisions` adds the inference precisions of `vaswani_hf.precision` to the
+generation cases: bf16 where the CPU has it natively, int8 (torch's dynamic quantization, the library's choice, and
+torchao's two int8 configurations when torchao is installed), and CTranslate2 int8 with `--ctranslate2`.
 
 Peak memory is the peak resident set (VmHWM) of a fresh process that builds the pair, keeps one model and runs one
 case twice
@@ -27,6 +29,8 @@ chart beside it.
 
     python benchmarks/compare_marian.py --preset base              # the README table, ~20 min on 2 cores
     python benchmarks/compare_marian.py --preset small --rounds 5  # ~3 min
+    python benchmarks/compare_marian.py --preset base --cases greedy-b1 beam4-b1 beam4-b16 --precisions \
+        --ctranslate2 --no-memory --out benchmarks/results/precision_base_<cpu>.md  # the precision table, ~15 min
 """
 
 from __future__ import annotations
@@ -251,7 +255,34 @@ def contenders_for(case: str, args, marian, vaswani, extras: dict) -> list[Conte
         out.append(Contender("Vaswani fp32 compiled, no guard checks", "vaswani", without_guard_evaluation(compiled)))
     if extras.get("ct2") is not None:
         out.append(Contender("CTranslate2 fp32", "ctranslate2", extras["ct2"].call(source, beams, args.new_tokens)))
+    for label, model in extras.get("precisions", {}).items():
+        out.append(Contender(f"Vaswani {label}", "vaswani", generate_call(model, source, beams, args.new_tokens, True)))
+    if extras.get("ct2_int8") is not None:
+        ct2_int8 = extras["ct2_int8"].call(source, beams, args.new_tokens)
+        out.append(Contender("CTranslate2 int8", "ctranslate2", ct2_int8))
     return out
+
+
+def precision_models(args, vaswani) -> tuple[dict, list[str]]:
+    """The inference precisions of `vaswani_hf.precision` this CPU can run fast, and what was left out and why."""
+    from vaswani_hf.precision import native_bf16, quantize_int8
+
+    models, notes = {"int8 (torch dynamic)": quantize_int8(vaswani)}, []
+    if native_bf16("cpu"):
+        models["bf16"] = copy.deepcopy(vaswani).to(torch.bfloat16)
+    else:
+        notes.append("no Vaswani bf16 row: this CPU has neither AMX-BF16 nor AVX512-BF16 (bf16 would be emulated)")
+    try:
+        from torchao.quantization import Int8DynamicActivationInt8WeightConfig, Int8WeightOnlyConfig, quantize_
+    except ImportError:
+        notes.append("no torchao rows: `pip install torchao` to add them")
+        return models, notes
+    for label, config in (("int8 (torchao dynamic)", Int8DynamicActivationInt8WeightConfig()),
+                          ("int8 (torchao weight-only)", Int8WeightOnlyConfig())):  # fmt: skip
+        model = copy.deepcopy(vaswani)
+        quantize_(model, config)
+        models[label] = model
+    return models, notes
 
 
 # --- agreement ---------------------------------------------------------------------------------------------------
@@ -399,18 +430,18 @@ def write_report(args, results: dict, checks: list[str], memory: dict, path: Pat
         "",
         "Agreement (same weights through `vaswani_hf.convert.marian_to_vaswani`): " + "; ".join(checks) + ".",
         "",
-        "| case | contender | tokens/s (median) | spread | x Marian fp32 | peak RSS |",
-        "|---|---|---:|---:|---:|---:|",
+        "| case | contender | tokens/s (median) | spread | x Marian fp32 | x Vaswani fp32 | peak RSS |",
+        "|---|---|---:|---:|---:|---:|---:|",
     ]
     for case, contenders in results.items():
-        base = next(tokens_per_second(c)[0] for c in contenders if c.label == "Marian fp32")
+        base, ours = (next(tokens_per_second(c)[0] for c in contenders if c.label == label)
+                      for label in ("Marian fp32", "Vaswani fp32"))  # fmt: skip
         for c in contenders:
             med, low, high = tokens_per_second(c)
             mem = memory.get((c.label, case))
             mem_text = f"{mem / 1024:.2f} GB" if mem else ""
-            lines.append(
-                f"| {case} | {c.label} | {med:,.0f} | {low:,.0f}-{high:,.0f} | {med / base:.2f} | {mem_text} |"
-            )
+            lines.append(f"| {case} | {c.label} | {med:,.0f} | {low:,.0f}-{high:,.0f} | {med / base:.2f} | "
+                         f"{med / ours:.2f} | {mem_text} |")  # fmt: skip
     lines += ["", f"Rerun: `python benchmarks/compare_marian.py {' '.join(args.argv)}`".replace("  ", " "), ""]
     path.write_text("\n".join(lines))
     print("\n".join(lines))
@@ -466,6 +497,9 @@ def parse(argv: list[str] | None):
         "--ctranslate2", action="store_true", help="add the CTranslate2 export (pip install ctranslate2)"
     )
     parser.add_argument("--no-memory", action="store_true", help="skip the peak-memory subprocesses")
+    parser.add_argument("--precisions", action="store_true",
+                        help="generation cases: add Vaswani bf16 (where native), int8 (torch dynamic, and torchao if "
+                        "installed) and, with --ctranslate2, CTranslate2 int8")  # fmt: skip
     parser.add_argument(
         "--out", type=Path, default=None, help="markdown table (default benchmarks/results/compare_marian_PRESET.md)"
     )
@@ -492,6 +526,12 @@ def main(argv: list[str] | None = None) -> None:
     checks = agreement(args, marian, vaswani, ct2)
     print("\n".join(checks))
     extras = {"ct2": ct2}
+    if args.precisions:
+        extras["precisions"], notes = precision_models(args, vaswani)
+        checks += notes
+        if ct2 is not None:
+            extras["ct2_int8"] = CTranslate2Runner.from_model(vaswani, Path(tempfile.mkdtemp(prefix="vaswani-ct2-")),
+                                                              threads=args.threads, quantization="int8")  # fmt: skip
     if "train" in args.cases:
         m = {"fp32": copy.deepcopy(marian), "ac": copy.deepcopy(marian)}
         v = {"fp32": copy.deepcopy(vaswani), "ac": copy.deepcopy(vaswani)}

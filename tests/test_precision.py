@@ -184,3 +184,23 @@ def test_int8_model_generates_close_to_fp32_and_refuses_to_be_saved(tmp_path):
         assert out.shape[0] == 2
     with pytest.raises(ValueError, match="quantized to int8.*Save the fp32 model"):
         quantized.save_pretrained(tmp_path)
+
+
+def test_averaging_bf16_checkpoints_gives_an_fp32_model(tmp_path):
+    from transformers import AutoModelForSeq2SeqLM
+
+    from vaswani_hf.averaging import average_checkpoints
+
+    models = []
+    for step in (1, 2):
+        torch.manual_seed(step)
+        model = VaswaniForConditionalGeneration(VaswaniConfig.tiny()).to(torch.bfloat16)
+        model.save_pretrained(tmp_path / f"checkpoint-{step}")
+        models.append(model)
+    averaged = AutoModelForSeq2SeqLM.from_pretrained(average_checkpoints(
+        [tmp_path / "checkpoint-1", tmp_path / "checkpoint-2"], tmp_path / "averaged"))  # fmt: skip
+    weight = averaged.model.encoder.layers[0].feed_forward.fc1.weight
+    assert weight.dtype == torch.float32
+    expected = (models[0].model.encoder.layers[0].feed_forward.fc1.weight.float()
+                + models[1].model.encoder.layers[0].feed_forward.fc1.weight.float()) / 2  # fmt: skip
+    torch.testing.assert_close(weight, expected, atol=0, rtol=0)  # not rounded back to bf16

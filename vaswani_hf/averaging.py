@@ -40,7 +40,7 @@ def load_weights(checkpoint: str | Path) -> dict[str, torch.Tensor]:
 
 
 def average_checkpoints(checkpoints: Sequence[str | Path], output_dir: str | Path) -> Path:
-    """Average the weights of `checkpoints` element-wise (in float64) and save a normal, loadable model.
+    """Average the weights of `checkpoints` element-wise (in float64) and save a normal, loadable float32 model.
 
     Config, generation config and tokenizer come from the last checkpoint."""
     if not checkpoints:
@@ -53,9 +53,9 @@ def average_checkpoints(checkpoints: Sequence[str | Path], output_dir: str | Pat
             raise ValueError(f"{checkpoint} holds different tensors than {checkpoints[0]}: not the same model.")
         for name, tensor in weights.items():
             total[name] = total[name] + tensor.double() if name in total else tensor.double()
-    model = AutoModelForSeq2SeqLM.from_pretrained(checkpoints[-1])
-    reference = load_weights(checkpoints[-1])
-    averaged = {name: (value / len(checkpoints)).to(reference[name].dtype) for name, value in total.items()}
+    # float32 even from bf16 checkpoints (`--precision bf16` on CPU): their average is not a bf16 number
+    model = AutoModelForSeq2SeqLM.from_pretrained(checkpoints[-1], dtype=torch.float32)
+    averaged = {name: (value / len(checkpoints)).float() for name, value in total.items()}
     unexpected = model.load_state_dict(averaged, strict=False).unexpected_keys
     if unexpected:
         raise ValueError(f"{checkpoints[-1]}: weights the model does not have: {unexpected[:5]}")

@@ -158,13 +158,15 @@ class CTranslate2Runner:
 
     @classmethod
     def from_model(cls, model: VaswaniForConditionalGeneration, path: str | Path, threads: int = 0,
-                   vocabulary: list[str] | None = None) -> CTranslate2Runner:  # fmt: skip
-        """Export `model` (with placeholder token names when no vocabulary is given) and load it."""
+                   vocabulary: list[str] | None = None,
+                   quantization: str | None = None) -> CTranslate2Runner:  # fmt: skip
+        """Export `model` (with placeholder token names when no vocabulary is given; weights in `quantization`, e.g.
+        int8) and load it."""
         if vocabulary is None:
             special = {model.config.pad_token_id: "<pad>", model.config.bos_token_id: "<s>",
                        model.config.eos_token_id: "</s>", model.config.unk_token_id: "<unk>"}  # fmt: skip
             vocabulary = [special.get(i, f"t{i}") for i in range(model.config.vocab_size)]
-        export_ctranslate2(model, vocabulary, path)
+        export_ctranslate2(model, vocabulary, path, quantization)
         return cls(path, vocabulary, threads)
 
     def _tokens(self, source: torch.Tensor, attention_mask: torch.Tensor | None = None) -> list[list[str]]:

@@ -84,10 +84,10 @@ class Precision:
         return f"{self.name} ({self.reason})"
 
     def apply(self, model: torch.nn.Module) -> torch.nn.Module:
-        """The model for inference in this precision (int8 returns a quantized copy; bf16 casts in place)."""
+        """The model for inference in this precision (int8 returns a quantized copy; fp32 and bf16 cast in place)."""
         if self.name == "int8":
             return quantize_int8(model)
-        return model.to(torch.bfloat16) if self.name == "bf16" else model
+        return model.to(torch.bfloat16 if self.name == "bf16" else torch.float32)
 
 
 def resolve_precision(requested: str, device: str | torch.device = "cpu", training: bool = False) -> Precision:
