@@ -232,3 +232,18 @@ def test_overlong_training_pairs_are_dropped_and_counted(tokenizer, caplog):
     dataset = tokenize_pairs(pairs, tokenizer, max_length=32)
     assert len(dataset) == 1 and "dropped 1 of 2 training pairs longer than --max_length=32" in caplog.text
     assert len(tokenize_pairs(pairs, tokenizer)) == 2  # evaluation sets keep everything
+
+
+def test_config_overrides_set_fields_and_paper_symbols_and_refuse_typos():
+    from vaswani_hf.recipe import ModelArguments, build_model
+
+    tokenizer = train_shared_bpe(["one two three", "eins zwei drei"], 60)
+    model = build_model(ModelArguments(preset="small", config_overrides="N=2,d_model=64,d_ff=128,h=2,"
+                                       "position_embedding_type=learned,P_drop=0.3"), tokenizer)  # fmt: skip
+    config = model.config
+    assert (config.encoder_layers, config.decoder_layers, config.d_model, config.encoder_ffn_dim) == (2, 2, 64, 128)
+    assert (config.encoder_attention_heads, config.position_embedding_type, config.dropout) == (2, "learned", 0.3)
+    with pytest.raises(ValueError, match="d_modl is not a VaswaniConfig field"):
+        build_model(ModelArguments(preset="small", config_overrides="d_modl=64"), tokenizer)
+    with pytest.raises(ValueError, match="is not NAME=VALUE"):
+        build_model(ModelArguments(preset="small", config_overrides="d_model"), tokenizer)

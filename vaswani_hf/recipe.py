@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,7 +19,7 @@ from transformers import (
 )
 
 from .averaging import average_checkpoints, list_checkpoints, load_weights
-from .configuration_vaswani import VaswaniConfig
+from .configuration_vaswani import PAPER_ALIASES, VaswaniConfig
 from .data import Pairs, load_split
 from .inference import load_model
 from .modeling_vaswani import VaswaniForConditionalGeneration
@@ -61,6 +62,12 @@ class ModelArguments:
         default=None, metadata={"help": "fine-tune this checkpoint, keeping its tokenizer and config"}
     )
     dropout: float | None = field(default=None, metadata={"help": "residual dropout P_drop (default: the preset's)"})
+    config_overrides: str | None = field(
+        default=None,
+        metadata={"help": "override preset fields when training from scratch, as in Transformers' example scripts: "
+                  "'N=2,d_model=128,d_ff=512,h=4' (config field names or the paper's symbols N, h, d_ff, d_k, "
+                  "P_drop)"},
+    )  # fmt: skip
     lr_scale: float = field(default=1.0, metadata={"help": "multiplies the Noam learning rate"})
 
 
@@ -145,8 +152,27 @@ def build_model(model_args: ModelArguments, tokenizer: PreTrainedTokenizerBase) 
     ids = {name: tokenizer.convert_tokens_to_ids(token) for name, token in special.items()}
     if model_args.dropout is not None:
         ids["dropout"] = model_args.dropout
-    config = getattr(VaswaniConfig, model_args.preset)(vocab_size=len(tokenizer), **ids)
+    overrides = parse_overrides(model_args.config_overrides)
+    unknown = sorted(set(overrides) - set(VaswaniConfig().to_dict()) - set(PAPER_ALIASES))
+    if unknown:
+        raise ValueError(f"--config_overrides: {', '.join(unknown)} is not a VaswaniConfig field or paper symbol "
+                         f"({', '.join(PAPER_ALIASES)}).")  # fmt: skip
+    config = getattr(VaswaniConfig, model_args.preset)(vocab_size=len(tokenizer), **ids, **overrides)
     return VaswaniForConditionalGeneration(config)
+
+
+def parse_overrides(text: str | None) -> dict:
+    """'N=2,d_model=128,P_drop=0.3,position_embedding_type=learned' -> typed keyword arguments."""
+    overrides = {}
+    for item in filter(None, (text or "").split(",")):
+        name, sep, value = item.partition("=")
+        if not sep or not name.strip():
+            raise ValueError(f"--config_overrides: {item!r} is not NAME=VALUE (e.g. 'N=2,d_model=128').")
+        try:
+            overrides[name.strip()] = json.loads(value)
+        except json.JSONDecodeError:
+            overrides[name.strip()] = value.strip()  # a string such as `learned` or `pre`
+    return overrides
 
 
 def build_trainer(
