@@ -400,18 +400,19 @@ CPU_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_b
 
 
 def machine() -> str:
-    cpu, flags = platform.processor() or platform.machine(), set()
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-            elif line.startswith("flags"):
-                flags = set(line.split(":", 1)[1].split())
-                break
     import transformers
 
+    from vaswani_hf.precision import cpu_name
+
+    flags = set()
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                flags = set(line.split(":", 1)[1].split())
+                break
+
     present = " ".join(flag for flag in CPU_FLAGS if flag in flags) or "none of " + " ".join(CPU_FLAGS)
-    return (f"{cpu} [{present}], {torch.get_num_threads()} threads, torch {torch.__version__} "
+    return (f"{cpu_name()} [{present}], {torch.get_num_threads()} threads, torch {torch.__version__} "
             f"({torch.backends.cpu.get_cpu_capability()}), transformers {transformers.__version__}, "
             f"Python {platform.python_version()}")  # fmt: skip
 

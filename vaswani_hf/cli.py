@@ -63,7 +63,7 @@ def train_command(argv: list[str]) -> int:
     builtin = _is_builtin(argv)
     given = {a.lstrip("-").replace("-", "_").split("=")[0] for a in argv if a.startswith("--")}
     # The command picks the precision by the hardware (vaswani_hf.precision); the Python class keeps fp32.
-    defaults = {**BUILTIN_DEFAULTS, "precision": "auto"} if builtin else {"precision": "auto"}
+    defaults = {"precision": "auto", **(BUILTIN_DEFAULTS if builtin else {})}
     if "preset" in given:  # the narrowing belongs to the built-in default preset, not to one asked for
         given.add("config_overrides")
     parser.set_defaults(**{k: v for k, v in defaults.items() if k not in given})
@@ -217,12 +217,10 @@ def _add_precision(parser: argparse.ArgumentParser) -> None:
 
 def _load(args: argparse.Namespace):
     """The model in the precision asked for, which is said on stderr (stdout holds the results)."""
-    import torch
-
-    from .inference import load_for_inference
+    from .inference import default_device, load_for_inference
     from .precision import resolve_precision
 
-    choice = resolve_precision(args.precision, "cuda" if torch.cuda.is_available() else "cpu")
+    choice = resolve_precision(args.precision, default_device())
     print(f"precision: {choice}", file=sys.stderr)
     model, tokenizer = load_for_inference(args.model_dir, precision=choice)
     return model, tokenizer, choice

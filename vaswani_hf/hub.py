@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import re
 from importlib import resources
 from pathlib import Path
@@ -19,6 +18,8 @@ from typing import Any
 import torch
 import transformers
 from huggingface_hub import CommitInfo, EvalResult, HfApi, ModelCard, ModelCardData
+
+from .precision import cpu_name
 
 FACTS_FILE = "training_facts.json"
 ATTENTION_IMAGE = "attention-cross.png"
@@ -38,15 +39,7 @@ def card_template() -> str:
 def hardware() -> str:
     if torch.cuda.is_available():
         return f"{torch.cuda.device_count()} x {torch.cuda.get_device_name(0)}"
-    name = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                name = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"CPU: {name}, {torch.get_num_threads()} threads"
+    return f"CPU: {cpu_name()}, {torch.get_num_threads()} threads"
 
 
 def training_facts(model, tokenizer, training_args, data: dict, stats: dict, metrics: dict) -> dict[str, Any]:

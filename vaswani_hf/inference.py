@@ -52,6 +52,11 @@ def load_model(name_or_path: str | Path) -> VaswaniForConditionalGeneration:
         ) from None
 
 
+def default_device() -> str:
+    """Where inference runs unless told: the GPU when there is one."""
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
 def load_for_inference(model_dir: str | Path, device: str | None = None, precision: str | Precision = "fp32"):
     """Model (on the GPU when there is one) and tokenizer of a saved model directory; they must match.
     `precision` (fp32, bf16, int8 or auto; see `vaswani_hf.precision`) casts or quantizes the model for serving."""
@@ -62,7 +67,7 @@ def load_for_inference(model_dir: str | Path, device: str | None = None, precisi
             f"{model_dir}: the tokenizer has {len(tokenizer)} tokens but the model only {model.config.vocab_size}: "
             "they come from different runs. Save the training run's tokenizer beside the model."
         )
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    device = device or default_device()
     choice = precision if isinstance(precision, Precision) else resolve_precision(precision, device)
     return choice.apply(model.to(device).eval()), tokenizer
 

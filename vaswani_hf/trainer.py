@@ -113,7 +113,7 @@ class VaswaniTrainingArguments(Seq2SeqTrainingArguments):
                 raise ValueError(f"--bf16_weights is --precision bf16; it contradicts --precision {requested}.")
             requested = "bf16"
         if autocast:
-            if requested not in (None, "auto") or self.bf16_weights:
+            if requested not in (None, "auto"):
                 raise ValueError(f"--{autocast} (Transformers' autocast) and --precision {requested} both choose the "
                                  "precision: keep one.")  # fmt: skip
             return Precision(autocast, f"asked for: --{autocast} autocast")
