@@ -99,7 +99,7 @@ def train_command(argv: list[str]) -> int:
         prefix = data_args.eval_split
         result = trainer.predict(trainer.eval_dataset, metric_key_prefix=prefix)
         metrics = {k.removeprefix(f"{prefix}_"): v for k, v in result.metrics.items() if "bleu" in k or "chrf" in k
-                   or k.endswith(("_samples", "_brevity_penalty"))}  # fmt: skip
+                   or k.endswith(("_loss", "_samples", "_brevity_penalty"))}  # fmt: skip
         if main:
             (output_dir / f"{prefix}.hyp").write_text("\n".join(trainer.compute_metrics.hypotheses) + "\n")
     if main:
