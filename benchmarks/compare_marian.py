@@ -521,7 +521,7 @@ def main(argv: list[str] | None = None) -> None:
     marian, vaswani = build_pair(args.preset)
     ct2 = None
     if args.ctranslate2:
-        from vaswani_hf.export import CTranslate2Runner
+        from ctranslate2_runner import CTranslate2Runner
 
         ct2 = CTranslate2Runner.from_model(vaswani, Path(tempfile.mkdtemp(prefix="vaswani-ct2-")), threads=args.threads)
     checks = agreement(args, marian, vaswani, ct2)

@@ -60,8 +60,8 @@ def test_export_of_a_missing_model_is_a_clean_error(tmp_path):
 
 
 def test_exported_logits_path_matches_on_random_weights(tmp_path):
+    from benchmarks.ctranslate2_runner import CTranslate2Runner
     from vaswani_hf import VaswaniConfig, VaswaniForConditionalGeneration
-    from vaswani_hf.export import CTranslate2Runner
 
     torch.manual_seed(0)
     config = VaswaniConfig.tiny(position_embedding_type="sinusoidal_split", output_bias=True, norm_position="pre")
