@@ -9,8 +9,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import shutil
-import signal
 import sys
 from pathlib import Path
 
@@ -30,31 +28,8 @@ def _is_builtin(argv: list[str]) -> bool:
     return not any(a.split("=")[0] in ("--data", "--dataset_name", "--dataset-name") for a in argv)
 
 
-def _load_tokenizer(data_args, model_args, training_args, pairs):
-    """The checkpoint's tokenizer when fine-tuning; otherwise a shared BPE trained once (by the main process,
-    the others load it) and kept in output_dir, where --resume finds it again."""
-    from transformers import AutoTokenizer
-
-    from .tokenization import train_shared_bpe
-
-    if model_args.model_name_or_path:
-        return AutoTokenizer.from_pretrained(model_args.model_name_or_path)
-    output_dir = Path(training_args.output_dir)
-    with training_args.main_process_first(desc="shared BPE vocabulary"):
-        saved = (output_dir / "tokenizer.json").is_file()
-        if (training_args.resume and saved) or not training_args.should_save:
-            return AutoTokenizer.from_pretrained(output_dir)
-        texts = (text for pair in pairs[data_args.train_split] for text in pair)
-        tokenizer = train_shared_bpe(texts, data_args.vocab_size)
-        tokenizer.save_pretrained(output_dir)
-        return tokenizer
-
-
 def train_command(argv: list[str]) -> int:
-    from .averaging import list_checkpoints
-    from .recipe import DataArguments, ModelArguments, VaswaniTrainingArguments, build_trainer, train
-    from .tasks import builtin_splits
-    from .trainer import GracefulStopCallback, WallClockCallback
+    from .recipe import DataArguments, ModelArguments, VaswaniTrainingArguments, run_training
 
     parser = HfArgumentParser((DataArguments, ModelArguments, VaswaniTrainingArguments), prog="vaswani train")
     if argv and argv[0] in ("-h", "--help"):
@@ -67,90 +42,7 @@ def train_command(argv: list[str]) -> int:
     if "preset" in given:  # the narrowing belongs to the built-in default preset, not to one asked for
         given.add("config_overrides")
     parser.set_defaults(**{k: v for k, v in defaults.items() if k not in given})
-    data_args, model_args, training_args = parser.parse_args_into_dataclasses(argv)
-    output_dir = Path(training_args.output_dir)
-    if output_dir.is_dir() and list_checkpoints(output_dir) and not training_args.resume:
-        if not training_args.overwrite_output_dir:
-            raise ValueError(f"{output_dir} holds checkpoints of an earlier run: continue it with --resume, or "
-                             "start over with --overwrite_output_dir or another --output_dir.")  # fmt: skip
-        if training_args.should_save:
-            shutil.rmtree(output_dir)
-    if builtin:
-        pairs, task = builtin_splits(), "built-in English->German number words"
-    else:
-        pairs = {split: data_args.load(split) for split in (data_args.train_split, data_args.eval_split)}
-        task = f"{data_args.dataset_name or data_args.data} ({data_args.src}->{data_args.tgt})"
-    tokenizer = _load_tokenizer(data_args, model_args, training_args, pairs)
-    stop = GracefulStopCallback()
-    trainer = build_trainer(pairs, data_args, model_args, training_args, tokenizer,
-                            callbacks=[stop, WallClockCallback(training_args.max_train_minutes)])  # fmt: skip
-    main = trainer.is_world_process_zero()
-    if main:
-        print(f"task: {task}; {len(trainer.train_dataset)} training pairs; world size {training_args.world_size}; "
-              f"precision {training_args.precision_choice}", flush=True)  # fmt: skip
-    stats = train(trainer, resume=training_args.resume)
-    if stop.signal is not None:
-        if main:
-            print(f"stopped by {signal.Signals(stop.signal).name} at step {stats['steps']}: checkpoint saved in "
-                  f"{output_dir}; continue with the same command and --resume", file=sys.stderr)  # fmt: skip
-        return 128 + stop.signal
-    metrics = {}
-    if trainer.eval_dataset is not None:
-        prefix = data_args.eval_split
-        result = trainer.predict(trainer.eval_dataset, metric_key_prefix=prefix)
-        metrics = {k.removeprefix(f"{prefix}_"): v for k, v in result.metrics.items() if "bleu" in k or "chrf" in k
-                   or k.endswith(("_loss", "_samples", "_brevity_penalty"))}  # fmt: skip
-        if main:
-            (output_dir / f"{prefix}.hyp").write_text("\n".join(trainer.compute_metrics.hypotheses) + "\n")
-    if main:
-        try:
-            _write_card(trainer, training_args, data_args, stats, metrics, pairs, builtin, task)
-        except Exception as err:  # the trained model matters more than its card: say so, keep going
-            logger.warning("the model card could not be written (%s: %s); the model is saved", type(err).__name__, err)
-        summary = {**stats, "eval_split": data_args.eval_split, **metrics, "model_dir": str(output_dir)}
-        print(json.dumps(summary))
-        bleu = f"BLEU {metrics['bleu']} on {data_args.eval_split}, " if "bleu" in metrics else ""
-        print(f"{bleu}{stats['steps']} steps ({stats['seconds']:.0f} s, {stats['target_tokens_per_s']} target "
-              f"tokens/s); model saved in {output_dir}")  # fmt: skip
-    return 0
-
-
-def _write_card(trainer, training_args, data_args, stats, metrics, pairs, builtin: bool, task: str) -> None:
-    """training_facts.json, the attention map of one test sentence, and the README.md model card."""
-    from .attention import write_attention_maps
-    from .hub import FACTS_FILE, training_facts, write_model_card
-    from .inference import translate
-
-    output_dir = Path(training_args.output_dir)
-    model, tokenizer = trainer.model, trainer.processing_class
-    source = (pairs.get(data_args.eval_split) or pairs[data_args.train_split])[0][0]
-    example = (source, translate(model, tokenizer, [source], progress=False)[0])
-    name = "built-in English-German number words" if builtin else (data_args.dataset_name or Path(data_args.data).name)
-    if builtin:
-        use = (
-            "A demonstration that the recipe learns: English number words below 1000 (up to four per sentence) "
-            "into German number words, which needs reordering (twenty-one -> einundzwanzig)."
-        )
-        limits = "it knows nothing but number words; any other input gets meaningless output."
-    else:
-        use = (
-            f"Research and education: the paper's model and recipe reproduced on {name}, {data_args.src} to "
-            f"{data_args.tgt}. Evaluate it on your own domain before relying on it."
-        )
-        limits = (f"trained only on {len(trainer.train_dataset):,} sentence pairs of {name}; sentence-level, "
-                  "no document context; text unlike the training data (domain, length, characters outside the BPE "
-                  "vocabulary) gets worse and sometimes fluent but wrong output.")  # fmt: skip
-    data = {"name": name, "dataset_id": data_args.dataset_name, "description": task, "src": data_args.src,
-            "tgt": data_args.tgt, "train_pairs": len(trainer.train_dataset), "max_length": data_args.max_length,
-            "example": example, "intended_use": use, "limitations": limits}  # fmt: skip
-    evaluation = {**metrics, "split": data_args.eval_split} if metrics else {}
-    facts = training_facts(model, tokenizer, training_args, data, stats, evaluation)
-    (output_dir / FACTS_FILE).write_text(json.dumps(facts, indent=2) + "\n")
-    try:
-        write_attention_maps(model, tokenizer, source, output_dir / "attention")
-    except ImportError as err:
-        logger.warning("no attention map in the model card: %s", err)
-    write_model_card(output_dir)
+    return run_training(*parser.parse_args_into_dataclasses(argv), builtin=builtin)
 
 
 def push_command(argv: list[str]) -> int:
@@ -215,6 +107,18 @@ def _add_precision(parser: argparse.ArgumentParser) -> None:
                         "(never picked by auto); see vaswani_hf.precision")  # fmt: skip
 
 
+def _add_decoding(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--num-beams", type=int, default=None, help="default: the model's (paper: 4)")
+    parser.add_argument("--length-penalty", type=float, default=None,
+                        help="GNMT alpha (default: the model's; paper: 0.6; tune it on a development set)")  # fmt: skip
+
+
+def _decoding(args: argparse.Namespace) -> dict:
+    """generate() settings the user gave; the rest come from the model's generation config."""
+    return {name: value for name, value in (("num_beams", args.num_beams), ("length_penalty", args.length_penalty))
+            if value is not None}  # fmt: skip
+
+
 def _load(args: argparse.Namespace):
     """The model in the precision asked for, which is said on stderr (stdout holds the results)."""
     from .inference import default_device, load_for_inference
@@ -238,17 +142,16 @@ def translate_command(argv: list[str]) -> int:
     parser.add_argument("model_dir")
     parser.add_argument("--input", help="file with one sentence a line (default: stdin)")
     parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--num-beams", type=int, default=None, help="default: the model's (paper: 4)")
     parser.add_argument("--nbest", type=int, default=None, help="print the N best translations with their scores")
+    _add_decoding(parser)
     _add_precision(parser)
     args = parser.parse_args(argv)
     if args.nbest is not None and args.nbest < 1:
         raise ValueError(f"--nbest must be at least 1, got {args.nbest}.")
     model, tokenizer, _ = _load(args)
     lines = _read_lines(args.input)
-    kwargs = {"num_beams": args.num_beams} if args.num_beams else {}
     results = translate_nbest(model, tokenizer, lines, args.nbest or 1, batch_size=args.batch_size,
-                              progress=sys.stderr.isatty(), **kwargs)  # fmt: skip
+                              progress=sys.stderr.isatty(), **_decoding(args))  # fmt: skip
     for index, candidates in enumerate(results):
         if args.nbest is None:
             print(candidates[0][0])
@@ -290,8 +193,7 @@ def _read_lines(path: str | None) -> list[str]:
 
 def evaluate_command(argv: list[str]) -> int:
     from .data import load_split
-    from .inference import translate
-    from .recipe import score
+    from .inference import evaluate
     from .tasks import builtin_splits
 
     parser = argparse.ArgumentParser(prog="vaswani evaluate", description="BLEU/chrF of a model with sacrebleu.")
@@ -301,13 +203,16 @@ def evaluate_command(argv: list[str]) -> int:
     parser.add_argument("--src", default="en")
     parser.add_argument("--tgt", default="de")
     parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--hypotheses", help="also write the translations to this file, one line per source line")
+    _add_decoding(parser)
     _add_precision(parser)
     args = parser.parse_args(argv)
     model, tokenizer, precision = _load(args)
     pairs = load_split(args.data, args.split, args.src, args.tgt) if args.data else builtin_splits()[args.split]
-    hypotheses = translate(model, tokenizer, [s for s, _ in pairs], batch_size=args.batch_size)
-    print(json.dumps({"split": args.split, "sentences": len(pairs), "precision": precision.name,
-                      **score(hypotheses, [t for _, t in pairs])}, indent=2))  # fmt: skip
+    result, hypotheses = evaluate(model, tokenizer, pairs, args.batch_size, **_decoding(args))
+    if args.hypotheses:
+        Path(args.hypotheses).write_text("".join(f"{line}\n" for line in hypotheses), encoding="utf-8")
+    print(json.dumps({"split": args.split, "sentences": len(pairs), "precision": precision.name, **result}, indent=2))
     return 0
 
 

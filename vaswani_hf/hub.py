@@ -9,6 +9,7 @@ files, tokenizer and card in one commit.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 from importlib import resources
@@ -20,6 +21,8 @@ import transformers
 from huggingface_hub import CommitInfo, EvalResult, HfApi, ModelCard, ModelCardData
 
 from .precision import cpu_name
+
+logger = logging.getLogger(__name__)
 
 FACTS_FILE = "training_facts.json"
 ATTENTION_IMAGE = "attention-cross.png"
@@ -184,6 +187,45 @@ def write_model_card(model_dir: str | Path, repo_id: str | None = None) -> Model
     card = build_model_card(facts, repo_id or str(model_dir))
     card.save(model_dir / "README.md")
     return card
+
+
+def write_training_card(trainer, data_args, stats: dict, metrics: dict, pairs: dict, builtin: bool, task: str) -> None:
+    """What `vaswani train` leaves beside the model: training_facts.json, the attention map of one evaluation
+    sentence, and the README.md model card."""
+    from .attention import write_attention_maps
+    from .inference import translate
+
+    training_args = trainer.args
+    output_dir = Path(training_args.output_dir)
+    model, tokenizer = trainer.model, trainer.processing_class
+    source = (pairs.get(data_args.eval_split) or pairs[data_args.train_split])[0][0]
+    example = (source, translate(model, tokenizer, [source], progress=False)[0])
+    name = "built-in English-German number words" if builtin else (data_args.dataset_name or Path(data_args.data).name)
+    if builtin:
+        use = (
+            "A demonstration that the recipe learns: English number words below 1000 (up to four per sentence) "
+            "into German number words, which needs reordering (twenty-one -> einundzwanzig)."
+        )
+        limits = "it knows nothing but number words; any other input gets meaningless output."
+    else:
+        use = (
+            f"Research and education: the paper's model and recipe reproduced on {name}, {data_args.src} to "
+            f"{data_args.tgt}. Evaluate it on your own domain before relying on it."
+        )
+        limits = (f"trained only on {len(trainer.train_dataset):,} sentence pairs of {name}; sentence-level, "
+                  "no document context; text unlike the training data (domain, length, characters outside the BPE "
+                  "vocabulary) gets worse and sometimes fluent but wrong output.")  # fmt: skip
+    data = {"name": name, "dataset_id": data_args.dataset_name, "description": task, "src": data_args.src,
+            "tgt": data_args.tgt, "train_pairs": len(trainer.train_dataset), "max_length": data_args.max_length,
+            "example": example, "intended_use": use, "limitations": limits}  # fmt: skip
+    evaluation = {**metrics, "split": data_args.eval_split} if metrics else {}
+    facts = training_facts(model, tokenizer, training_args, data, stats, evaluation)
+    (output_dir / FACTS_FILE).write_text(json.dumps(facts, indent=2) + "\n")
+    try:
+        write_attention_maps(model, tokenizer, source, output_dir / "attention")
+    except ImportError as err:
+        logger.warning("no attention map in the model card: %s", err)
+    write_model_card(output_dir)
 
 
 def push(

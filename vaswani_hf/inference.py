@@ -1,11 +1,12 @@
-"""Inference with a trained model: loading a checkpoint safely, batched translation (also n-best), and forced
-decoding (the log-probability of given translations, for filtering and reranking)."""
+"""Inference with a trained model: loading a checkpoint safely, batched translation (also n-best), forced
+decoding (the log-probability of given translations, for filtering and reranking), and BLEU/chrF (section 6.1)."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
+import sacrebleu
 import torch
 from safetensors import SafetensorError
 from tqdm.auto import tqdm
@@ -122,6 +123,18 @@ def translate(
     return [candidates[0][0] for candidates in best]
 
 
+def evaluate(
+    model: VaswaniForConditionalGeneration,
+    tokenizer: PreTrainedTokenizerBase,
+    pairs: list[tuple[str, str]],
+    batch_size: int = 32,
+    **generate_kwargs,
+) -> tuple[dict, list[str]]:
+    """Translate the sources of `pairs` and score them against the targets (`score`): (metrics, translations)."""
+    hypotheses = translate(model, tokenizer, [source for source, _ in pairs], batch_size, **generate_kwargs)
+    return score(hypotheses, [target for _, target in pairs]), hypotheses
+
+
 def score_translations(
     model: VaswaniForConditionalGeneration,
     tokenizer: PreTrainedTokenizerBase,
@@ -161,3 +174,18 @@ def score_translations(
                 "token_strings": tokenizer.convert_ids_to_tokens(ids),
             }
     return results
+
+
+def score(hypotheses: list[str], references: list[str]) -> dict:
+    """Cased, detokenized corpus BLEU and chrF with sacrebleu (section 6.1), with their signatures."""
+    bleu = sacrebleu.metrics.BLEU()
+    chrf = sacrebleu.metrics.CHRF()
+    bleu_score = bleu.corpus_score(hypotheses, [references])
+    chrf_score = chrf.corpus_score(hypotheses, [references])
+    return {
+        "bleu": round(bleu_score.score, 2),
+        "chrf": round(chrf_score.score, 2),
+        "bleu_signature": str(bleu.get_signature()),
+        "chrf_signature": str(chrf.get_signature()),
+        "brevity_penalty": round(bleu_score.bp, 3),
+    }

@@ -1,17 +1,21 @@
-"""The paper's training recipe (section 5) and evaluation (section 6) on Seq2SeqTrainer."""
+"""The paper's training recipe (section 5) on Seq2SeqTrainer, with BLEU during and after training (section 6),
+and the `vaswani train` job around it (tokenizer, output folder, summary, model card)."""
 
 from __future__ import annotations
 
 import json
 import logging
+import shutil
+import signal
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-import sacrebleu
 import torch
 from datasets import Dataset
 from transformers import (
+    AutoTokenizer,
     DataCollatorForSeq2Seq,
     EvalPrediction,
     PreTrainedTokenizerBase,
@@ -21,9 +25,18 @@ from transformers import (
 from .averaging import average_checkpoints, list_checkpoints, load_weights
 from .configuration_vaswani import PAPER_ALIASES, VaswaniConfig
 from .data import Pairs, load_split
-from .inference import load_model
+from .hub import write_training_card
+from .inference import load_model, score
 from .modeling_vaswani import VaswaniForConditionalGeneration
-from .trainer import VaswaniTrainer, VaswaniTrainingArguments, noam_learning_rate
+from .tasks import builtin_splits
+from .tokenization import train_shared_bpe
+from .trainer import (
+    GracefulStopCallback,
+    VaswaniTrainer,
+    VaswaniTrainingArguments,
+    WallClockCallback,
+    noam_learning_rate,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -241,16 +254,78 @@ def train(trainer: VaswaniTrainer, resume: bool = False) -> dict:
             "precision": str(args.precision_choice)}  # fmt: skip
 
 
-def score(hypotheses: list[str], references: list[str]) -> dict:
-    """Cased, detokenized corpus BLEU and chrF with sacrebleu (section 6.1), with their signatures."""
-    bleu = sacrebleu.metrics.BLEU()
-    chrf = sacrebleu.metrics.CHRF()
-    bleu_score = bleu.corpus_score(hypotheses, [references])
-    chrf_score = chrf.corpus_score(hypotheses, [references])
-    return {
-        "bleu": round(bleu_score.score, 2),
-        "chrf": round(chrf_score.score, 2),
-        "bleu_signature": str(bleu.get_signature()),
-        "chrf_signature": str(chrf.get_signature()),
-        "brevity_penalty": round(bleu_score.bp, 3),
-    }
+def load_or_train_tokenizer(
+    data_args: DataArguments, model_args: ModelArguments, training_args: VaswaniTrainingArguments, pairs: dict
+) -> PreTrainedTokenizerBase:
+    """The checkpoint's tokenizer when fine-tuning; otherwise a shared BPE trained once (by the main process,
+    the others load it) and kept in output_dir, where --resume finds it again."""
+    if model_args.model_name_or_path:
+        return AutoTokenizer.from_pretrained(model_args.model_name_or_path)
+    output_dir = Path(training_args.output_dir)
+    with training_args.main_process_first(desc="shared BPE vocabulary"):
+        saved = (output_dir / "tokenizer.json").is_file()
+        if (training_args.resume and saved) or not training_args.should_save:
+            return AutoTokenizer.from_pretrained(output_dir)
+        texts = (text for pair in pairs[data_args.train_split] for text in pair)
+        tokenizer = train_shared_bpe(texts, data_args.vocab_size)
+        tokenizer.save_pretrained(output_dir)
+        return tokenizer
+
+
+def prepare_output_dir(training_args: VaswaniTrainingArguments) -> None:
+    """An output_dir holding an earlier run's checkpoints is continued (--resume) or cleared
+    (--overwrite_output_dir), never silently mixed with a new run."""
+    output_dir = Path(training_args.output_dir)
+    if output_dir.is_dir() and list_checkpoints(output_dir) and not training_args.resume:
+        if not training_args.overwrite_output_dir:
+            raise ValueError(f"{output_dir} holds checkpoints of an earlier run: continue it with --resume, or "
+                             "start over with --overwrite_output_dir or another --output_dir.")  # fmt: skip
+        if training_args.should_save:
+            shutil.rmtree(output_dir)
+
+
+def run_training(
+    data_args: DataArguments, model_args: ModelArguments, training_args: VaswaniTrainingArguments, builtin: bool
+) -> int:
+    """`vaswani train`: train on the data (or the built-in task), evaluate the final model with beam search,
+    write its model card, print the summary. Returns the exit status (128 + signal when stopped by one)."""
+    prepare_output_dir(training_args)
+    output_dir = Path(training_args.output_dir)
+    if builtin:
+        pairs, task = builtin_splits(), "built-in English->German number words"
+    else:
+        pairs = {split: data_args.load(split) for split in (data_args.train_split, data_args.eval_split)}
+        task = f"{data_args.dataset_name or data_args.data} ({data_args.src}->{data_args.tgt})"
+    tokenizer = load_or_train_tokenizer(data_args, model_args, training_args, pairs)
+    stop = GracefulStopCallback()
+    trainer = build_trainer(pairs, data_args, model_args, training_args, tokenizer,
+                            callbacks=[stop, WallClockCallback(training_args.max_train_minutes)])  # fmt: skip
+    main = trainer.is_world_process_zero()
+    if main:
+        print(f"task: {task}; {len(trainer.train_dataset)} training pairs; world size {training_args.world_size}; "
+              f"precision {training_args.precision_choice}", flush=True)  # fmt: skip
+    stats = train(trainer, resume=training_args.resume)
+    if stop.signal is not None:
+        if main:
+            print(f"stopped by {signal.Signals(stop.signal).name} at step {stats['steps']}: checkpoint saved in "
+                  f"{output_dir}; continue with the same command and --resume", file=sys.stderr)  # fmt: skip
+        return 128 + stop.signal
+    metrics = {}
+    if trainer.eval_dataset is not None:
+        prefix = data_args.eval_split
+        result = trainer.predict(trainer.eval_dataset, metric_key_prefix=prefix)
+        metrics = {k.removeprefix(f"{prefix}_"): v for k, v in result.metrics.items() if "bleu" in k or "chrf" in k
+                   or k.endswith(("_loss", "_samples", "_brevity_penalty"))}  # fmt: skip
+        if main:
+            (output_dir / f"{prefix}.hyp").write_text("\n".join(trainer.compute_metrics.hypotheses) + "\n")
+    if main:
+        try:
+            write_training_card(trainer, data_args, stats, metrics, pairs, builtin, task)
+        except Exception as err:  # the trained model matters more than its card: say so, keep going
+            logger.warning("the model card could not be written (%s: %s); the model is saved", type(err).__name__, err)
+        summary = {**stats, "eval_split": data_args.eval_split, **metrics, "model_dir": str(output_dir)}
+        print(json.dumps(summary))
+        bleu = f"BLEU {metrics['bleu']} on {data_args.eval_split}, " if "bleu" in metrics else ""
+        print(f"{bleu}{stats['steps']} steps ({stats['seconds']:.0f} s, {stats['target_tokens_per_s']} target "
+              f"tokens/s); model saved in {output_dir}")  # fmt: skip
+    return 0
