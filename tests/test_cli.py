@@ -28,6 +28,7 @@ def test_train_builtin_task_summary(trained):
     summary = json.loads([line for line in stdout.splitlines() if line.startswith('{"')][-1])
     assert summary["steps"] == 4 and summary["model_dir"] == str(out)
     assert summary["bleu_signature"].startswith("nrefs:1|case:mixed|eff:no|tok:13a")
+    assert summary["loss"] > 0  # the evaluation split's per-token loss: benchmarks/table3.py's perplexity
     assert {"config.json", "model.safetensors", "tokenizer.json", "generation_config.json"} <= {
         p.name for p in out.iterdir()
     }
@@ -54,6 +55,32 @@ def test_train_on_a_data_folder_and_evaluate(tmp_path, trained):
     assert result.returncode == 0, result.stderr[-3000:]
     assert json.loads(result.stdout)["sentences"] == 20
     assert json.loads(result.stdout)["precision"] == "int8" and "precision: int8" in result.stderr
+
+
+def test_evaluate_writes_the_hypotheses_translate_prints(tmp_path, trained):
+    data = tmp_path / "data"
+    data.mkdir()
+    numbers = range(300, 306)
+    (data / "test.en").write_text("\n".join(english(n) for n in numbers) + "\n", encoding="utf-8")
+    (data / "test.de").write_text("\n".join(german(n) for n in numbers) + "\n", encoding="utf-8")
+    hypotheses = tmp_path / "hyp.de"
+    result = vaswani("evaluate", str(trained[0]), "--data", str(data), "--precision", "fp32", "--length-penalty",
+                     "1.0", "--hypotheses", str(hypotheses))  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    printed = vaswani("translate", str(trained[0]), "--input", str(data / "test.en"), "--precision", "fp32",
+                      "--length-penalty", "1.0")  # fmt: skip
+    assert hypotheses.read_text(encoding="utf-8").splitlines() == printed.stdout.splitlines()
+    assert len(printed.stdout.splitlines()) == len(numbers)
+
+
+def test_length_penalty_option_reaches_beam_search(trained):
+    scores = {}
+    for alpha in ("0.0", "2.0"):
+        result = vaswani("translate", str(trained[0]), "--nbest", "2", "--length-penalty", alpha, "--precision",
+                         "fp32", stdin="seven\n")  # fmt: skip
+        assert result.returncode == 0, result.stderr[-2000:]
+        scores[alpha] = [float(line.rsplit("|||", 1)[1]) for line in result.stdout.splitlines()]
+    assert scores["0.0"] != scores["2.0"]  # SCORE is the log-probability divided by GNMT's ((5 + |Y|) / 6) ** alpha
 
 
 def test_translate_in_each_precision_keeps_the_lines(trained):
