@@ -76,6 +76,20 @@ HANDED_OVER_SETTINGS = {
 }  # fmt: skip
 
 
+def beams_per_source(hidden_states: torch.Tensor, key_value_states: torch.Tensor | None) -> int:
+    """How many decoder rows share each encoder row: more than 1 when beam search keeps one encoder output per
+    source (`generation_vaswani.DecodingState`)."""
+    if key_value_states is None or key_value_states.shape[0] == hidden_states.shape[0]:
+        return 1
+    if hidden_states.shape[0] % key_value_states.shape[0]:
+        raise ValueError(
+            f"The decoder has {hidden_states.shape[0]} rows but the encoder output has {key_value_states.shape[0]}:"
+            " give one encoder output per decoder row, or the same number of decoder rows for every source "
+            "(beam search's layout, rows of one source next to each other)."
+        )
+    return hidden_states.shape[0] // key_value_states.shape[0]
+
+
 def gnmt_length_penalty(length: int | float | torch.Tensor, alpha: float) -> float | torch.Tensor:
     """GNMT's length penalty lp(Y) = ((5 + |Y|) / 6) ** alpha (Wu et al., 2016), used by the paper (section 6.1)."""
     return ((5 + length) / 6) ** alpha

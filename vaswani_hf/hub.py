@@ -29,8 +29,8 @@ ATTENTION_IMAGE = "attention-cross.png"
 # What a shared model needs, and nothing of the run (checkpoints, optimizer state, logs, hypotheses).
 PUSHED_FILES = ["*.safetensors", "model.safetensors.index.json", "config.json", "generation_config.json",
                 "configuration_vaswani.py", "modeling_vaswani.py", "generation_vaswani.py", "pipeline_vaswani.py",
-                "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "README.md", FACTS_FILE,
-                ATTENTION_IMAGE]  # fmt: skip
+                "validation_vaswani.py", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                "README.md", FACTS_FILE, ATTENTION_IMAGE]  # fmt: skip
 PAPER_ARXIV = "1706.03762"
 
 
@@ -237,9 +237,8 @@ def push(
     commit_message: str | None = None,
 ) -> CommitInfo:
     """Upload a saved model folder in one commit: weights (safetensors), config with `auto_map`, generation
-    config, the remote code (`configuration_vaswani.py`, `modeling_vaswani.py`, `generation_vaswani.py`,
-    `pipeline_vaswani.py`), tokenizer, card. Unchanged files are not sent again. The token comes from `token`,
-    `HF_TOKEN` or `hf auth login`, as everywhere in huggingface_hub."""
+    config, the remote code (the `*_vaswani.py` files of PUSHED_FILES), tokenizer, card. Unchanged files are not
+    sent again. The token comes from `token`, `HF_TOKEN` or `hf auth login`, as everywhere in huggingface_hub."""
     from .inference import load_for_inference
 
     model_dir = Path(model_dir)

@@ -37,7 +37,9 @@ from transformers.utils.generic import merge_with_config_defaults
 from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 
 from .configuration_vaswani import VaswaniConfig
-from .generation_vaswani import PAPER_GENERATION_DEFAULTS, VaswaniGenerationMixin
+from .generation_vaswani import PAPER_GENERATION_DEFAULTS, VaswaniGenerationMixin, beams_per_source
+from .pipeline_vaswani import VaswaniRemoteCodeMixin
+from .validation_vaswani import check_inputs, check_labels
 
 
 class VaswaniFusedLinear(nn.Linear):
@@ -108,7 +110,7 @@ class VaswaniMultiHeadAttention(nn.Module):
                 )
                 key, value = cache.update(key, value, self.layer_idx)
         else:
-            rows_per_source = self._rows_per_source(hidden_states, key_value_states)
+            rows_per_source = beams_per_source(hidden_states, key_value_states)
             if rows_per_source > 1:
                 # Beam search: the k beams of a source attend to the same encoder output. Attend once per source,
                 # with the beams' queries side by side: (batch * k, q, d) is (batch, k * q, d) in memory.
@@ -149,20 +151,6 @@ class VaswaniMultiHeadAttention(nn.Module):
             attn_weights = attn_weights.view(batch, heads, -1, *input_shape[1:], keys).transpose(1, 2)
             attn_weights = attn_weights.reshape(*input_shape[:1], heads, *input_shape[1:], keys)
         return self.out_proj(attn_output), attn_weights
-
-    @staticmethod
-    def _rows_per_source(hidden_states: torch.Tensor, key_value_states: torch.Tensor | None) -> int:
-        """How many decoder rows share each encoder row: more than 1 when beam search keeps one encoder output per
-        source (`generation_vaswani.DecodingState`)."""
-        if key_value_states is None or key_value_states.shape[0] == hidden_states.shape[0]:
-            return 1
-        if hidden_states.shape[0] % key_value_states.shape[0]:
-            raise ValueError(
-                f"The decoder has {hidden_states.shape[0]} rows but the encoder output has {key_value_states.shape[0]}:"
-                " give one encoder output per decoder row, or the same number of decoder rows for every source "
-                "(beam search's layout, rows of one source next to each other)."
-            )
-        return hidden_states.shape[0] // key_value_states.shape[0]
 
 
 class VaswaniPositionwiseFeedForward(nn.Module):
@@ -338,7 +326,7 @@ class VaswaniDecoderLayer(GradientCheckpointingLayer):
         return self.final_layer_norm(hidden_states, transformed)
 
 
-class VaswaniPreTrainedModel(PreTrainedModel):
+class VaswaniPreTrainedModel(VaswaniRemoteCodeMixin, PreTrainedModel):
     config: VaswaniConfig
     config_class = VaswaniConfig
     base_model_prefix = "model"
@@ -394,29 +382,6 @@ class VaswaniPreTrainedModel(PreTrainedModel):
             self.final_logits_bias = nn.Parameter(resized, requires_grad=bias.requires_grad)
         return embeddings
 
-    def save_pretrained(self, save_directory, *args, **kwargs):
-        if self.is_remote_code():
-            # `register_for_auto_class` records only the saved class and AutoConfig: record all three Auto classes
-            # so AutoModel and AutoModelForSeq2SeqLM both load the checkpoint as remote code.
-            module = type(self).__module__.rsplit(".", 1)[-1]
-            config_module = type(self.config).__module__.rsplit(".", 1)[-1]
-            self.config.auto_map = {
-                **(getattr(self.config, "auto_map", None) or {}),
-                "AutoConfig": f"{config_module}.VaswaniConfig",
-                "AutoModel": f"{module}.VaswaniModel",
-                "AutoModelForSeq2SeqLM": f"{module}.VaswaniForConditionalGeneration",
-            }
-            # Transformers 5 has no built-in translation task: declare ours. Transformers ships every file this
-            # one imports relatively (`from .x import y`, read as text) beside it, at save time and when it loads
-            # this file as remote code, so a re-saved remote-code model keeps the pipeline its config declares.
-            from .pipeline_vaswani import VaswaniTranslationPipeline
-
-            self.config.custom_pipelines = {
-                "translation": {"impl": f"pipeline_vaswani.{VaswaniTranslationPipeline.__name__}",
-                                "pt": ["AutoModelForSeq2SeqLM"], "tf": [], "type": "text"}
-            }  # fmt: skip
-        return super().save_pretrained(save_directory, *args, **kwargs)
-
 
 class VaswaniStack(VaswaniPreTrainedModel):
     """Sections 3.1, 3.4, 3.5: what both stacks share: scaled token embeddings plus positions, N layers, and
@@ -442,38 +407,9 @@ class VaswaniStack(VaswaniPreTrainedModel):
         names: tuple[str, str, str],
         check_ids: bool = True,
     ) -> torch.Tensor:
-        """Token embeddings (or the given `inputs_embeds`), after checking the inputs: a bad id or mask shape gets
-        a ValueError naming the argument here instead of an index error deep inside torch (or a CUDA assert)."""
-        ids_name, embeds_name, mask_name = names
-        if (input_ids is None) == (inputs_embeds is None):
-            raise ValueError(f"{type(self).__name__}: give exactly one of `{ids_name}` or `{embeds_name}`.")
-        given, name = (input_ids, ids_name) if input_ids is not None else (inputs_embeds, embeds_name)
-        shape = tuple(given.shape[:2])
-        expected = "(batch, length)" if input_ids is not None else "(batch, length, d_model)"
-        if given.dim() != len(expected.split(",")) or 0 in shape:
-            raise ValueError(
-                f"`{name}` must be a non-empty batch of shape {expected}, got {tuple(given.shape)}: give at least "
-                "one sequence of at least one token."
-            )
-        # a 4D mask is a ready-made (batch, 1, query, key) mask (Transformers builds one for static caches)
-        if attention_mask is not None and attention_mask.dim() != 4 and tuple(attention_mask.shape) != shape:
-            raise ValueError(
-                f"`{mask_name}` has shape {tuple(attention_mask.shape)} but `{name}` has (batch, length) = {shape}: "
-                "pass the mask the tokenizer returned with these ids."
-            )
-        if inputs_embeds is not None:
-            return inputs_embeds
-        if input_ids.dtype.is_floating_point or input_ids.dtype == torch.bool or input_ids.is_complex():
-            raise ValueError(f"`{ids_name}` must hold integer token ids, got dtype {input_ids.dtype}: use .long().")
-        if check_ids and not (torch.compiler.is_compiling() or torch.compiler.is_exporting()):
-            low, high = torch.stack(torch.aminmax(input_ids)).tolist()  # one device sync, not two
-            if low < 0 or high >= self.config.vocab_size:
-                bad = low if low < 0 else high
-                raise ValueError(
-                    f"`{ids_name}` holds token id {bad}, outside the vocabulary [0, {self.config.vocab_size}): "
-                    "the tokenizer does not match this model (compare len(tokenizer) with config.vocab_size)."
-                )
-        return self.embed_tokens(input_ids)
+        """Token embeddings (or the given `inputs_embeds`), after `check_inputs`."""
+        check_inputs(self, input_ids, inputs_embeds, attention_mask, names, check_ids)
+        return inputs_embeds if inputs_embeds is not None else self.embed_tokens(input_ids)
 
 
 class VaswaniEncoder(VaswaniStack):
@@ -790,13 +726,7 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, VaswaniGenerationM
         """Section 5.4: cross-entropy with label smoothing (uniform over the whole vocabulary, padding included,
         like `torch.nn.functional.cross_entropy` and Trainer's smoother); positions labelled -100 are ignored."""
         labels = labels.to(logits.device)
-        if not (torch.compiler.is_compiling() or torch.compiler.is_exporting()):
-            invalid = (labels != -100) & ((labels < 0) | (labels >= logits.shape[-1]))
-            if invalid.any():
-                raise ValueError(
-                    f"`labels` holds token id {int(labels[invalid][0])}, outside the vocabulary [0, "
-                    f"{logits.shape[-1]}) (use -100 for positions to ignore): the tokenizer does not match this model."
-                )
+        check_labels(labels, logits.shape[-1])
         total = F.cross_entropy(
             logits.float().reshape(-1, logits.shape[-1]),
             labels.reshape(-1),

@@ -1,0 +1,69 @@
+# Copyright 2026 The vaswani-hf authors. Licensed under the Apache License, Version 2.0.
+"""Checks of the model's inputs: a bad id, mask shape or dtype gets a ValueError naming the argument and the fix,
+instead of an index error deep inside torch (or a CUDA device-side assert).
+
+Shipped as Hub remote code beside the modeling file: it imports only torch."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+def _tracing() -> bool:
+    # torch.compile / export cannot branch on tensor values; the eager call before them has checked.
+    return torch.compiler.is_compiling() or torch.compiler.is_exporting()
+
+
+def check_inputs(
+    stack: nn.Module,
+    input_ids: torch.Tensor | None,
+    inputs_embeds: torch.Tensor | None,
+    attention_mask: torch.Tensor | None,
+    names: tuple[str, str, str],
+    check_ids: bool = True,
+) -> None:
+    """One stack's inputs: exactly one of ids or embeddings, a non-empty (batch, length[, d_model]) shape, a mask of
+    the same (batch, length), integer ids inside the vocabulary (unless `check_ids` is False: generated ids come
+    from the model's own vocabulary). `names` are the argument names the caller knows them by."""
+    ids_name, embeds_name, mask_name = names
+    if (input_ids is None) == (inputs_embeds is None):
+        raise ValueError(f"{type(stack).__name__}: give exactly one of `{ids_name}` or `{embeds_name}`.")
+    given, name = (input_ids, ids_name) if input_ids is not None else (inputs_embeds, embeds_name)
+    shape = tuple(given.shape[:2])
+    expected = "(batch, length)" if input_ids is not None else "(batch, length, d_model)"
+    if given.dim() != len(expected.split(",")) or 0 in shape:
+        raise ValueError(
+            f"`{name}` must be a non-empty batch of shape {expected}, got {tuple(given.shape)}: give at least "
+            "one sequence of at least one token."
+        )
+    # a 4D mask is a ready-made (batch, 1, query, key) mask (Transformers builds one for static caches)
+    if attention_mask is not None and attention_mask.dim() != 4 and tuple(attention_mask.shape) != shape:
+        raise ValueError(
+            f"`{mask_name}` has shape {tuple(attention_mask.shape)} but `{name}` has (batch, length) = {shape}: "
+            "pass the mask the tokenizer returned with these ids."
+        )
+    if input_ids is None:
+        return
+    if input_ids.dtype.is_floating_point or input_ids.dtype == torch.bool or input_ids.is_complex():
+        raise ValueError(f"`{ids_name}` must hold integer token ids, got dtype {input_ids.dtype}: use .long().")
+    vocab_size = stack.config.vocab_size
+    if check_ids and not _tracing():
+        low, high = torch.stack(torch.aminmax(input_ids)).tolist()  # one device sync, not two
+        if low < 0 or high >= vocab_size:
+            raise ValueError(
+                f"`{ids_name}` holds token id {low if low < 0 else high}, outside the vocabulary [0, {vocab_size}): "
+                "the tokenizer does not match this model (compare len(tokenizer) with config.vocab_size)."
+            )
+
+
+def check_labels(labels: torch.Tensor, vocab_size: int) -> None:
+    """Target ids inside the vocabulary, or -100 for positions the loss ignores."""
+    if _tracing():
+        return
+    invalid = (labels != -100) & ((labels < 0) | (labels >= vocab_size))
+    if invalid.any():
+        raise ValueError(
+            f"`labels` holds token id {int(labels[invalid][0])}, outside the vocabulary [0, {vocab_size}) (use -100 "
+            "for positions to ignore): the tokenizer does not match this model."
+        )
