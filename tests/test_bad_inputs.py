@@ -7,6 +7,7 @@ import shutil
 
 import pytest
 import torch
+from huggingface_hub.errors import StrictDataclassError
 
 from vaswani_hf import VaswaniConfig, VaswaniForConditionalGeneration
 from vaswani_hf.data import load_split, read_parallel
@@ -65,12 +66,12 @@ CONFIGS = {
 @pytest.mark.parametrize("case", CONFIGS)
 def test_bad_config_on_construction_and_on_load(case, tmp_path):
     fields, name = CONFIGS[case]
-    with pytest.raises(ValueError, match=name):
+    with pytest.raises(StrictDataclassError, match=name):  # @strict validation, as Transformers' own configs
         VaswaniConfig.tiny(**fields)
     VaswaniConfig.tiny().save_pretrained(tmp_path)
     config = json.loads((tmp_path / "config.json").read_text())
     (tmp_path / "config.json").write_text(json.dumps({**config, **fields}))
-    with pytest.raises(ValueError, match=name):
+    with pytest.raises(StrictDataclassError, match=name):
         VaswaniConfig.from_pretrained(tmp_path)
 
 

@@ -12,6 +12,7 @@ import logging
 import sys
 from pathlib import Path
 
+from huggingface_hub.errors import StrictDataclassError
 from transformers import HfArgumentParser
 
 logger = logging.getLogger("vaswani")
@@ -254,8 +255,10 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
         return COMMANDS[argv[0]](argv[1:])
-    except (ValueError, OSError, FloatingPointError) as err:
-        print(f"error: {err}", file=sys.stderr)
+    except (ValueError, OSError, FloatingPointError, StrictDataclassError) as err:
+        # a config's @strict validation wraps our message: print the message itself
+        message = err.__cause__ if isinstance(err, StrictDataclassError) and err.__cause__ else err
+        print(f"error: {message}", file=sys.stderr)
         return 2
 
 

@@ -1,13 +1,14 @@
 # Copyright 2026 The vaswani-hf authors. Licensed under the Apache License, Version 2.0.
 """Configuration of the Transformer of "Attention Is All You Need" (Vaswani et al., 2017).
 
-This file is also shipped as Hub remote code: it imports only `transformers` (and the standard library).
+This file is also shipped as Hub remote code: it imports only `transformers`, `huggingface_hub` (which
+Transformers requires) and the standard library. No `from __future__ import annotations`: `@strict` checks each
+field against its annotation, which must be a real type, not a string.
 """
-
-from __future__ import annotations
 
 import math
 
+from huggingface_hub.dataclasses import strict
 from transformers.activations import ACT2FN
 from transformers.configuration_utils import PreTrainedConfig
 
@@ -28,6 +29,7 @@ PAPER_ALIASES = {
 }
 
 
+@strict
 class VaswaniConfig(PreTrainedConfig):
     r"""
     Configuration of [`VaswaniModel`] / [`VaswaniForConditionalGeneration`]: the encoder-decoder Transformer of
@@ -99,17 +101,17 @@ class VaswaniConfig(PreTrainedConfig):
     encoder_ffn_dim: int = 2048
     decoder_ffn_dim: int = 2048
     d_kv: int | None = None
-    dropout: float = 0.1
-    attention_dropout: float = 0.0
-    activation_dropout: float = 0.0
+    dropout: float | int = 0.1
+    attention_dropout: float | int = 0.0
+    activation_dropout: float | int = 0.0
     activation_function: str = "relu"
     position_embedding_type: str = "sinusoidal"
     max_position_embeddings: int = 1024
     scale_embedding: bool = True
     tie_word_embeddings: bool = True
     norm_position: str = "post"
-    layer_norm_eps: float = 1e-6
-    init_std: float | None = None
+    layer_norm_eps: float | int = 1e-6
+    init_std: float | int | None = None
     output_bias: bool = False
     pad_token_id: int | None = 0
     bos_token_id: int | None = 1
@@ -128,24 +130,26 @@ class VaswaniConfig(PreTrainedConfig):
         if self.decoder_start_token_id is None:
             self.decoder_start_token_id = self.bos_token_id
         super().__post_init__(**kwargs)
-        self.check()
 
     def attention_head_size(self, num_heads: int) -> int:
         """d_k = d_v for a stack with `num_heads` heads."""
         return self.d_kv if self.d_kv is not None else self.d_model // num_heads
 
-    def check(self) -> None:
-        """Raise a `ValueError` naming the first invalid field and how to fix it."""
-        positive = (
-            "vocab_size d_model encoder_layers decoder_layers encoder_attention_heads decoder_attention_heads "
-            "encoder_ffn_dim decoder_ffn_dim max_position_embeddings"
-        ).split()
-        for name in positive:
+    # Validation is Transformers' own: `@strict` checks every field's type on construction, on load and on each
+    # assignment, then runs these `validate_*` methods (huggingface_hub raises StrictDataclassClassValidationError
+    # with our message inside). Each names the field and the fix.
+    def validate_sizes(self) -> None:
+        positive = ("vocab_size d_model encoder_layers decoder_layers encoder_attention_heads decoder_attention_heads "
+                    "encoder_ffn_dim decoder_ffn_dim max_position_embeddings").split()  # fmt: skip
+        for name in positive + (["d_kv"] if self.d_kv is not None else []):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"VaswaniConfig: `{name}` must be a positive integer, got {getattr(self, name)!r}.")
+        for name in ("layer_norm_eps", "init_std"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise ValueError(f"VaswaniConfig: `{name}` must be a positive integer, got {value!r}.")
-        if self.d_kv is not None and (isinstance(self.d_kv, bool) or not isinstance(self.d_kv, int) or self.d_kv <= 0):
-            raise ValueError(f"VaswaniConfig: `d_kv` must be a positive integer or None, got {self.d_kv!r}.")
+            if value is not None and not value > 0:
+                raise ValueError(f"VaswaniConfig: `{name}` must be a positive number, got {value!r}.")
+
+    def validate_architecture(self) -> None:
         if self.d_kv is None:
             for name in ("encoder_attention_heads", "decoder_attention_heads"):
                 heads = getattr(self, name)
@@ -154,10 +158,6 @@ class VaswaniConfig(PreTrainedConfig):
                         f"VaswaniConfig: d_model={self.d_model} is not divisible by {name}={heads}. "
                         f"Choose a head count that divides d_model, or set `d_kv` (d_k = d_v) explicitly."
                     )
-        for name in ("dropout", "attention_dropout", "activation_dropout"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
-                raise ValueError(f"VaswaniConfig: `{name}` must be a number in [0, 1), got {value!r}.")
         if self.activation_function not in ACT2FN:
             raise ValueError(
                 f"VaswaniConfig: unknown `activation_function` {self.activation_function!r}; "
@@ -177,15 +177,18 @@ class VaswaniConfig(PreTrainedConfig):
             raise ValueError(
                 f"VaswaniConfig: unknown `norm_position` {self.norm_position!r}; expected 'post' (the paper) or 'pre'."
             )
-        if not isinstance(self.layer_norm_eps, (int, float)) or not self.layer_norm_eps > 0:
-            raise ValueError(f"VaswaniConfig: `layer_norm_eps` must be a positive number, got {self.layer_norm_eps!r}.")
-        if self.init_std is not None and (not isinstance(self.init_std, (int, float)) or self.init_std <= 0):
-            raise ValueError(f"VaswaniConfig: `init_std` must be None or a positive number, got {self.init_std!r}.")
+
+    def validate_dropout(self) -> None:
+        for name in ("dropout", "attention_dropout", "activation_dropout"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise ValueError(f"VaswaniConfig: `{name}` must be a number in [0, 1), got {getattr(self, name)!r}.")
+
+    def validate_special_tokens(self) -> None:
+        # Transformers' own validate_token_ids only warns (Hub configs with pad_token_id=-1 must still load); an
+        # id outside the vocabulary here would fail later inside the embedding, so it is an error.
         for name in ("pad_token_id", "bos_token_id", "eos_token_id", "unk_token_id", "decoder_start_token_id"):
             value = getattr(self, name)
-            if value is not None and (
-                isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < self.vocab_size
-            ):
+            if value is not None and not 0 <= value < self.vocab_size:
                 raise ValueError(
                     f"VaswaniConfig: `{name}`={value!r} is outside the vocabulary [0, {self.vocab_size}); "
                     "give an id below vocab_size or None."
@@ -197,27 +200,27 @@ class VaswaniConfig(PreTrainedConfig):
 
     # Presets: the paper's Table 3, plus CPU-sized ones. Every preset takes overrides.
     @classmethod
-    def base(cls, **overrides) -> VaswaniConfig:
+    def base(cls, **overrides) -> "VaswaniConfig":
         """Table 3 "base": N=6, d_model=512, d_ff=2048, h=8, d_k=d_v=64, P_drop=0.1 (65M parameters)."""
         return cls(**overrides)
 
     @classmethod
-    def big(cls, **overrides) -> VaswaniConfig:
+    def big(cls, **overrides) -> "VaswaniConfig":
         """Table 3 "big": N=6, d_model=1024, d_ff=4096, h=16, d_k=d_v=64, P_drop=0.3 (213M parameters)."""
         return cls._preset(overrides, d_model=1024, ffn=4096, heads=16, dropout=0.3)
 
     @classmethod
-    def small(cls, **overrides) -> VaswaniConfig:
+    def small(cls, **overrides) -> "VaswaniConfig":
         """CPU-sized: d_model=256, 3+3 layers, 4 heads, d_ff=1024, 8,000-token vocabulary."""
         return cls._preset(overrides, vocab_size=8000, d_model=256, layers=3, heads=4, ffn=1024)
 
     @classmethod
-    def tiny(cls, **overrides) -> VaswaniConfig:
+    def tiny(cls, **overrides) -> "VaswaniConfig":
         """Test-sized: d_model=32, 2+2 layers, 4 heads, d_ff=64, 99-token vocabulary."""
         return cls._preset(overrides, vocab_size=99, d_model=32, layers=2, heads=4, ffn=64, max_position_embeddings=64)
 
     @classmethod
-    def _preset(cls, overrides: dict, layers: int = 6, heads: int = 8, ffn: int = 2048, **fields) -> VaswaniConfig:
+    def _preset(cls, overrides: dict, layers: int = 6, heads: int = 8, ffn: int = 2048, **fields) -> "VaswaniConfig":
         # Presets name real fields, so an override by field name or by paper alias both win over the preset.
         preset = dict(
             encoder_layers=layers,
