@@ -85,19 +85,17 @@ def run_row(name: str, data: Path, workdir: Path) -> dict:
     started = time.time()
     with (out / "train.log").open("a") as log:
         subprocess.run(command, check=True, stdout=log, stderr=subprocess.STDOUT)
-    lines = (out / "train.log").read_text().splitlines()
-    summary = [json.loads(line) for line in lines if line.startswith('{"steps"')]
     facts = json.loads((out / "training_facts.json").read_text())
-    model, training = facts["model"], facts["training"]
+    model, training, evaluation = facts["model"], facts["training"], facts["evaluation"]
     d_k = model["d_k"]
     result = {"row": name, "group": group, "overrides": overrides, "N": model["encoder_layers"],
               "d_model": model["d_model"], "d_ff": model["d_ff"], "h": model["heads"], "d_k": d_k, "d_v": d_k,
               "P_drop": model["dropout"], "eps_ls": smoothing, "positions": model["positions"], "norm": model["norm"],
-              "train_steps": summary[-1]["steps"], "ppl": round(math.exp(summary[-1]["loss"]), 2),
-              "bleu": summary[-1]["bleu"], "chrf": summary[-1]["chrf"], "params": model["parameters"],
+              "train_steps": training["steps"], "ppl": round(math.exp(evaluation["loss"]), 2),
+              "bleu": evaluation["bleu"], "chrf": evaluation["chrf"], "params": model["parameters"],
               "train_seconds": training["seconds"], "wall_seconds": round(time.time() - started),
               "precision": training["precision"], "machine": machine(),
-              "bleu_signature": summary[-1]["bleu_signature"], "command": command[3:]}  # fmt: skip
+              "bleu_signature": evaluation["bleu_signature"], "command": command[3:]}  # fmt: skip
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / f"{name}.json").write_text(json.dumps(result, indent=1) + "\n")
     return result

@@ -247,3 +247,11 @@ def test_config_overrides_set_fields_and_paper_symbols_and_refuse_typos():
         build_model(ModelArguments(preset="small", config_overrides="d_modl=64"), tokenizer)
     with pytest.raises(ValueError, match="is not NAME=VALUE"):
         build_model(ModelArguments(preset="small", config_overrides="d_model"), tokenizer)
+
+
+def test_bad_config_overrides_fail_before_the_data_and_the_vocabulary(tmp_path, capsys):
+    from vaswani_hf.cli import main
+
+    assert main(["train", "--config_overrides", "P_drop=1.5", "--output_dir", str(tmp_path / "run")]) == 2
+    assert "`dropout` must be a number in [0, 1), got 1.5" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()  # no BPE trained, nothing written

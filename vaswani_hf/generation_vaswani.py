@@ -77,8 +77,8 @@ HANDED_OVER_SETTINGS = {
 
 
 def beams_per_source(hidden_states: torch.Tensor, key_value_states: torch.Tensor | None) -> int:
-    """How many decoder rows share each encoder row: more than 1 when beam search keeps one encoder output per
-    source (`generation_vaswani.DecodingState`)."""
+    """How many decoder rows share each encoder row in cross-attention: more than 1 when beam search keeps one
+    encoder output per source (`DecodingState`), so the beams of a source attend to it as one batch row."""
     if key_value_states is None or key_value_states.shape[0] == hidden_states.shape[0]:
         return 1
     if hidden_states.shape[0] % key_value_states.shape[0]:

@@ -159,19 +159,24 @@ class TranslationMetrics:
 def build_model(model_args: ModelArguments, tokenizer: PreTrainedTokenizerBase) -> VaswaniForConditionalGeneration:
     if model_args.model_name_or_path:
         return load_model(model_args.model_name_or_path)
-    if model_args.preset not in PRESETS:
-        raise ValueError(f"--preset must be one of {PRESETS}, got {model_args.preset!r}.")
     special = {"pad_token_id": "<pad>", "bos_token_id": "<s>", "eos_token_id": "</s>", "unk_token_id": "<unk>"}
     ids = {name: tokenizer.convert_tokens_to_ids(token) for name, token in special.items()}
+    return VaswaniForConditionalGeneration(model_config(model_args, vocab_size=len(tokenizer), **ids))
+
+
+def model_config(model_args: ModelArguments, **fields) -> VaswaniConfig:
+    """The preset with --dropout and --config_overrides applied over `fields`; a bad preset, an unknown field name
+    or an invalid value raises here."""
+    if model_args.preset not in PRESETS:
+        raise ValueError(f"--preset must be one of {PRESETS}, got {model_args.preset!r}.")
     if model_args.dropout is not None:
-        ids["dropout"] = model_args.dropout
+        fields["dropout"] = model_args.dropout
     overrides = parse_overrides(model_args.config_overrides)
     unknown = sorted(set(overrides) - set(VaswaniConfig().to_dict()) - set(PAPER_ALIASES))
     if unknown:
         raise ValueError(f"--config_overrides: {', '.join(unknown)} is not a VaswaniConfig field or paper symbol "
                          f"({', '.join(PAPER_ALIASES)}).")  # fmt: skip
-    config = getattr(VaswaniConfig, model_args.preset)(vocab_size=len(tokenizer), **ids, **overrides)
-    return VaswaniForConditionalGeneration(config)
+    return getattr(VaswaniConfig, model_args.preset)(**fields, **overrides)
 
 
 def parse_overrides(text: str | None) -> dict:
@@ -289,6 +294,8 @@ def run_training(
 ) -> int:
     """`vaswani train`: train on the data (or the built-in task), evaluate the final model with beam search,
     write its model card, print the summary. Returns the exit status (128 + signal when stopped by one)."""
+    if not model_args.model_name_or_path:
+        model_config(model_args)  # a bad --preset or --config_overrides fails now, not after the data and the BPE
     prepare_output_dir(training_args)
     output_dir = Path(training_args.output_dir)
     if builtin:
