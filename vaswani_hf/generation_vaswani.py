@@ -76,18 +76,37 @@ HANDED_OVER_SETTINGS = {
 }  # fmt: skip
 
 
-def beams_per_source(hidden_states: torch.Tensor, key_value_states: torch.Tensor | None) -> int:
-    """How many decoder rows share each encoder row in cross-attention: more than 1 when beam search keeps one
-    encoder output per source (`DecodingState`), so the beams of a source attend to it as one batch row."""
-    if key_value_states is None or key_value_states.shape[0] == hidden_states.shape[0]:
-        return 1
-    if hidden_states.shape[0] % key_value_states.shape[0]:
+def fold_beams(
+    queries: torch.Tensor, encoder_output: torch.Tensor | None, attention_mask: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Cross-attention's queries and padding mask, with the beams of a source side by side.
+
+    Beam search keeps one encoder output per source (`DecodingState`), so `queries` has k rows per encoder row:
+    the k beams of a source attend to the same keys as one batch row. (batch * k, q, d) is (batch, k * q, d) in
+    memory, and a padding mask is the same for every query.
+    """
+    if encoder_output is None or encoder_output.shape[0] == queries.shape[0]:
+        return queries, attention_mask
+    if queries.shape[0] % encoder_output.shape[0]:
         raise ValueError(
-            f"The decoder has {hidden_states.shape[0]} rows but the encoder output has {key_value_states.shape[0]}:"
+            f"The decoder has {queries.shape[0]} rows but the encoder output has {encoder_output.shape[0]}:"
             " give one encoder output per decoder row, or the same number of decoder rows for every source "
             "(beam search's layout, rows of one source next to each other)."
         )
-    return hidden_states.shape[0] // key_value_states.shape[0]
+    rows_per_source = queries.shape[0] // encoder_output.shape[0]
+    queries = queries.reshape(-1, rows_per_source * queries.shape[1], queries.shape[-1])
+    if attention_mask is not None and attention_mask.dim() == 4:
+        attention_mask = attention_mask[:, :, :1]
+    return queries, attention_mask
+
+
+def unfold_beams(attention_weights: torch.Tensor | None, query_shape: torch.Size) -> torch.Tensor | None:
+    """Attention weights computed on `fold_beams`' layout, back to one row per beam: (batch * k, h, q, keys)."""
+    if attention_weights is None or attention_weights.shape[0] == query_shape[0]:
+        return attention_weights
+    batch, heads, _, keys = attention_weights.shape
+    attention_weights = attention_weights.view(batch, heads, -1, *query_shape[1:], keys).transpose(1, 2)
+    return attention_weights.reshape(*query_shape[:1], heads, *query_shape[1:], keys)
 
 
 def gnmt_length_penalty(length: int | float | torch.Tensor, alpha: float) -> float | torch.Tensor:

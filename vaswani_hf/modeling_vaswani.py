@@ -6,7 +6,8 @@ interface, `EncoderDecoderCache`, masking utilities, output capturing); the nume
 residual blocks without a final stack norm, interleaved sinusoids, embeddings scaled by sqrt(d_model) and shared
 three ways, beam search with GNMT's length penalty and a per-example output limit of source length + 50.
 
-This file is also shipped as Hub remote code: it imports only torch, transformers and `configuration_vaswani`.
+This file is also shipped as Hub remote code: it imports only torch, transformers and the package's other remote-code
+files (configuration, generation, pipeline, validation).
 """
 
 from __future__ import annotations
@@ -37,9 +38,9 @@ from transformers.utils.generic import merge_with_config_defaults
 from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 
 from .configuration_vaswani import VaswaniConfig
-from .generation_vaswani import PAPER_GENERATION_DEFAULTS, VaswaniGenerationMixin, beams_per_source
+from .generation_vaswani import PAPER_GENERATION_DEFAULTS, VaswaniGenerationMixin, fold_beams, unfold_beams
 from .pipeline_vaswani import VaswaniRemoteCodeMixin
-from .validation_vaswani import check_inputs, check_labels
+from .validation_vaswani import check_labels, check_source, check_target
 
 
 class VaswaniFusedLinear(nn.Linear):
@@ -110,13 +111,7 @@ class VaswaniMultiHeadAttention(nn.Module):
                 )
                 key, value = cache.update(key, value, self.layer_idx)
         else:
-            rows_per_source = beams_per_source(hidden_states, key_value_states)
-            if rows_per_source > 1:
-                # Beam search: the k beams of a source attend to the same encoder output. Attend once per source,
-                # with the beams' queries side by side: (batch * k, q, d) is (batch, k * q, d) in memory.
-                hidden_states = hidden_states.reshape(-1, rows_per_source * input_shape[1], hidden_states.shape[-1])
-                if attention_mask is not None and attention_mask.dim() == 4:
-                    attention_mask = attention_mask[:, :, :1]  # a padding mask: the same for every query
+            hidden_states, attention_mask = fold_beams(hidden_states, key_value_states, attention_mask)
             (query,) = self._split_heads(self.q_proj(hidden_states), 1)
             cross_cache = past_key_values if isinstance(past_key_values, EncoderDecoderCache) else None
             if cross_cache is not None and cross_cache.is_updated.get(self.layer_idx):
@@ -146,11 +141,7 @@ class VaswaniMultiHeadAttention(nn.Module):
             **kwargs,
         )
         attn_output = attn_output.reshape(*input_shape, -1).to(dtype)
-        if attn_weights is not None and attn_weights.shape[0] != input_shape[0]:  # unfold the beams again
-            batch, heads, _, keys = attn_weights.shape
-            attn_weights = attn_weights.view(batch, heads, -1, *input_shape[1:], keys).transpose(1, 2)
-            attn_weights = attn_weights.reshape(*input_shape[:1], heads, *input_shape[1:], keys)
-        return self.out_proj(attn_output), attn_weights
+        return self.out_proj(attn_output), unfold_beams(attn_weights, input_shape)
 
 
 class VaswaniPositionwiseFeedForward(nn.Module):
@@ -399,18 +390,6 @@ class VaswaniStack(VaswaniPreTrainedModel):
         self.gradient_checkpointing = False
         self.post_init()
 
-    def embed(
-        self,
-        input_ids: torch.LongTensor | None,
-        inputs_embeds: torch.Tensor | None,
-        attention_mask: torch.Tensor | None,
-        names: tuple[str, str, str],
-        check_ids: bool = True,
-    ) -> torch.Tensor:
-        """Token embeddings (or the given `inputs_embeds`), after `check_inputs`."""
-        check_inputs(self, input_ids, inputs_embeds, attention_mask, names, check_ids)
-        return inputs_embeds if inputs_embeds is not None else self.embed_tokens(input_ids)
-
 
 class VaswaniEncoder(VaswaniStack):
     """Section 3.1: the encoder stack of N identical layers over the embedded and position-encoded source."""
@@ -432,9 +411,9 @@ class VaswaniEncoder(VaswaniStack):
         inputs_embeds: torch.Tensor | None = None,
         **kwargs: Unpack[TransformersKwargs],
     ) -> BaseModelOutput:
-        inputs_embeds = self.embed(
-            input_ids, inputs_embeds, attention_mask, ("input_ids", "inputs_embeds", "attention_mask")
-        )
+        check_source(self.config, input_ids, inputs_embeds, attention_mask)
+        if inputs_embeds is None:
+            inputs_embeds = self.embed_tokens(input_ids)
         hidden_states = self.embed_positions(inputs_embeds * self.embed_scale)
         attention_mask = create_bidirectional_mask(
             config=self.config, inputs_embeds=inputs_embeds, attention_mask=attention_mask
@@ -472,25 +451,12 @@ class VaswaniDecoder(VaswaniStack):
         use_cache: bool | None = None,
         **kwargs: Unpack[TransformersKwargs],
     ) -> BaseModelOutputWithPastAndCrossAttentions:
-        if input_ids is None and inputs_embeds is None:
-            raise ValueError(
-                "VaswaniDecoder: no `decoder_input_ids`: give them (or `decoder_inputs_embeds`), or give `labels` to "
-                "VaswaniForConditionalGeneration, which builds them. To translate, call `generate()`."
-            )
         if use_cache and past_key_values is None:
             past_key_values = EncoderDecoderCache(DynamicCache(config=self.config), DynamicCache(config=self.config))
         past_length = past_key_values.get_seq_length() if past_key_values is not None else 0
-        # Check once, on the prompt: generated ids come from the model's vocabulary, and with a cache the mask
-        # also covers the past.
-        compiling = torch.compiler.is_compiling() or torch.compiler.is_exporting()
-        first_step = not compiling and int(past_length) == 0
-        inputs_embeds = self.embed(
-            input_ids,
-            inputs_embeds,
-            attention_mask if first_step else None,
-            ("decoder_input_ids", "decoder_inputs_embeds", "decoder_attention_mask"),
-            check_ids=first_step,
-        )
+        check_target(self.config, input_ids, inputs_embeds, attention_mask, past_length)
+        if inputs_embeds is None:
+            inputs_embeds = self.embed_tokens(input_ids)
         hidden_states = self.embed_positions(inputs_embeds * self.embed_scale, start=past_length)
 
         self_attn_cache = (

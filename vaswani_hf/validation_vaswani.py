@@ -2,12 +2,16 @@
 """Checks of the model's inputs: a bad id, mask shape or dtype gets a ValueError naming the argument and the fix,
 instead of an index error deep inside torch (or a CUDA device-side assert).
 
-Shipped as Hub remote code beside the modeling file: it imports only torch."""
+Shipped as Hub remote code beside the modeling file: it imports only torch (and the config, for type hints)."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
-from torch import nn
+
+if TYPE_CHECKING:
+    from .configuration_vaswani import VaswaniConfig
 
 
 def _tracing() -> bool:
@@ -15,20 +19,51 @@ def _tracing() -> bool:
     return torch.compiler.is_compiling() or torch.compiler.is_exporting()
 
 
-def check_inputs(
-    stack: nn.Module,
+def check_source(
+    config: VaswaniConfig,
     input_ids: torch.Tensor | None,
     inputs_embeds: torch.Tensor | None,
     attention_mask: torch.Tensor | None,
-    names: tuple[str, str, str],
-    check_ids: bool = True,
 ) -> None:
-    """One stack's inputs: exactly one of ids or embeddings, a non-empty (batch, length[, d_model]) shape, a mask of
-    the same (batch, length), integer ids inside the vocabulary (unless `check_ids` is False: generated ids come
-    from the model's own vocabulary). `names` are the argument names the caller knows them by."""
+    """The encoder's inputs, checked once per call of the encoder (by `forward()` or by `generate()`)."""
+    names = ("input_ids", "inputs_embeds", "attention_mask")
+    _check_stack(config, "VaswaniEncoder", names, input_ids, inputs_embeds, attention_mask, check_ids=True)
+
+
+def check_target(
+    config: VaswaniConfig,
+    input_ids: torch.Tensor | None,
+    inputs_embeds: torch.Tensor | None,
+    attention_mask: torch.Tensor | None,
+    past_length: int | torch.Tensor,
+) -> None:
+    """The decoder's inputs. Ids and mask are checked on the prompt only (`past_length` 0): later ids come from the
+    model's own vocabulary, and with a cache the mask also covers the past, so one generate() call checks once."""
+    if input_ids is None and inputs_embeds is None:
+        raise ValueError(
+            "VaswaniDecoder: no `decoder_input_ids`: give them (or `decoder_inputs_embeds`), or give `labels` to "
+            "VaswaniForConditionalGeneration, which builds them. To translate, call `generate()`."
+        )
+    first_step = not _tracing() and int(past_length) == 0
+    names = ("decoder_input_ids", "decoder_inputs_embeds", "decoder_attention_mask")
+    mask = attention_mask if first_step else None
+    _check_stack(config, "VaswaniDecoder", names, input_ids, inputs_embeds, mask, check_ids=first_step)
+
+
+def _check_stack(
+    config: VaswaniConfig,
+    stack: str,
+    names: tuple[str, str, str],
+    input_ids: torch.Tensor | None,
+    inputs_embeds: torch.Tensor | None,
+    attention_mask: torch.Tensor | None,
+    check_ids: bool,
+) -> None:
+    """Exactly one of ids or embeddings, a non-empty (batch, length[, d_model]) shape, a mask of the same
+    (batch, length), integer ids inside the vocabulary. `names` are the argument names the caller knows them by."""
     ids_name, embeds_name, mask_name = names
     if (input_ids is None) == (inputs_embeds is None):
-        raise ValueError(f"{type(stack).__name__}: give exactly one of `{ids_name}` or `{embeds_name}`.")
+        raise ValueError(f"{stack}: give exactly one of `{ids_name}` or `{embeds_name}`.")
     given, name = (input_ids, ids_name) if input_ids is not None else (inputs_embeds, embeds_name)
     shape = tuple(given.shape[:2])
     expected = "(batch, length)" if input_ids is not None else "(batch, length, d_model)"
@@ -47,7 +82,7 @@ def check_inputs(
         return
     if input_ids.dtype.is_floating_point or input_ids.dtype == torch.bool or input_ids.is_complex():
         raise ValueError(f"`{ids_name}` must hold integer token ids, got dtype {input_ids.dtype}: use .long().")
-    vocab_size = stack.config.vocab_size
+    vocab_size = config.vocab_size
     if check_ids and not _tracing():
         low, high = torch.stack(torch.aminmax(input_ids)).tolist()  # one device sync, not two
         if low < 0 or high >= vocab_size:
