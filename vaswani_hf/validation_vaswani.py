@@ -27,7 +27,7 @@ def check_source(
 ) -> None:
     """The encoder's inputs, checked once per call of the encoder (by `forward()` or by `generate()`)."""
     names = ("input_ids", "inputs_embeds", "attention_mask")
-    _check_stack(config, "VaswaniEncoder", names, input_ids, inputs_embeds, attention_mask, check_ids=True)
+    _check_stack(config, "VaswaniEncoder", names, input_ids, inputs_embeds, attention_mask)
 
 
 def check_target(
@@ -37,17 +37,19 @@ def check_target(
     attention_mask: torch.Tensor | None,
     past_length: int | torch.Tensor,
 ) -> None:
-    """The decoder's inputs. Ids and mask are checked on the prompt only (`past_length` 0): later ids come from the
-    model's own vocabulary, and with a cache the mask also covers the past, so one generate() call checks once."""
+    """The decoder's inputs, checked on the prompt only (`past_length` 0): later steps feed ids the model generated
+    and a mask that also covers the cached past, so one generate() call checks once and its decode steps not at all."""
     if input_ids is None and inputs_embeds is None:
         raise ValueError(
             "VaswaniDecoder: no `decoder_input_ids`: give them (or `decoder_inputs_embeds`), or give `labels` to "
             "VaswaniForConditionalGeneration, which builds them. To translate, call `generate()`."
         )
-    first_step = not _tracing() and int(past_length) == 0
+    tracing = _tracing()
+    if not tracing and int(past_length) != 0:
+        return  # an eager decode step
     names = ("decoder_input_ids", "decoder_inputs_embeds", "decoder_attention_mask")
-    mask = attention_mask if first_step else None
-    _check_stack(config, "VaswaniDecoder", names, input_ids, inputs_embeds, mask, check_ids=first_step)
+    # torch.compile traces every step alike: check the structure there, not the mask (it may cover a cached past)
+    _check_stack(config, "VaswaniDecoder", names, input_ids, inputs_embeds, None if tracing else attention_mask)
 
 
 def _check_stack(
@@ -57,7 +59,6 @@ def _check_stack(
     input_ids: torch.Tensor | None,
     inputs_embeds: torch.Tensor | None,
     attention_mask: torch.Tensor | None,
-    check_ids: bool,
 ) -> None:
     """Exactly one of ids or embeddings, a non-empty (batch, length[, d_model]) shape, a mask of the same
     (batch, length), integer ids inside the vocabulary. `names` are the argument names the caller knows them by."""
@@ -83,7 +84,7 @@ def _check_stack(
     if input_ids.dtype.is_floating_point or input_ids.dtype == torch.bool or input_ids.is_complex():
         raise ValueError(f"`{ids_name}` must hold integer token ids, got dtype {input_ids.dtype}: use .long().")
     vocab_size = config.vocab_size
-    if check_ids and not _tracing():
+    if not _tracing():
         low, high = torch.stack(torch.aminmax(input_ids)).tolist()  # one device sync, not two
         if low < 0 or high >= vocab_size:
             raise ValueError(
