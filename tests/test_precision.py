@@ -82,6 +82,8 @@ def cpu(request, monkeypatch):
     """The three kinds of CPU the project runs on: AVX2 only, AVX512-BF16 (AMD Zen 4), AMX-BF16 (Sapphire Rapids)."""
     monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: request.param == "amx")
     monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: request.param != "none")
+    for variable in ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA"):  # an emulation run's caps would change the pick
+        monkeypatch.delenv(variable, raising=False)
     return request.param
 
 
@@ -100,6 +102,22 @@ def test_bf16_without_native_support_is_refused_with_the_alternative(cpu):
         resolve_precision("bf16", "cpu")
     with pytest.raises(ValueError, match=r"--precision fp32 \(or auto, which picks it\)\.$"):
         resolve_precision("bf16", "cpu", training=True)
+
+
+@pytest.mark.parametrize("variable", ["ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA"])
+def test_a_onednn_cap_below_bf16_counts_as_no_native_bf16(cpu, variable, monkeypatch):
+    """ONEDNN_MAX_CPU_ISA=AVX2 makes torch emulate bf16 even on an AMX CPU (10x slower than fp32, measured)."""
+    monkeypatch.setenv(variable, "avx2")
+    assert resolve_precision("auto", "cpu").name == "fp32"
+    assert "ONEDNN_MAX_CPU_ISA=AVX2" in resolve_precision("auto", "cpu").reason
+    with pytest.raises(ValueError, match=r"neither AMX-BF16 nor AVX512-BF16 enabled \(ONEDNN_MAX_CPU_ISA=AVX2\)"):
+        resolve_precision("bf16", "cpu")
+    monkeypatch.setenv(variable, "AVX512_CORE_BF16")  # allows the AVX512-BF16 instructions, not AMX
+    choice = resolve_precision("auto", "cpu")
+    assert choice.name == ("fp32" if cpu == "none" else "bf16")
+    assert cpu == "none" or choice.reason == "auto: this CPU has AVX512-BF16"
+    monkeypatch.setenv(variable, "ALL")
+    assert resolve_precision("auto", "cpu").reason.endswith("AMX-BF16" if cpu == "amx" else "AVX512-BF16")
 
 
 def test_int8_is_for_cpu_inference_only():

@@ -6,7 +6,8 @@ Measured on the base preset, 2 threads (`benchmarks/compare_marian.py`; figures 
 - **bf16 is fast only where the CPU has native bf16 instructions** (AMX-BF16 on Intel Sapphire Rapids and later,
   AVX512-BF16 on AMD Zen 4 and Intel Cooper Lake) **or on a CUDA GPU with bf16**. On an AVX2-only CPU, torch
   emulates bf16 and a training step took 41.3 s against 1.38 s in fp32 (0.03x): there `bf16` is refused with the
-  missing feature named, and `auto` picks fp32.
+  missing feature named, and `auto` picks fp32. A oneDNN cap (`ONEDNN_MAX_CPU_ISA=AVX2`) counts as such a CPU:
+  torch then emulates bf16 matrix products whatever the hardware has.
 - **bf16 training on CPU** keeps the model itself in bf16 (weights, activations, gradients: every matrix product runs
   on the bf16 kernels, no casts), while `MasterWeightAdamW` keeps fp32 master copies of the weights and Adam's
   moments, so small updates are not lost to bf16 rounding (Micikevicius et al., 2018). The loss is computed in fp32
@@ -37,6 +38,7 @@ Training with bf16 weights by hand:
 from __future__ import annotations
 
 import copy
+import os
 import platform
 import warnings
 from collections.abc import Callable, Iterable
@@ -66,11 +68,24 @@ def native_bf16(device: str | torch.device = "cpu") -> str | None:
         return f"{torch.cuda.get_device_name(device)} supports bf16" if torch.cuda.is_bf16_supported() else None
     if device.type != "cpu":
         return None
-    if torch.cpu._is_amx_tile_supported():
+    # torch's bf16 matrix products run on oneDNN; an instruction-set cap there emulates bf16 whatever the CPU has
+    # (a bf16 linear layer measured 10x slower than fp32 under ONEDNN_MAX_CPU_ISA=AVX2 on an AVX512-BF16 CPU).
+    cap = onednn_isa_cap()
+    amx_allowed = cap is None or "AMX" in cap
+    bf16_allowed = amx_allowed or cap.startswith(("AVX512_CORE_BF16", "AVX512_CORE_FP16", "AVX10"))
+    if torch.cpu._is_amx_tile_supported() and amx_allowed:
         return "this CPU has AMX-BF16"
-    if torch.cpu._is_avx512_bf16_supported():
+    if torch.cpu._is_avx512_bf16_supported() and bf16_allowed:
         return "this CPU has AVX512-BF16"
     return None
+
+
+def onednn_isa_cap() -> str | None:
+    """The instruction set oneDNN is limited to by `ONEDNN_MAX_CPU_ISA` (or its old name `DNNL_MAX_CPU_ISA`), e.g.
+    `AVX2` to emulate a CPU without AVX-512; None when it is not limited."""
+    value = os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA") or ""
+    value = value.strip().upper()
+    return None if value in ("", "ALL", "DEFAULT") else value
 
 
 @dataclass(frozen=True)
@@ -106,19 +121,18 @@ def resolve_precision(requested: str, device: str | torch.device = "cpu", traini
             raise ValueError(f"--precision int8 quantizes for CPU serving; on {where} use --precision bf16 or fp32.")
         return Precision("int8", "asked for: dynamic int8 quantization of the linear layers")
     native = native_bf16(device)
-    if requested == "bf16":
-        if native is None:
-            missing = "neither AMX-BF16 nor AVX512-BF16" if device.type == "cpu" else "no bf16 support"
-            raise ValueError(
-                f"--precision bf16: {where} has {missing}, so bf16 is emulated there and runs many times slower "
-                "than fp32 (a training step measured 30x slower on an AVX2-only CPU). Use --precision fp32 (or "
-                "auto, which picks it)" + ("" if training else ", or int8 for faster CPU inference") + "."
-            )
-        return Precision("bf16", f"asked for; {native}")
     if native is not None:
-        return Precision("bf16", f"auto: {native}")
-    return Precision("fp32", f"auto: {where} has no native bf16" + ("" if device.type != "cpu" else
-                     " (AMX-BF16 or AVX512-BF16)"))  # fmt: skip
+        return Precision("bf16", f"{'auto' if requested == 'auto' else 'asked for'}: {native}")
+    missing = "neither AMX-BF16 nor AVX512-BF16" if device.type == "cpu" else "no bf16 support"
+    if device.type == "cpu" and onednn_isa_cap():
+        missing += f" enabled (ONEDNN_MAX_CPU_ISA={onednn_isa_cap()})"
+    if requested == "bf16":
+        raise ValueError(
+            f"--precision bf16: {where} has {missing}, so bf16 is emulated there and runs many times slower "
+            "than fp32 (a training step measured 30x slower on an AVX2-only CPU). Use --precision fp32 (or "
+            "auto, which picks it)" + ("" if training else ", or int8 for faster CPU inference") + "."
+        )
+    return Precision("fp32", f"auto: {where} has {missing}")
 
 
 def quantize_int8(model: torch.nn.Module) -> torch.nn.Module:
