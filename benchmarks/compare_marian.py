@@ -31,6 +31,12 @@ chart beside it.
     python benchmarks/compare_marian.py --preset small --rounds 5  # ~3 min
     python benchmarks/compare_marian.py --preset base --cases greedy-b1 beam4-b1 beam4-b16 --precisions \
         --ctranslate2 --no-memory --out benchmarks/results/precision_base_<cpu>.md  # the precision table, ~15 min
+
+An AVX2-only CPU is emulated on an AVX-512 one by limiting every kernel library to AVX2 (the report's machine line
+names the limits; `auto` then picks fp32, as on such a CPU):
+
+    ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2 FBGEMM_ENABLE_INSTRUCTIONS=AVX2 \
+        CT2_FORCE_CPU_ISA=AVX2 python benchmarks/compare_marian.py ...
 """
 
 from __future__ import annotations
@@ -397,6 +403,9 @@ def peak_rss(args, model_name: str, case: str) -> float | None:
 
 # the CPU features that decide which kernels (and so which precisions) are fast
 CPU_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_bf16", "amx_int8")
+# what limits the kernels below the hardware: how an AVX2-only CPU is emulated on an AVX-512 one (all five = AVX2)
+ISA_LIMITS = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS", "FBGEMM_ENABLE_INSTRUCTIONS",
+              "CT2_FORCE_CPU_ISA")  # fmt: skip
 
 
 def machine() -> str:
@@ -412,6 +421,8 @@ def machine() -> str:
                 break
 
     present = " ".join(flag for flag in CPU_FLAGS if flag in flags) or "none of " + " ".join(CPU_FLAGS)
+    limits = " ".join(f"{name}={os.environ[name]}" for name in ISA_LIMITS if os.environ.get(name))
+    present += f"; limited by {limits}" if limits else ""
     return (f"{cpu_name()} [{present}], {torch.get_num_threads()} threads, torch {torch.__version__} "
             f"({torch.backends.cpu.get_cpu_capability()}), transformers {transformers.__version__}, "
             f"Python {platform.python_version()}")  # fmt: skip
