@@ -271,13 +271,14 @@ def contenders_for(case: str, args, marian, vaswani, extras: dict) -> list[Conte
 
 def precision_models(args, vaswani) -> tuple[dict, list[str]]:
     """The inference precisions of `vaswani_hf.precision` this CPU can run fast, and what was left out and why."""
-    from vaswani_hf.precision import native_bf16, quantize_int8
+    from vaswani_hf.precision import native_bf16, quantize_int8, resolve_precision
 
     models, notes = {"int8 (torch dynamic)": quantize_int8(vaswani)}, []
     if native_bf16("cpu"):
         models["bf16"] = copy.deepcopy(vaswani).to(torch.bfloat16)
-    else:
-        notes.append("no Vaswani bf16 row: this CPU has neither AMX-BF16 nor AVX512-BF16 (bf16 would be emulated)")
+    else:  # the reason names a oneDNN cap when one is set (an emulated AVX2-only CPU)
+        why = resolve_precision("auto", "cpu").reason.removeprefix("auto: ")
+        notes.append(f"no Vaswani bf16 row: {why}, so bf16 would be emulated")
     try:
         from torchao.quantization import Int8DynamicActivationInt8WeightConfig, Int8WeightOnlyConfig, quantize_
     except ImportError:
