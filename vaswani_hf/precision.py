@@ -71,8 +71,9 @@ def native_bf16(device: str | torch.device = "cpu") -> str | None:
     # torch's bf16 matrix products run on oneDNN; an instruction-set cap there emulates bf16 whatever the CPU has
     # (a bf16 linear layer measured 10x slower than fp32 under ONEDNN_MAX_CPU_ISA=AVX2 on an AVX512-BF16 CPU).
     cap = onednn_isa_cap()
-    amx_allowed = cap is None or "AMX" in cap
-    bf16_allowed = amx_allowed or cap.startswith(("AVX512_CORE_BF16", "AVX512_CORE_FP16", "AVX10"))
+    isa = cap.split("=", 1)[1] if cap else None
+    amx_allowed = isa is None or "AMX" in isa
+    bf16_allowed = amx_allowed or isa.startswith(("AVX512_CORE_BF16", "AVX512_CORE_FP16", "AVX10"))
     if torch.cpu._is_amx_tile_supported() and amx_allowed:
         return "this CPU has AMX-BF16"
     if torch.cpu._is_avx512_bf16_supported() and bf16_allowed:
@@ -81,11 +82,13 @@ def native_bf16(device: str | torch.device = "cpu") -> str | None:
 
 
 def onednn_isa_cap() -> str | None:
-    """The instruction set oneDNN is limited to by `ONEDNN_MAX_CPU_ISA` (or its old name `DNNL_MAX_CPU_ISA`), e.g.
-    `AVX2` to emulate a CPU without AVX-512; None when it is not limited."""
-    value = os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA") or ""
-    value = value.strip().upper()
-    return None if value in ("", "ALL", "DEFAULT") else value
+    """The setting that limits oneDNN's instruction set, as `NAME=ISA` (`ONEDNN_MAX_CPU_ISA` or its old name
+    `DNNL_MAX_CPU_ISA`; e.g. `ONEDNN_MAX_CPU_ISA=AVX2` emulates a CPU without AVX-512), or None when none does."""
+    for name in ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA"):
+        value = os.environ.get(name, "").strip().upper()
+        if value:
+            return None if value in ("ALL", "DEFAULT") else f"{name}={value}"
+    return None
 
 
 @dataclass(frozen=True)
@@ -124,8 +127,8 @@ def resolve_precision(requested: str, device: str | torch.device = "cpu", traini
     if native is not None:
         return Precision("bf16", f"{'auto' if requested == 'auto' else 'asked for'}: {native}")
     missing = "neither AMX-BF16 nor AVX512-BF16" if device.type == "cpu" else "no bf16 support"
-    if device.type == "cpu" and onednn_isa_cap():
-        missing += f" enabled (ONEDNN_MAX_CPU_ISA={onednn_isa_cap()})"
+    cap = onednn_isa_cap() if device.type == "cpu" else None
+    missing += f" enabled ({cap})" if cap else ""
     if requested == "bf16":
         raise ValueError(
             f"--precision bf16: {where} has {missing}, so bf16 is emulated there and runs many times slower "
