@@ -271,14 +271,14 @@ def contenders_for(case: str, args, marian, vaswani, extras: dict) -> list[Conte
 
 def precision_models(args, vaswani) -> tuple[dict, list[str]]:
     """The inference precisions of `vaswani_hf.precision` this CPU can run fast, and what was left out and why."""
-    from vaswani_hf.precision import native_bf16, quantize_int8, resolve_precision
+    from vaswani_hf.precision import quantize_int8, resolve_precision
 
     models, notes = {"int8 (torch dynamic)": quantize_int8(vaswani)}, []
-    if native_bf16("cpu"):
+    auto = resolve_precision("auto", "cpu")  # its reason names a oneDNN cap when one is set (emulated AVX2)
+    if auto.name == "bf16":
         models["bf16"] = copy.deepcopy(vaswani).to(torch.bfloat16)
-    else:  # the reason names a oneDNN cap when one is set (an emulated AVX2-only CPU)
-        why = resolve_precision("auto", "cpu").reason.removeprefix("auto: ")
-        notes.append(f"no Vaswani bf16 row: {why}, so bf16 would be emulated")
+    else:
+        notes.append(f"no Vaswani bf16 row: {auto.reason.removeprefix('auto: ')}, so bf16 would be emulated")
     try:
         from torchao.quantization import Int8DynamicActivationInt8WeightConfig, Int8WeightOnlyConfig, quantize_
     except ImportError:
@@ -405,8 +405,8 @@ def peak_rss(args, model_name: str, case: str) -> float | None:
 # the CPU features that decide which kernels (and so which precisions) are fast
 CPU_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_bf16", "amx_int8")
 # what limits the kernels below the hardware: how an AVX2-only CPU is emulated on an AVX-512 one (all five = AVX2)
-ISA_LIMITS = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS", "FBGEMM_ENABLE_INSTRUCTIONS",
-              "CT2_FORCE_CPU_ISA")  # fmt: skip
+ISA_LIMITS = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS",
+              "FBGEMM_ENABLE_INSTRUCTIONS", "CT2_FORCE_CPU_ISA")  # fmt: skip
 
 
 def machine() -> str:

@@ -71,9 +71,8 @@ def native_bf16(device: str | torch.device = "cpu") -> str | None:
     # torch's bf16 matrix products run on oneDNN; an instruction-set cap there emulates bf16 whatever the CPU has
     # (a bf16 linear layer measured 10x slower than fp32 under ONEDNN_MAX_CPU_ISA=AVX2 on an AVX512-BF16 CPU).
     cap = onednn_isa_cap()
-    isa = cap.split("=", 1)[1] if cap else None
-    amx_allowed = isa is None or "AMX" in isa
-    bf16_allowed = amx_allowed or isa.startswith(("AVX512_CORE_BF16", "AVX512_CORE_FP16", "AVX10"))
+    amx_allowed = cap is None or "AMX" in cap[1]
+    bf16_allowed = amx_allowed or cap[1].startswith(("AVX512_CORE_BF16", "AVX512_CORE_FP16", "AVX10"))
     if torch.cpu._is_amx_tile_supported() and amx_allowed:
         return "this CPU has AMX-BF16"
     if torch.cpu._is_avx512_bf16_supported() and bf16_allowed:
@@ -81,13 +80,13 @@ def native_bf16(device: str | torch.device = "cpu") -> str | None:
     return None
 
 
-def onednn_isa_cap() -> str | None:
-    """The setting that limits oneDNN's instruction set, as `NAME=ISA` (`ONEDNN_MAX_CPU_ISA` or its old name
-    `DNNL_MAX_CPU_ISA`; e.g. `ONEDNN_MAX_CPU_ISA=AVX2` emulates a CPU without AVX-512), or None when none does."""
+def onednn_isa_cap() -> tuple[str, str] | None:
+    """The variable that limits oneDNN's instruction set and its value, e.g. `("ONEDNN_MAX_CPU_ISA", "AVX2")` (or the
+    old name `DNNL_MAX_CPU_ISA`), which emulates a CPU without AVX-512; None when none does."""
     for name in ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA"):
         value = os.environ.get(name, "").strip().upper()
         if value:
-            return None if value in ("ALL", "DEFAULT") else f"{name}={value}"
+            return None if value in ("ALL", "DEFAULT") else (name, value)
     return None
 
 
@@ -128,7 +127,7 @@ def resolve_precision(requested: str, device: str | torch.device = "cpu", traini
         return Precision("bf16", f"{'auto' if requested == 'auto' else 'asked for'}: {native}")
     missing = "neither AMX-BF16 nor AVX512-BF16" if device.type == "cpu" else "no bf16 support"
     cap = onednn_isa_cap() if device.type == "cpu" else None
-    missing += f" enabled ({cap})" if cap else ""
+    missing += f" enabled ({cap[0]}={cap[1]})" if cap else ""
     if requested == "bf16":
         raise ValueError(
             f"--precision bf16: {where} has {missing}, so bf16 is emulated there and runs many times slower "
