@@ -72,7 +72,8 @@ def run_row(name: str, data: Path, workdir: Path) -> dict:
     out = workdir / name
     resume = any(out.glob("checkpoint-*"))
     command = [sys.executable, "-m", "vaswani_hf.cli", "train", "--data", str(data), "--src", "en", "--tgt", "de",
-               "--eval_split", "val", "--preset", "small", "--vocab_size", "8000", "--max_tokens", str(MAX_TOKENS),
+               "--eval_split", "val", "--preset", "small", "--vocab_size", "8000", "--no_split_punctuation",
+               "--max_tokens", str(MAX_TOKENS),
                "--max_steps", str(STEPS), "--warmup_steps", str(WARMUP), "--lr_scale", str(LR_SCALE),
                "--label_smoothing", str(smoothing), "--average_last", "0", "--save_strategy", "steps",
                "--save_steps", "300", "--save_total_limit", "1", "--eval_strategy", "no",

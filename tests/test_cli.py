@@ -47,9 +47,11 @@ def test_train_on_a_data_folder_and_evaluate(tmp_path, trained):
     for split, numbers in (("train", range(1, 200)), ("val", range(200, 220))):
         (data / f"{split}.en").write_text("\n".join(english(n) for n in numbers) + "\n", encoding="utf-8")
         (data / f"{split}.de").write_text("\n".join(german(n) for n in numbers) + "\n", encoding="utf-8")
-    result = vaswani("train", "--data", str(data), *TINY_RUN, "--output_dir", str(tmp_path / "m"))
+    result = vaswani(
+        "train", "--data", str(data), *TINY_RUN, "--bpe_dropout", "0.1", "--output_dir", str(tmp_path / "m")
+    )
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "BLEU" in result.stdout
+    assert "BLEU" in result.stdout and "199 training pairs" in result.stdout
     result = vaswani("evaluate", str(trained[0]), "--data", str(data), "--split", "val", "--batch-size", "64",
                      "--precision", "int8")  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]

@@ -97,6 +97,55 @@ def test_trainer_feeds_token_budget_batches(tokenizer, tmp_path):
     assert sum(len(b) for b in trainer.token_sampler) == len(trainer.train_dataset)
 
 
+# --- section 5.1: the shared BPE vocabulary -------------------------------------------------------------------
+
+TRICKY = ['Ein Mann (im T-Shirt) sagt: "Hallo!" ... geht\'s?', "two  spaces, tab\tand\u00e4 umlaut.", "a,b"]
+
+
+@pytest.mark.parametrize("split", [True, False])
+def test_decoding_gives_back_the_text_exactly(split):
+    tokenizer = train_shared_bpe(TRICKY * 20, vocab_size=200, split_punctuation=split)
+    for text in TRICKY:
+        assert tokenizer.decode(tokenizer(text)["input_ids"], skip_special_tokens=True) == text
+
+
+def test_punctuation_gets_vocabulary_entries_of_its_own():
+    texts = ["Ein Mann spielt Gitarre.", "Eine Frau, ein Mann."] * 50
+    marked = {split: [t for t in train_shared_bpe(texts, 200, split_punctuation=split).get_vocab()
+                      if len(t.strip("\u2581")) > 1 and t[-1] in ".,"] for split in (True, False)}  # fmt: skip
+    assert marked[True] == [] and "\u2581Gitarre." in marked[False]
+
+
+def test_bpe_dropout_resegments_every_draw_and_keeps_the_text(tokenizer):
+    from vaswani_hf.tokenization import BPEDropoutPairs
+
+    pairs = PAIRS["train"][:20]
+    plain = tokenizer([s for s, _ in pairs], text_target=[t for _, t in pairs])
+    almost_off = BPEDropoutPairs(pairs, tokenizer, 1e-9)
+    assert [almost_off[i]["input_ids"] for i in range(20)] == plain["input_ids"]
+    assert [almost_off[i]["labels"] for i in range(20)] == plain["labels"]
+    dropped = BPEDropoutPairs(pairs, tokenizer, 0.5)
+    draws = [dropped[0]["labels"] for _ in range(10)]
+    assert len({tuple(d) for d in draws}) > 1 and max(map(len, draws)) > len(plain["labels"][0])
+    assert {tokenizer.decode(d, skip_special_tokens=True) for d in draws} == {pairs[0][1]}
+    assert tokenizer.decode(tokenizer(pairs[0][1])["input_ids"]) == tokenizer.decode(almost_off[0]["labels"])
+
+
+def test_bpe_dropout_trains_on_every_kept_pair_and_refuses_bad_settings(tokenizer, tmp_path):
+    from vaswani_hf.tokenization import BPEDropoutPairs
+
+    args = {"output_dir": str(tmp_path), "max_tokens": 160, "report_to": "none", "use_cpu": True}
+    trainer = build_trainer(PAIRS, DataArguments(max_length=64, bpe_dropout=0.1), ModelArguments(preset="tiny"),
+                            VaswaniTrainingArguments(**args), tokenizer)  # fmt: skip
+    assert isinstance(trainer.train_dataset, BPEDropoutPairs) and len(trainer.train_dataset) == len(PAIRS["train"])
+    batches = list(trainer.get_train_dataloader())
+    assert sum(len(b["input_ids"]) for b in batches) == len(PAIRS["train"])
+    with pytest.raises(ValueError, match=r"--bpe_dropout=1.0: .* must lie in \(0, 1\)"):
+        BPEDropoutPairs(PAIRS["train"], tokenizer, 1.0)
+    with pytest.raises(ValueError, match="--bpe_dropout needs a BPE tokenizer"):
+        BPEDropoutPairs(PAIRS["train"], object(), 0.1)  # e.g. a fine-tuned Marian checkpoint's SentencePiece
+
+
 # --- gradient accumulation ----------------------------------------------------------------------------------
 
 
@@ -169,7 +218,7 @@ class Crash(TrainerCallback):
 
 def test_resume_after_an_interruption_reaches_the_same_weights(tokenizer, tmp_path):
     """Token-budget batches, dropout and Adam state: an interrupted + resumed run equals an uninterrupted one."""
-    settings = {"max_steps": 6, "save_strategy": "steps", "save_steps": 3, "max_tokens": 400}
+    settings = {"max_steps": 6, "save_strategy": "steps", "save_steps": 3, "max_tokens": 500}
     whole = make_trainer(tokenizer, tmp_path / "whole", **settings)
     train(whole)
     interrupted = make_trainer(tokenizer, tmp_path / "cut", [Crash()], **settings)

@@ -7,19 +7,29 @@ decoding give back the text exactly (spaces included).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-from transformers import PreTrainedTokenizerFast
+from torch.utils.data import Dataset
+from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 SPECIAL_TOKENS = ["<pad>", "<s>", "</s>", "<unk>"]
 
 
-def train_shared_bpe(texts: Iterable[str], vocab_size: int = 37000, model_max_length: int = 1024):
+def train_shared_bpe(
+    texts: Iterable[str], vocab_size: int = 37000, model_max_length: int = 1024, split_punctuation: bool = True
+) -> PreTrainedTokenizerFast:
     """Train a BPE vocabulary on source and target text together; returns a `PreTrainedTokenizerFast` that
-    appends </s> to every sequence and saves beside the model (`AutoTokenizer` reloads it)."""
+    appends </s> to every sequence and saves beside the model (`AutoTokenizer` reloads it).
+
+    `split_punctuation` makes every punctuation mark a pre-token of its own, as the paper's subword pipeline did
+    (tensor2tensor splits text wherever alphanumeric and other characters meet; Moses-tokenized text does the
+    same), so "Gitarre," and "Gitarre" share one entry instead of spending the vocabulary on word+mark pairs: on
+    Multi30k, 1,136 of 8,000 entries without it. Decoding stays exact, since no space is added."""
     tokenizer = Tokenizer(models.BPE(unk_token="<unk>"))
-    tokenizer.pre_tokenizer = pre_tokenizers.Metaspace()
+    words = pre_tokenizers.Metaspace()
+    punctuation = pre_tokenizers.Punctuation("isolated")
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence([words, punctuation]) if split_punctuation else words
     tokenizer.decoder = decoders.Metaspace()
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS, show_progress=False)
     tokenizer.train_from_iterator(texts, trainer=trainer)
@@ -35,3 +45,32 @@ def train_shared_bpe(texts: Iterable[str], vocab_size: int = 37000, model_max_le
         unk_token="<unk>",
         model_max_length=model_max_length,
     )
+
+
+class BPEDropoutPairs(Dataset):
+    """BPE-dropout (Provilkov et al., 2020): each time a training pair is drawn, both sides are segmented anew with
+    every BPE merge skipped with probability `dropout`, so the model sees a word spelled in several ways. A
+    regulariser for small data; evaluation and the saved tokenizer keep the deterministic segmentation.
+
+    The sampling is tokenizers' own and cannot be seeded: runs with it are not bit-reproducible, and a resumed
+    run draws other segmentations than the interrupted one would have."""
+
+    def __init__(self, pairs: Sequence[tuple[str, str]], tokenizer: PreTrainedTokenizerBase, dropout: float) -> None:
+        if not 0.0 < dropout < 1.0:
+            raise ValueError(f"--bpe_dropout={dropout}: a merge-skipping probability must lie in (0, 1); 0.1 is the "
+                             "value of Provilkov et al. (2020), 0 turns it off.")  # fmt: skip
+        backend = getattr(tokenizer, "backend_tokenizer", None)
+        kind = type(backend.model).__name__ if backend is not None else type(tokenizer).__name__
+        if kind != "BPE":
+            raise ValueError(f"--bpe_dropout needs a BPE tokenizer, but this one is {kind}: drop --bpe_dropout, or "
+                             "train from scratch, which builds a BPE vocabulary.")  # fmt: skip
+        self.pairs = pairs
+        self.tokenizer = Tokenizer.from_str(backend.to_str())  # a copy: the saved tokenizer keeps its merges
+        self.tokenizer.model.dropout = dropout
+
+    def __len__(self) -> int:
+        return len(self.pairs)
+
+    def __getitem__(self, index: int) -> dict[str, list[int]]:
+        source, target = (encoding.ids for encoding in self.tokenizer.encode_batch(list(self.pairs[index])))
+        return {"input_ids": source, "attention_mask": [1] * len(source), "labels": target}

@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass, field
 from functools import partial
 
+import datasets
 import torch
 from torch.optim.lr_scheduler import LambdaLR
 from torch.utils.data import DataLoader
@@ -162,7 +163,9 @@ class VaswaniTrainer(Seq2SeqTrainer):
         if self.train_lengths is None:
             raise ValueError("max_tokens needs the training pairs' lengths: pass train_lengths=(sources, targets).")
         self.token_sampler = TokenBudgetBatchSampler(*self.train_lengths, max_tokens=max_tokens, seed=self.args.seed)
-        dataset = self._remove_unused_columns(self.train_dataset, description="training")
+        dataset = self.train_dataset  # a `datasets.Dataset`, or BPEDropoutPairs whose items are model inputs
+        if isinstance(dataset, datasets.Dataset):
+            dataset = self._remove_unused_columns(dataset, description="training")
         loader = DataLoader(
             dataset,
             batch_sampler=self.token_sampler,
