@@ -72,5 +72,5 @@ class BPEDropoutPairs(Dataset):
         return len(self.pairs)
 
     def __getitem__(self, index: int) -> dict[str, list[int]]:
-        source, target = (encoding.ids for encoding in self.tokenizer.encode_batch(list(self.pairs[index])))
+        source, target = (self.tokenizer.encode(text).ids for text in self.pairs[index])
         return {"input_ids": source, "attention_mask": [1] * len(source), "labels": target}
