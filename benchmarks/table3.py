@@ -63,7 +63,7 @@ ROWS: dict[str, tuple[str, str, float]] = {
     "split-sin": ("beyond", "position_embedding_type=sinusoidal_split", 0.1),
 }
 COLUMNS = ("N", "d_model", "d_ff", "h", "d_k", "d_v", "P_drop", "eps_ls", "train steps", "PPL (dev)", "BLEU (dev)",
-           "params x10^6")  # fmt: skip
+           "params x10^6", "train loss")  # fmt: skip
 
 
 def run_row(name: str, data: Path, workdir: Path) -> dict:
@@ -89,12 +89,17 @@ def run_row(name: str, data: Path, workdir: Path) -> dict:
     with (out / "train.log").open("a") as log:
         subprocess.run(command, check=True, stdout=log, stderr=subprocess.STDOUT)
     facts = json.loads((out / "training_facts.json").read_text())
+    # The last logged training loss (the mean of the last 100 updates, label-smoothed, dropout on) tells a row that
+    # learns slower within the budget from one that overfits: the dev figures alone cannot.
+    history = json.loads((out / "trainer_state.json").read_text())["log_history"]
+    last_loss = next(entry["loss"] for entry in reversed(history) if "loss" in entry)
     model, training, evaluation = facts["model"], facts["training"], facts["evaluation"]
     d_k = model["d_k"]
     result = {"row": name, "group": group, "overrides": overrides, "N": model["encoder_layers"],
               "d_model": model["d_model"], "d_ff": model["d_ff"], "h": model["heads"], "d_k": d_k, "d_v": d_k,
               "P_drop": model["dropout"], "eps_ls": smoothing, "positions": model["positions"], "norm": model["norm"],
-              "train_steps": training["steps"], "ppl": round(math.exp(evaluation["loss"]), 2),
+              "train_steps": training["steps"], "train_loss": round(last_loss, 3),
+              "ppl": round(math.exp(evaluation["loss"]), 2),
               "bleu": evaluation["bleu"], "chrf": evaluation["chrf"], "params": model["parameters"],
               "train_seconds": training["seconds"], "wall_seconds": round(time.time() - started),
               "precision": training["precision"], "machine": machine(),
@@ -110,10 +115,11 @@ def finished() -> dict[str, dict]:
 
 
 def _cell(row: dict, column: str, base: dict | None) -> str:
-    key = {"train steps": "train_steps", "PPL (dev)": "ppl", "BLEU (dev)": "bleu", "params x10^6": "params"}.get(
-        column, column
-    )
-    value = row[key]
+    key = {"train steps": "train_steps", "PPL (dev)": "ppl", "BLEU (dev)": "bleu", "params x10^6": "params",
+           "train loss": "train_loss"}.get(column, column)  # fmt: skip
+    value = row.get(key)
+    if value is None:  # rows finished before the column existed
+        return ""
     if column == "params x10^6":
         return f"{value / 1e6:.2f}"
     # Like the paper, a variation shows only the values that differ from the base row.
@@ -129,7 +135,9 @@ def render() -> None:
     lines = ["# Table 3 at laptop scale: variations on the `small` preset, Multi30k en→de", "",
              f"Each row: {STEPS:,} updates of {MAX_TOKENS:,}-token batches, warmup {WARMUP}, the paper's schedule "
              f"x {LR_SCALE}; dev = `val` (1,014 sentences); BLEU = sacreBLEU, beam 4, alpha 0.6, source + 50, no "
-             "checkpoint averaging; PPL per BPE token (8,000 shared). Empty cells equal the base row. Produced by "
+             "checkpoint averaging; PPL per BPE token (8,000 shared); train loss = the mean label-smoothed training "
+             "loss of the last 100 updates, which tells a row that learns slower within the budget from one that "
+             "overfits. Empty cells equal the base row. Produced by "
              "`python benchmarks/table3.py`; rows not run yet are marked.", "",
              "| | " + " | ".join(COLUMNS) + " | note | minutes | machine |",
              "|---|" + "---:|" * len(COLUMNS) + "---|---:|---|"]  # fmt: skip
