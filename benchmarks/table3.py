@@ -117,9 +117,7 @@ def finished() -> dict[str, dict]:
 def _cell(row: dict, column: str, base: dict | None) -> str:
     key = {"train steps": "train_steps", "PPL (dev)": "ppl", "BLEU (dev)": "bleu", "params x10^6": "params",
            "train loss": "train_loss"}.get(column, column)  # fmt: skip
-    value = row.get(key)
-    if value is None:  # rows finished before the column existed
-        return ""
+    value = row[key]
     if column == "params x10^6":
         return f"{value / 1e6:.2f}"
     # Like the paper, a variation shows only the values that differ from the base row.
