@@ -99,6 +99,7 @@ def test_bf16_on_a_cpu_without_it_is_a_clear_error(trained, monkeypatch, capsys)
 
     monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
     monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # a CPU-only machine, even beside a GPU
     for argv in (["translate", str(trained[0]), "--precision", "bf16"], ["train", "--precision", "bf16"],
                  ["train", "--bf16_weights"]):  # fmt: skip
         assert main(argv) == 2
@@ -157,10 +158,11 @@ def test_score_is_the_forced_decoding_log_probability(trained, tmp_path):
     # against the model's own per-token probabilities, one sentence at a time without padding
     model, tokenizer = load_for_inference(out)
     labels = tokenizer(text_target="einundzwanzig , fünf", return_tensors="pt")["input_ids"]
-    source = tokenizer("twenty-one , five", return_tensors="pt")
+    source = tokenizer("twenty-one , five", return_tensors="pt").to(model.device)
+    labels = labels.to(model.device)
     with torch.no_grad():
         logits = model(**source, labels=labels).logits
-    expected = torch.log_softmax(logits, -1)[0].gather(-1, labels[0][:, None])[:, 0]
+    expected = torch.log_softmax(logits, -1)[0].gather(-1, labels[0][:, None])[:, 0].cpu()
     assert scored[1]["tokens"] == labels.shape[1] and scored[1]["token_strings"][-1] == tokenizer.eos_token
     torch.testing.assert_close(torch.tensor(scored[1]["token_log_probs"]), expected, atol=1e-4, rtol=0)
     assert abs(scored[1]["log_prob"] - float(expected.sum())) < 1e-3

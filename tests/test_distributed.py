@@ -10,6 +10,9 @@ from pathlib import Path
 
 from vaswani_hf.tasks import number_pairs
 
+# These are the CPU (gloo) tests: on a machine with one GPU, two processes would both pick it and NCCL refuses that.
+CPU_ONLY = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -27,8 +30,7 @@ def test_two_process_ddp_run(tmp_path):
                str(free_port()), "-m", "vaswani_hf.cli", "train", "--data", str(data), "--preset", "tiny",
                "--max_steps", "3", "--warmup_steps", "2", "--vocab_size", "120", "--max_tokens", "200",
                "--per_device_eval_batch_size", "8", "--output_dir", str(out), "--disable_tqdm", "true"]  # fmt: skip
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600)
+    result = subprocess.run(command, capture_output=True, text=True, env=CPU_ONLY, timeout=600)
     assert result.returncode == 0, result.stderr[-4000:]
     summaries = [json.loads(line) for line in result.stdout.splitlines() if line.startswith('{"steps"')]
     assert len(summaries) == 1  # printed by the main process only
@@ -43,7 +45,7 @@ def test_two_process_ddp_run(tmp_path):
 def test_fsdp2_shards_trains_and_gathers_on_two_cpu_processes(tmp_path):
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
                str(free_port()), "-m", "tests.fsdp_cpu", str(tmp_path / "saved")]  # fmt: skip
-    result = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"},
+    result = subprocess.run(command, capture_output=True, text=True, env=CPU_ONLY,
                             timeout=600, cwd=Path(__file__).parents[1])  # fmt: skip
     assert result.returncode == 0, result.stderr[-4000:]
     assert "FSDP2 OK: 4 units, 2 processes" in result.stdout
@@ -60,7 +62,7 @@ def test_fsdp_through_accelerate_on_cpu_stops_instead_of_running_ddp(tmp_path):
     command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(cpu_config),
                "--main_process_port", str(free_port()), "-m", "vaswani_hf.cli", "train", "--preset", "tiny",
                "--max_steps", "1", "--output_dir", str(tmp_path / "out")]  # fmt: skip
-    result = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"},
+    result = subprocess.run(command, capture_output=True, text=True, env=CPU_ONLY,
                             timeout=600)  # fmt: skip
     assert result.returncode != 0
     assert "error: FSDP needs GPUs: on CPU, Accelerate runs plain DDP instead" in result.stderr, result.stderr[-3000:]

@@ -105,9 +105,10 @@ def test_every_option_trains_saves_loads_generates_translates_and_resizes(name, 
     tokenizer = word_tokenizer()
     sentences = ["w5 w6 w7", "w40 w41 w42 w43 w44"]
     translated = pipeline("translation", model=model, tokenizer=tokenizer)(sentences)
-    expected = [tokenizer.decode(model.generate(**tokenizer(text, return_tensors="pt"))[0], skip_special_tokens=True)
-                for text in sentences]  # fmt: skip
+    encoded = [tokenizer(text, return_tensors="pt").to(model.device) for text in sentences]  # the pipeline may move it
+    expected = [tokenizer.decode(model.generate(**source)[0], skip_special_tokens=True) for source in encoded]
     assert [r["translation_text"] for r in translated] == [text.strip() for text in expected]
+    model.to("cpu")  # where there is a GPU the pipeline moved the model there; the batches below are on CPU
 
     # resize up: new rows everywhere a token id is looked up or predicted; then down again
     for size in (110, 90):

@@ -222,3 +222,11 @@ def test_averaging_bf16_checkpoints_gives_an_fp32_model(tmp_path):
     expected = (models[0].model.encoder.layers[0].feed_forward.fc1.weight.float()
                 + models[1].model.encoder.layers[0].feed_forward.fc1.weight.float()) / 2  # fmt: skip
     torch.testing.assert_close(weight, expected, atol=0, rtol=0)  # not rounded back to bf16
+
+
+def test_int8_serves_on_the_cpu_even_on_a_gpu_machine(monkeypatch):
+    from vaswani_hf.inference import default_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert default_device("fp32") == default_device("auto") == "cuda"
+    assert default_device("int8") == default_device(resolve_precision("int8", "cpu")) == "cpu"

@@ -1,6 +1,7 @@
 """The training recipe on Seq2SeqTrainer: schedule, token-budget batches, gradient accumulation, checkpoint
 averaging, resume, and data readers. In-process, on the tiny preset."""
 
+import importlib.util
 import json
 import os
 
@@ -17,6 +18,8 @@ from vaswani_hf.recipe import DataArguments, ModelArguments, VaswaniTrainingArgu
 from vaswani_hf.tasks import number_pairs
 from vaswani_hf.tokenization import train_shared_bpe
 from vaswani_hf.trainer import STAGING_DIR, noam_learning_rate
+
+from .helpers import TINY_RUN, vaswani
 
 PAIRS = {"train": number_pairs(96, seed=0), "val": number_pairs(9, seed=1)}
 
@@ -304,3 +307,36 @@ def test_bad_config_overrides_fail_before_the_data_and_the_vocabulary(tmp_path, 
     assert main(["train", "--config_overrides", "P_drop=1.5", "--output_dir", str(tmp_path / "run")]) == 2
     assert "`dropout` must be a number in [0, 1), got 1.5" in capsys.readouterr().err
     assert not (tmp_path / "run").exists()  # no BPE trained, nothing written
+
+
+@pytest.mark.parametrize("implementation", ["eager", "sdpa"])
+def test_attn_implementation_reaches_the_model_and_changes_no_numbers(implementation):
+    from vaswani_hf.recipe import ModelArguments, build_model
+
+    tokenizer = train_shared_bpe(["one two three", "eins zwei drei"], 60)
+    torch.manual_seed(0)
+    reference = build_model(ModelArguments(preset="tiny"), tokenizer).eval()
+    torch.manual_seed(0)
+    model = build_model(ModelArguments(preset="tiny", attn_implementation=implementation), tokenizer).eval()
+    assert model.config._attn_implementation == implementation
+    ids = torch.tensor([[5, 6, 7, 2], [5, 6, 2, 0]])
+    mask, labels = (ids != 0).long(), torch.tensor([[8, 9, 2], [8, 2, -100]])
+    torch.testing.assert_close(model(ids, attention_mask=mask, labels=labels).logits,
+                               reference(ids, attention_mask=mask, labels=labels).logits)  # fmt: skip
+
+
+def test_an_unknown_attn_implementation_is_refused_by_name():
+    from vaswani_hf.recipe import ModelArguments, build_model
+
+    tokenizer = train_shared_bpe(["one two three", "eins zwei drei"], 60)
+    with pytest.raises(ValueError, match="flashy"):
+        build_model(ModelArguments(preset="tiny", attn_implementation="flashy"), tokenizer)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("flash_attn") is not None, reason="flash-attn is installed here")
+def test_a_missing_attention_kernel_is_a_clear_error_before_the_data(tmp_path):
+    result = vaswani("train", *TINY_RUN, "--attn_implementation", "flash_attention_2", "--output_dir",
+                     str(tmp_path / "run"))  # fmt: skip
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
+    assert "--attn_implementation flash_attention_2" in result.stderr and "use sdpa" in result.stderr
+    assert not (tmp_path / "run" / "tokenizer.json").exists()  # refused before the BPE was trained

@@ -125,9 +125,10 @@ def _load(args: argparse.Namespace):
     from .inference import default_device, load_for_inference
     from .precision import resolve_precision
 
-    choice = resolve_precision(args.precision, default_device())
-    print(f"precision: {choice}", file=sys.stderr)
-    model, tokenizer = load_for_inference(args.model_dir, precision=choice)
+    device = default_device(args.precision)
+    choice = resolve_precision(args.precision, device)
+    print(f"precision: {choice}; device: {device}", file=sys.stderr)
+    model, tokenizer = load_for_inference(args.model_dir, device=device, precision=choice)
     return model, tokenizer, choice
 
 

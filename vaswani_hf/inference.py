@@ -53,8 +53,11 @@ def load_model(name_or_path: str | Path) -> VaswaniForConditionalGeneration:
         ) from None
 
 
-def default_device() -> str:
-    """Where inference runs unless told: the GPU when there is one."""
+def default_device(precision: str | Precision = "fp32") -> str:
+    """Where inference runs unless told: the GPU when there is one, except for int8, which is CPU serving (torch's
+    dynamic quantization has no GPU kernels), so asking for it on a GPU machine runs on the CPU."""
+    if str(getattr(precision, "name", precision)) == "int8":
+        return "cpu"
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
@@ -68,7 +71,7 @@ def load_for_inference(model_dir: str | Path, device: str | None = None, precisi
             f"{model_dir}: the tokenizer has {len(tokenizer)} tokens but the model only {model.config.vocab_size}: "
             "they come from different runs. Save the training run's tokenizer beside the model."
         )
-    device = device or default_device()
+    device = device or default_device(precision)
     choice = precision if isinstance(precision, Precision) else resolve_precision(precision, device)
     return choice.apply(model.to(device).eval()), tokenizer
 

@@ -94,6 +94,11 @@ class ModelArguments:
                   "P_drop)"},
     )  # fmt: skip
     lr_scale: float = field(default=1.0, metadata={"help": "multiplies the Noam learning rate"})
+    attn_implementation: str | None = field(
+        default=None,
+        metadata={"help": "attention kernel, as from_pretrained's: eager, sdpa (the default where torch has it), "
+                  "flash_attention_2/3 where that package is installed (CUDA, bf16)"},
+    )  # fmt: skip
 
 
 def tokenize_pairs(
@@ -171,10 +176,23 @@ class TranslationMetrics:
 
 def build_model(model_args: ModelArguments, tokenizer: PreTrainedTokenizerBase) -> VaswaniForConditionalGeneration:
     if model_args.model_name_or_path:
-        return load_model(model_args.model_name_or_path)
-    special = {"pad_token_id": "<pad>", "bos_token_id": "<s>", "eos_token_id": "</s>", "unk_token_id": "<unk>"}
-    ids = {name: tokenizer.convert_tokens_to_ids(token) for name, token in special.items()}
-    return VaswaniForConditionalGeneration(model_config(model_args, vocab_size=len(tokenizer), **ids))
+        model = load_model(model_args.model_name_or_path)
+    else:
+        special = {"pad_token_id": "<pad>", "bos_token_id": "<s>", "eos_token_id": "</s>", "unk_token_id": "<unk>"}
+        ids = {name: tokenizer.convert_tokens_to_ids(token) for name, token in special.items()}
+        model = VaswaniForConditionalGeneration(model_config(model_args, vocab_size=len(tokenizer), **ids))
+    if model_args.attn_implementation:
+        set_attention_kernel(model, model_args.attn_implementation)
+    return model
+
+
+def set_attention_kernel(model: VaswaniForConditionalGeneration, name: str) -> None:
+    """`model.set_attn_implementation(name)`, with a missing kernel package reported as bad input (Transformers
+    raises ImportError for it) rather than a traceback."""
+    try:
+        model.set_attn_implementation(name)
+    except ImportError as err:
+        raise ValueError(f"--attn_implementation {name}: {err} Install it, or use sdpa (the default).") from err
 
 
 def model_config(model_args: ModelArguments, **fields) -> VaswaniConfig:
@@ -275,7 +293,14 @@ def train(trainer: VaswaniTrainer, resume: bool = False) -> dict:
             "target_tokens_per_s": round(int(tokens) / max(seconds, 1e-9)),
             "train_loss": round(result.training_loss, 4),
             "resumed_from": checkpoint, "averaged": [p.name for p in averaged],
-            "precision": str(args.precision_choice)}  # fmt: skip
+            "precision": str(args.precision_choice), **peak_accelerator_memory(args.device)}  # fmt: skip
+
+
+def peak_accelerator_memory(device: torch.device) -> dict:
+    """The peak GPU memory the run allocated, for the summary (CPU memory is the benchmarks' business)."""
+    if device.type != "cuda":
+        return {}
+    return {"peak_gpu_memory_gib": round(torch.cuda.max_memory_allocated(device) / 2**30, 2)}
 
 
 def load_or_train_tokenizer(
@@ -315,6 +340,8 @@ def run_training(
     write its model card, print the summary. Returns the exit status (128 + signal when stopped by one)."""
     if not model_args.model_name_or_path:
         model_config(model_args)  # a bad --preset or --config_overrides fails now, not after the data and the BPE
+    if model_args.attn_implementation:  # and so does a kernel that is not installed
+        set_attention_kernel(VaswaniForConditionalGeneration(VaswaniConfig.tiny()), model_args.attn_implementation)
     prepare_output_dir(training_args)
     output_dir = Path(training_args.output_dir)
     if builtin:
