@@ -73,6 +73,27 @@ def test_greedy_equals_transformers(seed):
     assert_same(vaswani.generate(max_length_offset=None, **kwargs), marian.generate(**kwargs), scores=False)
 
 
+@pytest.mark.parametrize("way", ["_product_by_rows", "_product_by_columns", "_product_by_doubled_row"])
+@pytest.mark.parametrize("seed", range(3))
+def test_every_output_projection_way_decodes_as_transformers(seed, way, monkeypatch):
+    # `output_logits` keeps whichever way measured fastest on this machine: each must give Transformers' results,
+    # whatever memory layout it hands to the searches (batch 1 exercises the one-row ways, 3 the others)
+    from vaswani_hf import generation_vaswani
+
+    forced = getattr(generation_vaswani, way)
+    monkeypatch.setattr(generation_vaswani, "_FASTEST_PRODUCT", {})
+    monkeypatch.setattr(generation_vaswani, "_fastest", lambda ways, *args: forced if forced in ways else ways[1])
+    marian, vaswani = random_pair(seed)
+    for batch in (1, 3):
+        input_ids, attention_mask = padded_batch(seed, batch=batch)
+        for num_beams in (1, 3):
+            kwargs = dict(input_ids=input_ids, attention_mask=attention_mask, num_beams=num_beams, max_new_tokens=6,
+                          output_scores=True, return_dict_in_generate=True)  # fmt: skip
+            ours = vaswani.generate(length_penalty_type="hf", max_length_offset=None, **kwargs)
+            assert_same(ours, marian.generate(**kwargs), scores=num_beams > 1)
+    assert set(generation_vaswani._FASTEST_PRODUCT.values()) <= {forced, generation_vaswani._product_by_columns}
+
+
 @pytest.mark.parametrize("seed", range(6))
 def test_a_converted_model_decodes_as_marian_with_the_same_call(seed, tmp_path):
     # An Opus-MT generation config: beams, a length limit with EOS forced there, the padding (= start) token
@@ -117,7 +138,8 @@ def test_a_sentence_decodes_the_same_alone_and_in_a_batch(num_beams):
 
 @pytest.mark.parametrize("vocab", [640, 1000, 1500])
 @pytest.mark.parametrize("k", [2, 8, 16])
-def test_two_stage_top_k_equals_torch_top_k(vocab, k):
+@pytest.mark.parametrize("layout", ["columns", "rows"])
+def test_two_stage_top_k_equals_torch_top_k(vocab, k, layout):
     from vaswani_hf.generation_vaswani import top_k_per_row
 
     generator = torch.Generator().manual_seed(vocab + k)
@@ -125,7 +147,8 @@ def test_two_stage_top_k_equals_torch_top_k(vocab, k):
     columns[-1, 3] = 10.0  # the best entry of a row in the ragged tail
     columns[:, 5] = -float("inf")
     columns[7, 5] = 0.0  # a forced row: one finite entry
-    scores = columns.t()  # the (rows, vocabulary) view the searches pass
+    # the (rows, vocabulary) view the searches pass, of either layout `output_logits` writes
+    scores = columns.t() if layout == "columns" else columns.t().contiguous()
     values, index = top_k_per_row(scores, k)
     expected_values, expected_index = torch.topk(scores, k)
     assert torch.equal(values, expected_values)
