@@ -171,7 +171,8 @@ def _plot(rows: dict[str, dict]) -> None:
     right.barh(y, [rows[n]["ppl"] for n in names], color="tab:orange")
     left.set(yticks=list(y), yticklabels=[f"{ROWS[n][0]} {n}" if ROWS[n][0] != n else n for n in names],
              xlabel="BLEU (dev, beam 4)")  # fmt: skip
-    right.set(xlabel="perplexity (dev, per BPE token)")
+    # log scale: a row that did not learn (N=6 post-norm: PPL ~16,000) would flatten every other bar
+    right.set(xlabel="perplexity (dev, per BPE token, log scale)", xscale="log")
     left.invert_yaxis()
     if "base" in rows:
         left.axvline(rows["base"]["bleu"], color="grey", linestyle=":")
