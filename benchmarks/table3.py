@@ -10,7 +10,9 @@ Budget: 1,200 updates of 2,500-token batches (warmup 400, the paper's d_model^-0
 on every machine, so that a row's figures do not depend on which CPU ran it (bf16 weights are no faster at this
 size: 0.75-1.05 s/step against 0.78 in fp32 on a 2-core AVX512-BF16 EPYC). A base row took 22.7 minutes on such
 a machine (1.1 s/step; the same kind of machine measured 0.78 s/step in an earlier session, so expect 15-23 minutes);
-the d_model=512, d_ff=2048 and N=6 rows take longer.
+the larger rows take longer: on that EPYC N=6 took 35.7 minutes and d_model=512 47.2 (an Intel Sapphire Rapids ran the
+base-sized rows in 11.5-14 minutes and d_ff=2048 in 16.9). The 22 rows took 7.3 hours of training in all, split
+between the two kinds.
 
 Each row is its own `vaswani train` run in WORKDIR/ROW. A finished row writes benchmarks/results/table3/ROW.json
 (committed); a rerun skips finished rows and resumes unfinished ones from their last checkpoint, so the table can be
