@@ -1,9 +1,12 @@
 """Precision by hardware: bf16 weights with fp32 master weights, the auto choice and its refusals, int8
 (`vaswani_hf.precision`)."""
 
+import json
+
 import pytest
 import torch
 from datasets import Dataset
+from safetensors.torch import load_file
 
 from vaswani_hf import VaswaniConfig, VaswaniForConditionalGeneration
 from vaswani_hf.precision import MasterWeightAdamW, quantize_int8, resolve_precision
@@ -157,8 +160,8 @@ def test_trainer_trains_bf16_weights_and_hands_back_fp32(cpu, tmp_path):
     start = {name: p.detach().clone() for name, p in model.named_parameters()}
     data = Dataset.from_dict({"input_ids": [[5, 6, 7, 2]] * 4, "labels": [[8, 9, 2]] * 4})
     args = VaswaniTrainingArguments(output_dir=str(tmp_path), precision="auto", max_steps=2, max_tokens=0,
-                                    per_device_train_batch_size=2, report_to=[], save_strategy="no",
-                                    learning_rate=1e-3, warmup_steps=1)  # fmt: skip
+                                    per_device_train_batch_size=2, report_to=[], save_strategy="steps",
+                                    save_steps=1, learning_rate=1e-3, warmup_steps=1)  # fmt: skip
     trainer = VaswaniTrainer(
         model=model,
         args=args,
@@ -172,6 +175,15 @@ def test_trainer_trains_bf16_weights_and_hands_back_fp32(cpu, tmp_path):
         assert p.dtype == torch.float32
         assert not torch.equal(p, start[name]), name
         assert not torch.equal(p, p.to(torch.bfloat16).float()), name
+    # checkpoints hold the masters too (what averaging averages), and say so to from_pretrained
+    saved = load_file(tmp_path / "checkpoint-2" / "model.safetensors")
+    assert saved and all(t.dtype == torch.float32 for t in saved.values())
+    for name, p in model.named_parameters():
+        if name in saved:
+            assert torch.equal(saved[name], p), name
+    assert json.loads((tmp_path / "checkpoint-2" / "config.json").read_text())["dtype"] == "float32"
+    first = load_file(tmp_path / "checkpoint-1" / "model.safetensors")
+    assert any(not torch.equal(t, t.to(torch.bfloat16).float()) for t in first.values())
 
 
 def test_trainer_needs_its_own_arguments(tmp_path):

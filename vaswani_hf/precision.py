@@ -225,6 +225,16 @@ class MasterWeightAdamW(torch.optim.AdamW):
                 torch._foreach_copy_(self.model_params, self.master_params)
 
     @torch.no_grad()
+    def full_precision_state_dict(self, model: torch.nn.Module) -> dict[str, torch.Tensor]:
+        """`model.state_dict()` with each trained parameter's fp32 master in place of its low-precision copy, and
+        floating buffers in fp32: what an fp32 run would save. Tied names share one tensor, as in the model."""
+        masters = {id(p): m.detach() for p, m in zip(self.model_params, self.master_params, strict=True)}
+        return {
+            name: masters[id(t)] if id(t) in masters else t.detach().float() if t.is_floating_point() else t.detach()
+            for name, t in model.state_dict(keep_vars=True).items()
+        }
+
+    @torch.no_grad()
     def copy_master_weights_to(self, model: torch.nn.Module) -> torch.nn.Module:
         """Write the fp32 masters into `model` (call `model.float()` first to keep them at full precision)."""
         by_id = {id(p): i for i, p in enumerate(self.model_params)}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import json
 import logging
 import math
 import os
@@ -11,6 +12,7 @@ import signal
 import time
 from dataclasses import dataclass, field
 from functools import partial
+from pathlib import Path
 
 import datasets
 import torch
@@ -18,6 +20,7 @@ from torch.optim.lr_scheduler import LambdaLR
 from torch.utils.data import DataLoader
 from transformers import Seq2SeqTrainer, Seq2SeqTrainingArguments, TrainerCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, SchedulerType, rotate_checkpoints
+from transformers.utils import CONFIG_NAME
 
 from .batching import TokenBudgetBatchSampler
 from .precision import MasterWeightAdamW, Precision, resolve_precision
@@ -228,6 +231,19 @@ class VaswaniTrainer(Seq2SeqTrainer):
             optimizer = getattr(self.optimizer, "optimizer", self.optimizer)
             optimizer.copy_master_weights_to(self.model.float())
         return result
+
+    def _save(self, output_dir: str | None = None, state_dict: dict | None = None) -> None:
+        optimizer = getattr(self.optimizer, "optimizer", self.optimizer)
+        training_bf16 = isinstance(optimizer, MasterWeightAdamW) and optimizer.model_params[0].dtype != torch.float32
+        if state_dict is not None or not training_bf16:  # after `train()` the model holds the masters itself
+            return super()._save(output_dir, state_dict)
+        # A bf16-weights run saves its fp32 master weights, as an fp32 run would: checkpoint averaging (section 6.1)
+        # then averages the weights Adam stepped, not their bf16 roundings, and a checkpoint loads at full precision.
+        super()._save(output_dir, optimizer.full_precision_state_dict(self.accelerator.unwrap_model(self.model)))
+        config_file = Path(output_dir or self.args.output_dir) / CONFIG_NAME
+        if self.args.should_save and config_file.is_file():  # save_pretrained wrote the bf16 model's dtype
+            saved = json.loads(config_file.read_text())
+            config_file.write_text(json.dumps({**saved, "dtype": "float32"}, indent=2, sort_keys=True) + "\n")
 
     def create_scheduler(self, num_training_steps: int, optimizer: torch.optim.Optimizer | None = None):
         if self.lr_scheduler is None and self.args.lr_scheduler_type == SchedulerType.INVERSE_SQRT:
