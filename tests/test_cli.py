@@ -34,6 +34,14 @@ def test_train_builtin_task_summary(trained):
     }
 
 
+def test_asking_the_builtin_task_for_averaging_writes_the_checkpoints(tmp_path):
+    # the built-in task saves no checkpoints by default; --save_steps / --average_last ask for them
+    result = vaswani("train", *TINY_RUN, "--save_steps", "2", "--average_last", "2", "--output_dir", str(tmp_path))
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads([line for line in result.stdout.splitlines() if line.startswith('{"')][-1])
+    assert summary["averaged"] == ["checkpoint-2", "checkpoint-4"]
+
+
 def test_translate_from_stdin_keeps_line_count_and_order(trained):
     out, _ = trained
     result = vaswani("translate", str(out), "--num-beams", "1", stdin="seven\ntwenty-one , five\nninety\n")

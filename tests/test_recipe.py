@@ -248,6 +248,12 @@ def test_averaging_after_training_loads_the_averaged_model(tokenizer, tmp_path):
     torch.testing.assert_close(trainer.model.state_dict()[name], final[name])
 
 
+def test_averaging_fewer_checkpoints_than_asked_says_so(tokenizer, tmp_path, caplog):
+    trainer = make_trainer(tokenizer, tmp_path, max_steps=4, save_strategy="steps", save_steps=2, average_last=5)
+    assert train(trainer)["averaged"] == ["checkpoint-2", "checkpoint-4"]
+    assert "--average_last 5: the run wrote 2 checkpoint(s), so the final model averages 2" in caplog.text
+
+
 def test_evaluation_scores_every_example_once_against_raw_references(tokenizer, tmp_path):
     trainer = make_trainer(tokenizer, tmp_path, max_steps=1, per_device_eval_batch_size=4)
     metrics = trainer.predict(trainer.eval_dataset, metric_key_prefix="val", max_new_tokens=4).metrics
@@ -307,6 +313,25 @@ def test_bad_config_overrides_fail_before_the_data_and_the_vocabulary(tmp_path, 
     assert main(["train", "--config_overrides", "P_drop=1.5", "--output_dir", str(tmp_path / "run")]) == 2
     assert "`dropout` must be a number in [0, 1), got 1.5" in capsys.readouterr().err
     assert not (tmp_path / "run").exists()  # no BPE trained, nothing written
+
+
+@pytest.mark.parametrize(
+    "settings, message",
+    [
+        (
+            ["--save_strategy", "no"],
+            "--average_last 3 averages the run's last 3 checkpoints, but --save_strategy is 'no'",
+        ),
+        (["--save_total_limit", "2"], "--save_total_limit 2 deletes checkpoints that --average_last 3 needs"),
+    ],
+)
+def test_averaging_that_would_find_no_checkpoints_is_refused(tmp_path, capsys, settings, message):
+    from vaswani_hf.cli import main
+
+    argv = ["train", "--data", str(tmp_path), "--average_last", "3", *settings, "--output_dir", str(tmp_path / "run")]
+    assert main(argv) == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()
 
 
 @pytest.mark.parametrize("implementation", ["eager", "sdpa"])

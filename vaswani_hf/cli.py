@@ -42,6 +42,8 @@ def train_command(argv: list[str]) -> int:
     defaults = {"precision": "auto", **(BUILTIN_DEFAULTS if builtin else {})}
     if "preset" in given:  # the narrowing belongs to the built-in default preset, not to one asked for
         given.add("config_overrides")
+    if given & {"save_steps", "average_last"}:  # asking for checkpoints ends the built-in task's "no checkpoints"
+        given.add("save_strategy")
     parser.set_defaults(**{k: v for k, v in defaults.items() if k not in given})
     return run_training(*parser.parse_args_into_dataclasses(argv), builtin=builtin)
 

@@ -19,7 +19,7 @@ import torch
 from torch.optim.lr_scheduler import LambdaLR
 from torch.utils.data import DataLoader
 from transformers import Seq2SeqTrainer, Seq2SeqTrainingArguments, TrainerCallback
-from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, SchedulerType, rotate_checkpoints
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, SaveStrategy, SchedulerType, rotate_checkpoints
 from transformers.utils import CONFIG_NAME
 
 from .batching import TokenBudgetBatchSampler
@@ -106,6 +106,20 @@ class VaswaniTrainingArguments(Seq2SeqTrainingArguments):
                 self.use_cpu = True
         self.precision_choice = self._resolve_precision()
         super().__post_init__()
+        self._check_averaging()
+
+    def _check_averaging(self) -> None:
+        """`average_last` averages saved checkpoints: refuse settings under which it would silently average none."""
+        n = self.average_last
+        if n < 0:
+            raise ValueError(f"--average_last must be 0 (off) or a number of checkpoints, got {n}.")
+        if n and self.save_strategy == SaveStrategy.NO:
+            raise ValueError(f"--average_last {n} averages the run's last {n} checkpoints, but --save_strategy is "
+                             "'no', so none is written: add --save_strategy steps --save_steps N (the paper wrote "
+                             "one every 10 minutes).")  # fmt: skip
+        if n and self.save_total_limit is not None and self.save_total_limit < n:
+            raise ValueError(f"--save_total_limit {self.save_total_limit} deletes checkpoints that --average_last "
+                             f"{n} needs: raise it to at least {n}, or leave it out.")  # fmt: skip
 
     def _resolve_precision(self) -> Precision:
         """Once per run: the precision asked for (or picked by `auto`), applied as autocast on GPUs
