@@ -161,3 +161,25 @@ def test_cli_refuses_to_mix_a_new_run_into_old_checkpoints(tmp_path):
     result = vaswani("train", *TINY_RUN, "--output_dir", str(tmp_path / "out"))
     assert result.returncode == 2 and "holds checkpoints of an earlier run" in result.stderr
     assert "--resume" in result.stderr and "--overwrite_output_dir" in result.stderr
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["translate", "MODEL", "--num-beams", "0"],
+        ["translate", "MODEL", "--nbest", "0"],
+        ["translate", "MODEL", "--batch-size", "-1"],
+        ["evaluate", "MODEL", "--num-beams", "two"],
+        ["score", "MODEL", "--source", "s", "--target", "t", "--batch-size", "0"],
+        ["attention", "MODEL", "a sentence", "--num-beams", "0"],
+        ["average", "RUN", "--last", "0"],
+    ],
+)
+def test_counts_below_one_are_refused_not_replaced_by_a_default(argv, capsys):
+    from vaswani_hf.cli import main
+
+    with pytest.raises(SystemExit) as stop:  # argparse's usage error, before any model is read
+        main(argv)
+    assert stop.value.code == 2
+    option, value = argv[-2:]
+    assert f"argument {option}: must be a whole number of at least 1, got {value!r}" in capsys.readouterr().err

@@ -74,7 +74,7 @@ def attention_command(argv: list[str]) -> int:
     parser.add_argument("model_dir")
     parser.add_argument("sentence")
     parser.add_argument("--output", default="attention", help="file prefix: PREFIX-{encoder,decoder,cross}.png")
-    parser.add_argument("--num-beams", type=int, default=None, help="default: the model's (paper: 4)")
+    parser.add_argument("--num-beams", type=_at_least_one, default=None, help="default: the model's (paper: 4)")
     args = parser.parse_args(argv)
     model, tokenizer = load_for_inference(args.model_dir)
     kwargs = {"num_beams": args.num_beams} if args.num_beams else {}
@@ -88,17 +88,27 @@ def average_command(argv: list[str]) -> int:
 
     parser = argparse.ArgumentParser(prog="vaswani average", description="Average the last N checkpoints of a run.")
     parser.add_argument("run_dir", help="the --output_dir of a training run (holding checkpoint-* folders)")
-    parser.add_argument("--last", type=int, default=5, help="latest checkpoints to average (paper: 5 base, 20 big)")
+    parser.add_argument("--last", type=_at_least_one, default=5,
+                        help="latest checkpoints to average (paper: 5 base, 20 big)")  # fmt: skip
     parser.add_argument("--output", help="where to save the averaged model (default: RUN_DIR/averaged)")
     args = parser.parse_args(argv)
-    if args.last < 1:
-        raise ValueError(f"--last must be at least 1, got {args.last}.")
     checkpoints = list_checkpoints(args.run_dir)[-args.last :]
     if len(checkpoints) < args.last:
         logger.warning("%s holds %d checkpoints, fewer than --last %d", args.run_dir, len(checkpoints), args.last)
     output = average_checkpoints(checkpoints, args.output or Path(args.run_dir) / "averaged")
     print(f"averaged {', '.join(c.name for c in checkpoints)} into {output}")
     return 0
+
+
+def _at_least_one(text: str) -> int:
+    """argparse type of counts (beams, batch size, n-best, checkpoints): 0 or less would be silently replaced."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number of at least 1, got {text!r}")
+    return value
 
 
 def _add_precision(parser: argparse.ArgumentParser) -> None:
@@ -111,7 +121,7 @@ def _add_precision(parser: argparse.ArgumentParser) -> None:
 
 
 def _add_decoding(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--num-beams", type=int, default=None, help="default: the model's (paper: 4)")
+    parser.add_argument("--num-beams", type=_at_least_one, default=None, help="default: the model's (paper: 4)")
     parser.add_argument("--length-penalty", type=float, default=None,
                         help="GNMT alpha (default: the model's; paper: 0.6; tune it on a development set)")  # fmt: skip
 
@@ -145,13 +155,12 @@ def translate_command(argv: list[str]) -> int:
     )
     parser.add_argument("model_dir")
     parser.add_argument("--input", help="file with one sentence a line (default: stdin)")
-    parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--nbest", type=int, default=None, help="print the N best translations with their scores")
+    parser.add_argument("--batch-size", type=_at_least_one, default=32)
+    parser.add_argument("--nbest", type=_at_least_one, default=None,
+                        help="print the N best translations with their scores")  # fmt: skip
     _add_decoding(parser)
     _add_precision(parser)
     args = parser.parse_args(argv)
-    if args.nbest is not None and args.nbest < 1:
-        raise ValueError(f"--nbest must be at least 1, got {args.nbest}.")
     model, tokenizer, _ = _load(args)
     lines = _read_lines(args.input)
     results = translate_nbest(model, tokenizer, lines, args.nbest or 1, batch_size=args.batch_size,
@@ -177,7 +186,7 @@ def score_command(argv: list[str]) -> int:
     parser.add_argument("model_dir")
     parser.add_argument("--source", required=True, help="file with one source sentence a line")
     parser.add_argument("--target", required=True, help="file with the target sentences, aligned with --source")
-    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--batch-size", type=_at_least_one, default=32)
     args = parser.parse_args(argv)
     model, tokenizer = load_for_inference(args.model_dir)
     sources, targets = _read_lines(args.source), _read_lines(args.target)
@@ -206,7 +215,7 @@ def evaluate_command(argv: list[str]) -> int:
     parser.add_argument("--split", default="test")
     parser.add_argument("--src", default="en")
     parser.add_argument("--tgt", default="de")
-    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--batch-size", type=_at_least_one, default=32)
     parser.add_argument("--hypotheses", help="also write the translations to this file, one line per source line")
     _add_decoding(parser)
     _add_precision(parser)
