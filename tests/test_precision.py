@@ -153,22 +153,30 @@ def test_training_arguments_apply_the_choice_once(cpu, tmp_path):
         args(bf16=True, precision="bf16")
 
 
-def test_trainer_trains_bf16_weights_and_hands_back_fp32(cpu, tmp_path):
-    if cpu == "none":
-        pytest.skip("the bf16 path is refused on this kind of CPU (tested above)")
+def bf16_trainer(tmp_path, **settings) -> VaswaniTrainer:
+    """A tiny bf16-weights run (auto, on a CPU the `cpu` fixture gives bf16) of 2 steps, a checkpoint after each."""
     model = VaswaniForConditionalGeneration(VaswaniConfig.tiny(dropout=0.0))
-    start = {name: p.detach().clone() for name, p in model.named_parameters()}
     data = Dataset.from_dict({"input_ids": [[5, 6, 7, 2]] * 4, "labels": [[8, 9, 2]] * 4})
     args = VaswaniTrainingArguments(output_dir=str(tmp_path), precision="auto", max_steps=2, max_tokens=0,
                                     per_device_train_batch_size=2, report_to=[], save_strategy="steps",
-                                    save_steps=1, learning_rate=1e-3, warmup_steps=1)  # fmt: skip
+                                    save_steps=1, learning_rate=1e-3, warmup_steps=1, **settings)  # fmt: skip
     trainer = VaswaniTrainer(
         model=model,
         args=args,
         train_dataset=data,
+        eval_dataset=data,
         data_collator=lambda rows: {k: torch.tensor([r[k] for r in rows]) for k in rows[0]},
     )
     assert next(model.parameters()).dtype == torch.bfloat16
+    return trainer
+
+
+def test_trainer_trains_bf16_weights_and_hands_back_fp32(cpu, tmp_path):
+    if cpu == "none":
+        pytest.skip("the bf16 path is refused on this kind of CPU (tested above)")
+    trainer = bf16_trainer(tmp_path)
+    model = trainer.model
+    start = {name: p.detach().to(torch.float32, copy=True) for name, p in model.named_parameters()}
     trainer.train()
     assert isinstance(getattr(trainer.optimizer, "optimizer", trainer.optimizer), MasterWeightAdamW)
     for name, p in model.named_parameters():  # fp32 again, and the masters' values, not bf16-rounded ones
@@ -184,6 +192,22 @@ def test_trainer_trains_bf16_weights_and_hands_back_fp32(cpu, tmp_path):
     assert json.loads((tmp_path / "checkpoint-2" / "config.json").read_text())["dtype"] == "float32"
     first = load_file(tmp_path / "checkpoint-1" / "model.safetensors")
     assert any(not torch.equal(t, t.to(torch.bfloat16).float()) for t in first.values())
+
+
+def test_bf16_run_hands_back_the_best_checkpoint_when_asked(cpu, tmp_path):
+    if cpu == "none":
+        pytest.skip("the bf16 path is refused on this kind of CPU (tested above)")
+    # "best" = the highest loss, so the best checkpoint is the first, not the last step's master weights
+    best_is_highest_loss = dict(metric_for_best_model="loss", greater_is_better=True, load_best_model_at_end=True)
+    trainer = bf16_trainer(tmp_path, eval_strategy="steps", eval_steps=1, predict_with_generate=False,
+                           **best_is_highest_loss)  # fmt: skip
+    trainer.train()
+    assert trainer.state.best_model_checkpoint.endswith("checkpoint-1")
+    best = load_file(tmp_path / "checkpoint-1" / "model.safetensors")
+    for name, p in trainer.model.named_parameters():
+        assert p.dtype == torch.float32
+        if name in best:
+            assert torch.equal(p, best[name]), name  # at full precision, not rounded through bf16
 
 
 def test_trainer_needs_its_own_arguments(tmp_path):

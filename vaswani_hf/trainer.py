@@ -241,10 +241,16 @@ class VaswaniTrainer(Seq2SeqTrainer):
 
     def train(self, *args, **kwargs):
         result = super().train(*args, **kwargs)
-        if self.args.bf16_weights:  # save and evaluate the fp32 master weights, not their bf16 copy
+        if self.args.bf16_weights and self.model.dtype != torch.float32:
+            # save and evaluate the fp32 master weights, not their bf16 copy (unless the best checkpoint was loaded)
             optimizer = getattr(self.optimizer, "optimizer", self.optimizer)
             optimizer.copy_master_weights_to(self.model.float())
         return result
+
+    def _load_best_model(self) -> None:
+        if self.args.bf16_weights:  # the checkpoint holds fp32 master weights (`_save`): load them at full precision
+            self.model.float()
+        super()._load_best_model()
 
     def _save(self, output_dir: str | None = None, state_dict: dict | None = None) -> None:
         optimizer = getattr(self.optimizer, "optimizer", self.optimizer)
