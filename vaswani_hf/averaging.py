@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import re
 from collections.abc import Sequence
 from pathlib import Path
@@ -13,6 +14,7 @@ from safetensors.torch import load_file
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
 _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
+logger = logging.getLogger(__name__)
 
 
 def list_checkpoints(run_dir: str | Path) -> list[Path]:
@@ -22,6 +24,17 @@ def list_checkpoints(run_dir: str | Path) -> list[Path]:
         raise FileNotFoundError(f"{run_dir} is not a folder: give the --output_dir of a training run.")
     found = [(int(m.group(1)), p) for p in run_dir.iterdir() if p.is_dir() and (m := _CHECKPOINT.match(p.name))]
     return [p for _, p in sorted(found)]
+
+
+def last_checkpoints(run_dir: str | Path, n: int, option: str) -> list[Path]:
+    """The last `n` complete checkpoints of a run (for `option`, the flag that asked); a warning says when the run
+    wrote fewer, rather than averaging fewer in silence."""
+    found = list_checkpoints(run_dir)[-n:]
+    if len(found) < n:
+        outcome = f"the final model averages {len(found)}" if found else "nothing is averaged"
+        logger.warning("%s %d: the run wrote %d checkpoint(s), so %s. Save more often (--save_steps) to average as "
+                       "many as asked.", option, n, len(found), outcome)  # fmt: skip
+    return found
 
 
 def load_weights(checkpoint: str | Path) -> dict[str, torch.Tensor]:

@@ -84,7 +84,7 @@ def attention_command(argv: list[str]) -> int:
 
 
 def average_command(argv: list[str]) -> int:
-    from .averaging import average_checkpoints, list_checkpoints
+    from .averaging import average_checkpoints, last_checkpoints
 
     parser = argparse.ArgumentParser(prog="vaswani average", description="Average the last N checkpoints of a run.")
     parser.add_argument("run_dir", help="the --output_dir of a training run (holding checkpoint-* folders)")
@@ -92,9 +92,7 @@ def average_command(argv: list[str]) -> int:
                         help="latest checkpoints to average (paper: 5 base, 20 big)")  # fmt: skip
     parser.add_argument("--output", help="where to save the averaged model (default: RUN_DIR/averaged)")
     args = parser.parse_args(argv)
-    checkpoints = list_checkpoints(args.run_dir)[-args.last :]
-    if len(checkpoints) < args.last:
-        logger.warning("%s holds %d checkpoints, fewer than --last %d", args.run_dir, len(checkpoints), args.last)
+    checkpoints = last_checkpoints(args.run_dir, args.last, "--last")
     output = average_checkpoints(checkpoints, args.output or Path(args.run_dir) / "averaged")
     print(f"averaged {', '.join(c.name for c in checkpoints)} into {output}")
     return 0

@@ -22,7 +22,7 @@ from transformers import (
     set_seed,
 )
 
-from .averaging import average_checkpoints, list_checkpoints, load_weights
+from .averaging import average_checkpoints, last_checkpoints, list_checkpoints, load_weights
 from .configuration_vaswani import PAPER_ALIASES, VaswaniConfig
 from .data import Pairs, load_split
 from .hub import write_training_card
@@ -282,11 +282,7 @@ def train(trainer: VaswaniTrainer, resume: bool = False) -> dict:
     averaged = []
     interrupted = any(getattr(cb, "signal", None) is not None for cb in trainer.callback_handler.callbacks)
     if args.average_last and not interrupted:
-        averaged = list_checkpoints(args.output_dir)[-args.average_last :]
-        if len(averaged) < args.average_last:
-            outcome = f"the final model averages {len(averaged)}" if averaged else "nothing is averaged"
-            logger.warning("--average_last %d: the run wrote %d checkpoint(s), so %s. Save more often (--save_steps) "
-                           "to average as many as asked.", args.average_last, len(averaged), outcome)  # fmt: skip
+        averaged = last_checkpoints(args.output_dir, args.average_last, "--average_last")
         if args.should_save and averaged:
             average_checkpoints(averaged, args.output_dir)
         trainer.accelerator.wait_for_everyone()

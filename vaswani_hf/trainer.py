@@ -239,11 +239,16 @@ class VaswaniTrainer(Seq2SeqTrainer):
         )
         return self.optimizer
 
+    def _master_weights(self) -> MasterWeightAdamW | None:
+        """The optimizer holding the fp32 masters while the model is their bf16 copy; None otherwise (fp32 runs,
+        before training, and after `train()` has handed the masters, or the best checkpoint, back in fp32)."""
+        optimizer = getattr(self.optimizer, "optimizer", self.optimizer)
+        bf16_copy = self.args.bf16_weights and self.model.dtype != torch.float32
+        return optimizer if bf16_copy and isinstance(optimizer, MasterWeightAdamW) else None
+
     def train(self, *args, **kwargs):
         result = super().train(*args, **kwargs)
-        if self.args.bf16_weights and self.model.dtype != torch.float32:
-            # save and evaluate the fp32 master weights, not their bf16 copy (unless the best checkpoint was loaded)
-            optimizer = getattr(self.optimizer, "optimizer", self.optimizer)
+        if optimizer := self._master_weights():  # save and evaluate the fp32 masters, not their bf16 copy
             optimizer.copy_master_weights_to(self.model.float())
         return result
 
@@ -253,9 +258,8 @@ class VaswaniTrainer(Seq2SeqTrainer):
         super()._load_best_model()
 
     def _save(self, output_dir: str | None = None, state_dict: dict | None = None) -> None:
-        optimizer = getattr(self.optimizer, "optimizer", self.optimizer)
-        training_bf16 = isinstance(optimizer, MasterWeightAdamW) and optimizer.model_params[0].dtype != torch.float32
-        if state_dict is not None or not training_bf16:  # after `train()` the model holds the masters itself
+        optimizer = self._master_weights()
+        if state_dict is not None or optimizer is None:
             return super()._save(output_dir, state_dict)
         # A bf16-weights run saves its fp32 master weights, as an fp32 run would: checkpoint averaging (section 6.1)
         # then averages the weights Adam stepped, not their bf16 roundings, and a checkpoint loads at full precision.
