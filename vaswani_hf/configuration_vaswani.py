@@ -83,7 +83,8 @@ class VaswaniConfig(PreTrainedConfig):
     """
 
     model_type = "vaswani"
-    keys_to_ignore_at_inference = ["past_key_values"]
+    # Trainer's evaluation leaves the key/value cache out of the logits: its field is `cache` from Transformers 5.24
+    keys_to_ignore_at_inference = ["cache", "past_key_values"]
     # Generation sizes its caches from num_hidden_layers / num_attention_heads: point them at the decoder.
     attribute_map = {
         "hidden_size": "d_model",

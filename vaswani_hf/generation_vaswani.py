@@ -4,8 +4,11 @@ source length + 50, early stopping) and greedy decoding, written for this model.
 
 `VaswaniGenerationMixin.generate()` runs plain greedy and beam search here and hands every other mode (sampling,
 constraints, streamers, assistants, attention/hidden-state outputs, static caches and torch.compile, custom
-stopping criteria, ...) to Transformers' `GenerationMixin.generate()` unchanged. Nothing private of
+stopping criteria, greedy scores, ...) to Transformers' `GenerationMixin.generate()` unchanged. Nothing private of
 `GenerationMixin` is overridden, so the model works with any Transformers release that has the public API used here.
+Beam search returns what Transformers' returns: `sequences_scores`, and with `return_dict_in_generate` the
+`beam_indices` and (`output_scores` / `output_logits`) the per-step scores that `compute_transition_scores` reads.
+tests/test_generation_contract.py holds every mode and option to Marian's `generate()` on the same weights.
 
 The beam search is Transformers' algorithm (the same candidates, finished-hypothesis rules and scores, so
 `length_penalty_type="hf"` and `max_length_offset=None` give exactly Transformers' sequences and scores) with the
@@ -66,11 +69,11 @@ GENERATION_DEFAULTS = {
 HANDED_OVER_ARGUMENTS = (
     "stopping_criteria", "prefix_allowed_tokens_fn", "assistant_model", "streamer", "negative_prompt_ids",
     "negative_prompt_attention_mask", "custom_generate", "decoder_input_ids", "decoder_inputs_embeds",
-    "past_key_values", "inputs_embeds", "tokenizer", "assistant_tokenizer",
+    "past_key_values", "cache", "inputs_embeds", "tokenizer", "assistant_tokenizer",
 )  # fmt: skip
 # Generation-config settings (value that means "off") that only Transformers' loop implements.
 HANDED_OVER_SETTINGS = {
-    "output_attentions": False, "output_hidden_states": False, "output_logits": False, "cache_implementation": None,
+    "output_attentions": False, "output_hidden_states": False, "cache_implementation": None,
     "compile_config": None, "repetition_penalty": 1.0, "encoder_repetition_penalty": 1.0,
     "no_repeat_ngram_size": 0, "encoder_no_repeat_ngram_size": 0, "sequence_bias": None, "guidance_scale": None,
     "remove_invalid_values": False, "exponential_decay_length_penalty": None, "begin_suppress_tokens": None,
@@ -272,6 +275,7 @@ class DecodingSettings:
     renormalize: bool  # log-softmax again after the processors (Opus-MT's generation configs ask for it)
     return_dict: bool
     output_scores: bool
+    output_logits: bool
 
     def penalty(self, length: int | torch.Tensor) -> float | torch.Tensor:
         if self.gnmt:
@@ -318,7 +322,7 @@ class DecodingState:
             input_ids=tokens[:, None],
             encoder_hidden_states=self.encoder_hidden,
             encoder_attention_mask=self.encoder_mask,
-            past_key_values=self.cache,
+            cache=self.cache,
             use_cache=True,
         )
         return output_logits(self.model, decoder_output.last_hidden_state[:, -1])
@@ -506,10 +510,13 @@ def beam_search(settings: DecodingSettings, state: DecodingState) -> dict:
     out_scores = torch.zeros(out_sequences.shape[0], device=device)
     out_lengths = torch.zeros(out_sequences.shape[0], dtype=torch.long, device=device)
     tokens = torch.full((batch * beams,), settings.start, dtype=torch.long, device=device)
+    history = BeamHistory(settings, batch, steps, device) if settings.return_dict else None
 
     for step in range(steps):
         batch = running.shape[0]
         columns = state.logits(tokens)  # (vocabulary, rows)
+        if history is not None and settings.output_logits:
+            history.record(history.logits, columns.t(), state.example_ids)
         log_probs = columns.t()
         if columns.is_contiguous():
             torch.log_softmax(columns, dim=0, out=columns)  # in place: the logits are ours alone
@@ -524,6 +531,8 @@ def beam_search(settings: DecodingSettings, state: DecodingState) -> dict:
 
         row_limits = limits.repeat_interleave(beams)
         log_probs = apply_processors(settings, log_probs, step, row_limits, input_ids)
+        if history is not None and settings.output_scores:
+            history.record(history.scores, log_probs, state.example_ids)
         values, token_ids = top_k_per_row(log_probs, candidates)
         totals = (values + running_scores.view(-1, 1)).reshape(batch, beams * candidates)
         top_scores, top_index = totals.topk(candidates, dim=-1)
@@ -533,9 +542,14 @@ def beam_search(settings: DecodingSettings, state: DecodingState) -> dict:
         top_sequences[:, :, step] = top_tokens
         ends = torch.isin(top_tokens, eos) | (step + 2 > steps)
 
+        if history is not None:
+            top_origins = history.top_origins(top_beams, state.example_ids, step)
+
         # the best beams that go on
         next_scores, next_index = (top_scores + ends.float() * -1e9).topk(beams, dim=-1)
         running = top_sequences.gather(1, next_index[..., None].expand(-1, -1, steps))
+        if history is not None:
+            history.running = top_origins.gather(1, next_index[..., None].expand(-1, -1, steps))
         running_scores = next_scores
         parent_rows = top_beams.gather(1, next_index) + torch.arange(batch, device=device)[:, None] * beams
 
@@ -545,6 +559,9 @@ def beam_search(settings: DecodingSettings, state: DecodingState) -> dict:
         merged_scores, merged_index = torch.cat([finished_scores, scored], dim=1).topk(beams, dim=-1)
         merged = torch.cat([finished, top_sequences], dim=1)
         finished = merged.gather(1, merged_index[..., None].expand(-1, -1, steps))
+        if history is not None:
+            merged = torch.cat([history.finished, top_origins], dim=1)
+            history.finished = merged.gather(1, merged_index[..., None].expand(-1, -1, steps))
         finished_scores = merged_scores
         finished_lengths = torch.cat([finished_lengths, torch.full_like(top_scores, step + 1, dtype=torch.long)],
                                      dim=1).gather(1, merged_index)  # fmt: skip
@@ -560,6 +577,8 @@ def beam_search(settings: DecodingSettings, state: DecodingState) -> dict:
             out_sequences[rows] = finished[leaving, :n_return].flatten(0, 1)
             out_scores[rows] = finished_scores[leaving, :n_return].flatten()
             out_lengths[rows] = finished_lengths[leaving, :n_return].flatten()
+            if history is not None:
+                history.out[rows] = history.finished[leaving, :n_return].flatten(0, 1)
             stay = (~done).nonzero().flatten()
             if stay.numel() == 0:
                 break
@@ -572,9 +591,58 @@ def beam_search(settings: DecodingSettings, state: DecodingState) -> dict:
             running, running_scores, finished = running[stay], running_scores[stay], finished[stay]
             finished_scores, finished_lengths = finished_scores[stay], finished_lengths[stay]
             is_finished, improvable, limits = is_finished[stay], improvable[stay], limits[stay]
+            if history is not None:
+                history.running, history.finished = history.running[stay], history.finished[stay]
         state.reorder(parent_rows.flatten())
         tokens = running[:, :, step].flatten()
-    return {"sequences": out_sequences, "scores": out_scores, "lengths": out_lengths}
+    result = {"sequences": out_sequences, "scores": out_scores, "lengths": out_lengths}
+    if history is not None:
+        result.update(history.outputs())
+    return result
+
+
+class BeamHistory:
+    """What `return_dict_in_generate` adds to a beam search's result, as Transformers' beam search returns it:
+    `beam_indices` (for each returned hypothesis and step, the row of batch x beams its token came from, -1 after
+    its end), and with `output_scores` / `output_logits` the per-step processed log-probabilities / raw logits of
+    every row, (batch * beams, vocabulary) each, which `compute_transition_scores` reads through `beam_indices`.
+
+    A sentence leaves the batch once its search is over (`beam_search`); Transformers' loop goes on computing its
+    rows, which no hypothesis reads. Here those rows of later steps hold -inf (nothing was computed there).
+    """
+
+    def __init__(self, settings: DecodingSettings, batch: int, steps: int, device: torch.device):
+        self.beams = settings.num_beams
+        self.total_rows = batch * self.beams
+        self.running = torch.full((batch, self.beams, steps), -1, dtype=torch.int32, device=device)
+        self.finished = self.running.clone()
+        self.out = torch.full((batch * settings.num_return_sequences, steps), -1, dtype=torch.int32, device=device)
+        self.scores: list[torch.Tensor] = []
+        self.logits: list[torch.Tensor] = []
+
+    def rows(self, example_ids: torch.Tensor, device: torch.device) -> torch.Tensor:
+        beams = torch.arange(self.beams, device=device)
+        return (example_ids.to(device)[:, None] * self.beams + beams).flatten()
+
+    def record(self, steps: list[torch.Tensor], values: torch.Tensor, example_ids: torch.Tensor) -> None:
+        """One step's (rows, vocabulary) values of the sentences still in the batch, in the full batch's rows."""
+        full = values.new_full((self.total_rows, values.shape[-1]), -math.inf, dtype=torch.float32)
+        full[self.rows(example_ids, values.device)] = values
+        steps.append(full)
+
+    def top_origins(self, top_beams: torch.Tensor, example_ids: torch.Tensor, step: int) -> torch.Tensor:
+        """The beam indices of the step's top candidates: their parents' history, then the parent's row."""
+        origins = self.running.gather(1, top_beams[..., None].expand(-1, -1, self.running.shape[-1]))
+        parent_rows = example_ids.to(top_beams.device)[:, None] * self.beams + top_beams
+        origins[:, :, step] = parent_rows.to(origins.dtype)
+        return origins
+
+    def outputs(self) -> dict:
+        return {
+            "beam_indices": self.out,
+            "step_scores": tuple(self.scores) or None,
+            "step_logits": tuple(self.logits) or None,
+        }
 
 
 def sentence_done(settings: DecodingSettings, step: int, running_scores: torch.Tensor, finished_scores: torch.Tensor,
@@ -635,8 +703,14 @@ class VaswaniGenerationMixin:
         source = self._source(model_kwargs)
         use_offset = offset is not None and not explicit_length and config.max_new_tokens is None
         limits = source.lengths + offset if use_offset else None
-        limits = self._fit_position_table(config, limits)
+        limits = self._fit_position_table(config, limits, model_kwargs.get("decoder_input_ids"))
 
+        if config.guidance_scale is not None and config.guidance_scale != 1:
+            raise ValueError(
+                f"generate(): guidance_scale={config.guidance_scale} (classifier-free guidance) works with "
+                "decoder-only models: Transformers' guidance runs the model again on an unconditional prompt, which an "
+                "encoder-decoder model has no input for. Leave guidance_scale unset (or 1)."
+            )
         reason = self._handed_over_because(config, model_kwargs)
         if reason is None:
             return self._decode(config, model_kwargs, source, limits, penalty_type, logits_processor)
@@ -655,20 +729,31 @@ class VaswaniGenerationMixin:
                 logits_processor.append(SourceLengthLimitLogitsProcessor(limits, eos))
         return GenerationMixin.generate(self, inputs, generation_config, logits_processor, **kwargs)
 
-    def _fit_position_table(self, config: GenerationConfig, limits: torch.Tensor | None) -> torch.Tensor | None:
-        """A learned position table (Table 3 row E) ends at `max_position_embeddings`: generating N tokens feeds
-        N decoder positions. The source + offset limit is cut there (EOS forced); an explicit longer request is an
-        error naming the table, not the input."""
+    def _fit_position_table(
+        self, config: GenerationConfig, limits: torch.Tensor | None, prompt: torch.Tensor | None
+    ) -> torch.Tensor | None:
+        """A learned position table (Table 3 row E) ends at `max_position_embeddings`: after a decoder prompt of P
+        tokens (the start token, or a `decoder_input_ids` prefix), N new tokens feed P + N - 1 decoder positions.
+        The source + offset limit is cut there (EOS forced); an explicit longer request is an error naming the
+        table, not the input."""
         if getattr(self.config, "position_embedding_type", None) != "learned":
             return limits
         positions = self.config.max_position_embeddings
-        if limits is not None:
-            return limits.clamp(max=positions)
-        asked = config.max_new_tokens if config.max_new_tokens is not None else config.max_length - 1
-        if asked > positions:
+        prompt_length = prompt.shape[-1] if prompt is not None else 1
+        room = positions - prompt_length + 1
+        if room < 1:
             raise ValueError(
-                f"generate(): {asked} new tokens need {asked} decoder positions, but this model's learned position "
-                f"table has max_position_embeddings={positions}: ask for at most max_new_tokens={positions}."
+                f"generate(): the decoder prefix has {prompt_length} tokens, but this model's learned position table "
+                f"has max_position_embeddings={positions}: shorten `decoder_input_ids` to at most {positions} tokens."
+            )
+        if limits is not None:
+            return limits.clamp(max=room)
+        asked = config.max_new_tokens if config.max_new_tokens is not None else config.max_length - prompt_length
+        if asked > room:
+            raise ValueError(
+                f"generate(): {asked} new tokens after a decoder prompt of {prompt_length} need "
+                f"{asked + prompt_length - 1} decoder positions, but this model's learned position table has "
+                f"max_position_embeddings={positions}: ask for at most max_new_tokens={room}."
             )
         return limits
 
@@ -696,8 +781,8 @@ class VaswaniGenerationMixin:
                 return f"`{name}={getattr(config, name)!r}`"
         if config.use_cache is False:
             return "`use_cache=False`"
-        if mode == GenerationMode.GREEDY_SEARCH and config.output_scores:
-            return "greedy `output_scores`"
+        if mode == GenerationMode.GREEDY_SEARCH and (config.output_scores or config.output_logits):
+            return "greedy `output_scores`/`output_logits`"
         if config.num_return_sequences > config.num_beams:
             return "`num_return_sequences` > `num_beams`"
         if config.decoder_start_token_id is None and self.config.decoder_start_token_id is None:
@@ -767,6 +852,7 @@ class VaswaniGenerationMixin:
             renormalize=bool(config.renormalize_logits) and config.num_beams > 1,  # greedy's argmax is the same
             return_dict=bool(config.return_dict_in_generate),
             output_scores=bool(config.output_scores),
+            output_logits=bool(config.output_logits),
         )
 
     def _decode(self, config, model_kwargs, source, limits, penalty_type, logits_processor):
@@ -784,5 +870,9 @@ class VaswaniGenerationMixin:
         if settings.num_beams == 1:
             return GenerateEncoderDecoderOutput(sequences=sequences)
         return GenerateBeamEncoderDecoderOutput(
-            sequences=sequences, sequences_scores=result["scores"] if settings.output_scores else None
+            sequences=sequences,
+            sequences_scores=result["scores"] if settings.output_scores else None,
+            scores=result["step_scores"],
+            logits=result["step_logits"],
+            beam_indices=result["beam_indices"][:, :length],
         )

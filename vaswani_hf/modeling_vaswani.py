@@ -42,6 +42,11 @@ from .generation_vaswani import PAPER_GENERATION_DEFAULTS, VaswaniGenerationMixi
 from .pipeline_vaswani import VaswaniRemoteCodeMixin
 from .validation_vaswani import check_labels, check_source, check_target
 
+# Transformers 5.24 renamed the key/value cache from `past_key_values` to `cache`, in forward arguments and output
+# fields; 5.20-5.23 pass and read only the old name. The model's forwards take either and write the field the
+# installed release has (an output built with the other name would warn or fail).
+CACHE_FIELD = "cache" if "cache" in Seq2SeqLMOutput.__dataclass_fields__ else "past_key_values"
+
 
 class VaswaniFusedLinear(nn.Linear):
     """`blocks` equal-sized projections of one input computed as one matrix product (section 3.2.2's W^Q, W^K, W^V).
@@ -97,23 +102,19 @@ class VaswaniMultiHeadAttention(nn.Module):
         hidden_states: torch.Tensor,
         key_value_states: torch.Tensor | None = None,
         attention_mask: torch.Tensor | None = None,
-        past_key_values: Cache | None = None,
+        cache: Cache | None = None,
         **kwargs: Unpack[TransformersKwargs],
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         input_shape = hidden_states.shape[:-1]
         if not self.is_cross_attention:
             query, key, value = self._split_heads(self.qkv_proj(hidden_states), 3)
-            if past_key_values is not None:
-                cache = (
-                    past_key_values.self_attention_cache
-                    if isinstance(past_key_values, EncoderDecoderCache)
-                    else past_key_values
-                )
-                key, value = cache.update(key, value, self.layer_idx)
+            if cache is not None:
+                self_cache = cache.self_attention_cache if isinstance(cache, EncoderDecoderCache) else cache
+                key, value = self_cache.update(key, value, self.layer_idx)
         else:
             hidden_states, attention_mask = fold_beams(hidden_states, key_value_states, attention_mask)
             (query,) = self._split_heads(self.q_proj(hidden_states), 1)
-            cross_cache = past_key_values if isinstance(past_key_values, EncoderDecoderCache) else None
+            cross_cache = cache if isinstance(cache, EncoderDecoderCache) else None
             if cross_cache is not None and cross_cache.is_updated.get(self.layer_idx):
                 layer = cross_cache.cross_attention_cache.layers[self.layer_idx]
                 key, value = layer.keys, layer.values
@@ -294,13 +295,13 @@ class VaswaniDecoderLayer(GradientCheckpointingLayer):
         attention_mask: torch.Tensor | None = None,
         encoder_hidden_states: torch.Tensor | None = None,
         encoder_attention_mask: torch.Tensor | None = None,
-        past_key_values: Cache | None = None,
+        cache: Cache | None = None,
         **kwargs: Unpack[TransformersKwargs],
     ) -> torch.Tensor:
         attended, _ = self.self_attn(
             self.self_attn_layer_norm.sublayer_input(hidden_states),
             attention_mask=attention_mask,
-            past_key_values=past_key_values,
+            cache=cache,
             **kwargs,
         )
         hidden_states = self.self_attn_layer_norm(hidden_states, attended)
@@ -309,7 +310,7 @@ class VaswaniDecoderLayer(GradientCheckpointingLayer):
                 self.encoder_attn_layer_norm.sublayer_input(hidden_states),
                 key_value_states=encoder_hidden_states,
                 attention_mask=encoder_attention_mask,
-                past_key_values=past_key_values,
+                cache=cache,
                 **kwargs,
             )
             hidden_states = self.encoder_attn_layer_norm(hidden_states, attended)
@@ -446,30 +447,24 @@ class VaswaniDecoder(VaswaniStack):
         attention_mask: torch.Tensor | None = None,
         encoder_hidden_states: torch.Tensor | None = None,
         encoder_attention_mask: torch.Tensor | None = None,
-        past_key_values: Cache | None = None,
+        cache: Cache | None = None,
         inputs_embeds: torch.Tensor | None = None,
         use_cache: bool | None = None,
+        past_key_values: Cache | None = None,
         **kwargs: Unpack[TransformersKwargs],
     ) -> BaseModelOutputWithPastAndCrossAttentions:
-        if use_cache and past_key_values is None:
-            past_key_values = EncoderDecoderCache(DynamicCache(config=self.config), DynamicCache(config=self.config))
-        past_length = past_key_values.get_seq_length() if past_key_values is not None else 0
+        cache = cache if cache is not None else past_key_values  # the name before Transformers 5.24
+        if use_cache and cache is None:
+            cache = EncoderDecoderCache(DynamicCache(config=self.config), DynamicCache(config=self.config))
+        past_length = cache.get_seq_length() if cache is not None else 0
         check_target(self.config, input_ids, inputs_embeds, attention_mask, past_length)
         if inputs_embeds is None:
             inputs_embeds = self.embed_tokens(input_ids)
         hidden_states = self.embed_positions(inputs_embeds * self.embed_scale, start=past_length)
 
-        self_attn_cache = (
-            past_key_values.self_attention_cache
-            if isinstance(past_key_values, EncoderDecoderCache)
-            else past_key_values
-        )
-        causal_mask = create_causal_mask(
-            config=self.config,
-            inputs_embeds=inputs_embeds,
-            attention_mask=attention_mask,
-            past_key_values=self_attn_cache,
-        )
+        self_attn_cache = cache.self_attention_cache if isinstance(cache, EncoderDecoderCache) else cache
+        # the cache is passed by position: its keyword is `past_key_values` before Transformers 5.24, `cache` after
+        causal_mask = create_causal_mask(self.config, inputs_embeds, attention_mask, self_attn_cache)
         encoder_attention_mask = create_bidirectional_mask(
             config=self.config,
             inputs_embeds=inputs_embeds,
@@ -482,14 +477,12 @@ class VaswaniDecoder(VaswaniStack):
                 causal_mask,
                 encoder_hidden_states,  # positional, so gradient checkpointing sees it
                 encoder_attention_mask=encoder_attention_mask,
-                past_key_values=past_key_values,
+                cache=cache,
                 **kwargs,
             )
         if self.layer_norm is not None:
             hidden_states = self.layer_norm(hidden_states)
-        return BaseModelOutputWithPastAndCrossAttentions(
-            last_hidden_state=hidden_states, past_key_values=past_key_values
-        )
+        return BaseModelOutputWithPastAndCrossAttentions(last_hidden_state=hidden_states, **{CACHE_FIELD: cache})
 
 
 class VaswaniModel(VaswaniPreTrainedModel):
@@ -531,10 +524,11 @@ class VaswaniModel(VaswaniPreTrainedModel):
         decoder_input_ids: torch.LongTensor | None = None,
         decoder_attention_mask: torch.Tensor | None = None,
         encoder_outputs: tuple[torch.Tensor] | BaseModelOutput | None = None,
-        past_key_values: Cache | None = None,
+        cache: Cache | None = None,
         inputs_embeds: torch.Tensor | None = None,
         decoder_inputs_embeds: torch.Tensor | None = None,
         use_cache: bool | None = None,
+        past_key_values: Cache | None = None,
         **kwargs: Unpack[TransformersKwargs],
     ) -> Seq2SeqModelOutput:
         r"""
@@ -559,14 +553,14 @@ class VaswaniModel(VaswaniPreTrainedModel):
             attention_mask=decoder_attention_mask,
             encoder_hidden_states=encoder_outputs.last_hidden_state,
             encoder_attention_mask=attention_mask,
-            past_key_values=past_key_values,
+            cache=cache if cache is not None else past_key_values,
             inputs_embeds=decoder_inputs_embeds,
             use_cache=use_cache,
             **kwargs,
         )
         return Seq2SeqModelOutput(
             last_hidden_state=decoder_outputs.last_hidden_state,
-            past_key_values=decoder_outputs.past_key_values,
+            **{CACHE_FIELD: getattr(decoder_outputs, CACHE_FIELD)},
             decoder_hidden_states=decoder_outputs.hidden_states,
             decoder_attentions=decoder_outputs.attentions,
             cross_attentions=decoder_outputs.cross_attentions,
@@ -633,11 +627,12 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, VaswaniGenerationM
         decoder_input_ids: torch.LongTensor | None = None,
         decoder_attention_mask: torch.Tensor | None = None,
         encoder_outputs: tuple[torch.Tensor] | BaseModelOutput | None = None,
-        past_key_values: Cache | None = None,
+        cache: Cache | None = None,
         inputs_embeds: torch.Tensor | None = None,
         decoder_inputs_embeds: torch.Tensor | None = None,
         labels: torch.LongTensor | None = None,
         use_cache: bool | None = None,
+        past_key_values: Cache | None = None,
         **kwargs: Unpack[TransformersKwargs],
     ) -> Seq2SeqLMOutput:
         r"""
@@ -660,7 +655,7 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, VaswaniGenerationM
             decoder_input_ids=decoder_input_ids,
             decoder_attention_mask=decoder_attention_mask,
             encoder_outputs=encoder_outputs,
-            past_key_values=past_key_values,
+            cache=cache if cache is not None else past_key_values,
             inputs_embeds=inputs_embeds,
             decoder_inputs_embeds=decoder_inputs_embeds,
             use_cache=use_cache,
@@ -673,7 +668,7 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, VaswaniGenerationM
         return Seq2SeqLMOutput(
             loss=loss,
             logits=logits,
-            past_key_values=outputs.past_key_values,
+            **{CACHE_FIELD: getattr(outputs, CACHE_FIELD)},
             decoder_hidden_states=outputs.decoder_hidden_states,
             decoder_attentions=outputs.decoder_attentions,
             cross_attentions=outputs.cross_attentions,
