@@ -10,6 +10,7 @@ from safetensors import safe_open
 from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM
 
 from vaswani_hf import VaswaniConfig, VaswaniForConditionalGeneration, VaswaniModel
+from vaswani_hf.modeling_vaswani import CACHE_FIELD  # `cache` from Transformers 5.24, `past_key_values` before
 
 from .helpers import remote_code_outputs
 
@@ -128,8 +129,8 @@ def test_cache_matches_full_forward(attn):
         past, steps = None, []
         for t in range(tgt.shape[1]):
             out = model(encoder_outputs=encoder_outputs, attention_mask=mask, decoder_input_ids=tgt[:, t : t + 1],
-                        past_key_values=past, use_cache=True)  # fmt: skip
-            past = out.past_key_values
+                        use_cache=True, **{CACHE_FIELD: past})  # fmt: skip
+            past = getattr(out, CACHE_FIELD)
             steps.append(out.logits)
     torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-5, rtol=1e-5)
     # cross-attention keys/values were projected once, not once per step

@@ -6,6 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from vaswani_hf import VaswaniConfig, VaswaniForConditionalGeneration
+from vaswani_hf.modeling_vaswani import CACHE_FIELD  # `cache` from Transformers 5.24, `past_key_values` before
 
 VOCAB = 40
 PROPERTY = settings(max_examples=12, deadline=None)
@@ -69,8 +70,8 @@ def test_cached_decoding_equals_the_full_forward(data, model):
         past, steps = None, []
         for t in range(target.shape[1]):
             out = model(encoder_outputs=encoder_outputs, decoder_input_ids=target[:, t : t + 1],
-                        past_key_values=past, use_cache=True)  # fmt: skip
-            past = out.past_key_values
+                        use_cache=True, **{CACHE_FIELD: past})  # fmt: skip
+            past = getattr(out, CACHE_FIELD)
             steps.append(out.logits)
     torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-5, rtol=1e-4)
 

@@ -34,6 +34,7 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, PreTrainedModel
 from transformers.models.bart.modeling_bart import eager_attention_forward, shift_tokens_right
 from transformers.processing_utils import Unpack
 from transformers.utils import TransformersKwargs, can_return_tuple
+from transformers.utils.deprecation import deprecate_kwarg
 from transformers.utils.generic import merge_with_config_defaults
 from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 
@@ -46,6 +47,14 @@ from .validation_vaswani import check_labels, check_source, check_target
 # fields; 5.20-5.23 pass and read only the old name. The model's forwards take either and write the field the
 # installed release has (an output built with the other name would warn or fail).
 CACHE_FIELD = "cache" if "cache" in Seq2SeqLMOutput.__dataclass_fields__ else "past_key_values"
+
+
+def takes_old_cache_name(forward: Callable) -> Callable:
+    """From Transformers 5.24 on, `past_key_values=` warns that it is deprecated and arrives as `cache`, as in
+    Transformers' own models; before, it is the name Transformers' loop passes, taken without a warning."""
+    if CACHE_FIELD == "cache":
+        return deprecate_kwarg("past_key_values", "5.40.0", new_name="cache")(forward)
+    return forward
 
 
 class VaswaniFusedLinear(nn.Linear):
@@ -441,6 +450,7 @@ class VaswaniDecoder(VaswaniStack):
 
     @merge_with_config_defaults
     @capture_outputs
+    @takes_old_cache_name
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
@@ -517,6 +527,7 @@ class VaswaniModel(VaswaniPreTrainedModel):
             self.decoder.embed_tokens = value
 
     @can_return_tuple
+    @takes_old_cache_name
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
@@ -620,6 +631,7 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, VaswaniGenerationM
         return shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)
 
     @can_return_tuple
+    @takes_old_cache_name
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
