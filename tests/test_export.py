@@ -6,15 +6,9 @@ import torch
 from vaswani_hf.inference import load_for_inference
 from vaswani_hf.tasks import builtin_splits
 
-from .helpers import vaswani
+from .helpers import TRAINED_RUN, vaswani
 
 ctranslate2 = pytest.importorskip("ctranslate2")
-
-# Enough steps that the tiny model translates the built-in task with varied outputs (a 4-step model repeats one
-# token, which any export would reproduce).
-TRAINED_RUN = ["--preset", "tiny", "--max_steps", "250", "--warmup_steps", "50", "--vocab_size", "120",
-               "--per_device_train_batch_size", "32", "--disable_tqdm", "true", "--max_eval_samples", "8",
-               "--eval_split", "none"]  # fmt: skip
 
 
 @pytest.fixture(scope="module")

@@ -130,11 +130,27 @@ def _decoding(args: argparse.Namespace) -> dict:
             if value is not None}  # fmt: skip
 
 
+def _add_engine(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--engine", choices=["torch", "onnxruntime"], default="torch",
+                        help="onnxruntime: MODEL_DIR is a `vaswani export --format onnx` folder, decoded with the same "
+                        "greedy/beam search (needs the onnx extra)")  # fmt: skip
+
+
 def _load(args: argparse.Namespace):
     """The model in the precision asked for, which is said on stderr (stdout holds the results)."""
     from .inference import default_device, load_for_inference
     from .precision import resolve_precision
 
+    if getattr(args, "engine", "torch") == "onnxruntime":
+        from .onnx import OnnxSeq2Seq
+
+        if args.precision != "auto":
+            raise ValueError(f"--precision {args.precision} is for the torch engine: an onnxruntime folder runs the "
+                             "weights it was exported with (export with --quantize int8 for int8).")  # fmt: skip
+        model, tokenizer = OnnxSeq2Seq.with_tokenizer(args.model_dir)
+        weights = json.loads((Path(args.model_dir) / "vaswani_export.json").read_text()).get("weights", "float32")
+        print(f"engine: onnxruntime ({weights}); device: cpu", file=sys.stderr)
+        return model, tokenizer, argparse.Namespace(name=f"onnxruntime {weights}")
     device = default_device(args.precision)
     choice = resolve_precision(args.precision, device)
     print(f"precision: {choice}; device: {device}", file=sys.stderr)
@@ -158,6 +174,7 @@ def translate_command(argv: list[str]) -> int:
                         help="print the N best translations with their scores")  # fmt: skip
     _add_decoding(parser)
     _add_precision(parser)
+    _add_engine(parser)
     args = parser.parse_args(argv)
     model, tokenizer, _ = _load(args)
     lines = _read_lines(args.input)
@@ -217,6 +234,7 @@ def evaluate_command(argv: list[str]) -> int:
     parser.add_argument("--hypotheses", help="also write the translations to this file, one line per source line")
     _add_decoding(parser)
     _add_precision(parser)
+    _add_engine(parser)
     args = parser.parse_args(argv)
     model, tokenizer, precision = _load(args)
     pairs = load_split(args.data, args.split, args.src, args.tgt) if args.data else builtin_splits()[args.split]
@@ -233,16 +251,27 @@ def export_command(argv: list[str]) -> int:
 
     parser = argparse.ArgumentParser(prog="vaswani export", description="Export a saved model to another engine.")
     parser.add_argument("model_dir")
-    parser.add_argument("output_dir")
-    parser.add_argument("--to", choices=["ctranslate2"], default="ctranslate2", help="the engine (CTranslate2)")
-    parser.add_argument(
-        "--quantization",
-        default=None,
-        help="CTranslate2 weight type: int8, int8_float32, float16, bfloat16... (default: float32)",
-    )
+    parser.add_argument("output_dir", nargs="?", help="where to write it (or --output_dir)")
+    parser.add_argument("--output_dir", dest="output_dir_option", metavar="OUTPUT_DIR")
+    parser.add_argument("--format", "--to", dest="format", choices=["ctranslate2", "onnx"], default="ctranslate2",
+                        help="ctranslate2 (default) or onnx (Optimum's seq2seq layout, run with onnxruntime: "
+                        "`vaswani translate OUT --engine onnxruntime`)")  # fmt: skip
+    parser.add_argument("--quantization", "--quantize", dest="quantization", default=None,
+                        help="weights: CTranslate2's int8, int8_float32, float16, bfloat16...; ONNX: int8 "
+                        "(onnxruntime dynamic quantization); default float32")  # fmt: skip
     args = parser.parse_args(argv)
+    output_dir = args.output_dir_option or args.output_dir
+    if output_dir is None:
+        parser.error("give the output folder: vaswani export MODEL OUTPUT_DIR (or --output_dir OUTPUT_DIR)")
     model, tokenizer = load_for_inference(args.model_dir, device="cpu")
-    output = export_ctranslate2(model, tokenizer_vocabulary(tokenizer, model.config.vocab_size), args.output_dir,
+    if args.format == "onnx":
+        from .onnx import export_onnx
+
+        output = export_onnx(model, tokenizer, output_dir, args.quantization)
+        print(f"ONNX graphs written to {output} ({args.quantization or 'float32'}); translate with `vaswani translate "
+              f"{output} --engine onnxruntime`")  # fmt: skip
+        return 0
+    output = export_ctranslate2(model, tokenizer_vocabulary(tokenizer, model.config.vocab_size), output_dir,
                                 args.quantization)  # fmt: skip
     print(f"CTranslate2 model written to {output} (ctranslate2.Translator({str(output)!r}); source tokens from the "
           "tokenizer saved beside the Vaswani model)")  # fmt: skip
@@ -265,7 +294,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
         return COMMANDS[argv[0]](argv[1:])
-    except (ValueError, OSError, FloatingPointError, StrictDataclassError) as err:
+    except (ValueError, OSError, FloatingPointError, StrictDataclassError, ImportError) as err:
         # a config's @strict validation wraps our message: print the message itself
         message = err.__cause__ if isinstance(err, StrictDataclassError) and err.__cause__ else err
         print(f"error: {message}", file=sys.stderr)

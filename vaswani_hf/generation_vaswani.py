@@ -855,11 +855,15 @@ class VaswaniGenerationMixin:
             output_logits=bool(config.output_logits),
         )
 
+    def _decoding_state(self, hidden: torch.Tensor, mask: torch.Tensor | None, rows_per_example: int):
+        """What the searches step: this model's decoder (another engine's runner gives its own, vaswani_hf.onnx)."""
+        return DecodingState(self, hidden, mask, rows_per_example)
+
     def _decode(self, config, model_kwargs, source, limits, penalty_type, logits_processor):
         settings = self._settings(config, limits, penalty_type, logits_processor, batch=source.lengths.shape[0])
         hidden = self._encode(source)
         mask = source.attention_mask.to(hidden.device) if source.attention_mask is not None else None
-        state = DecodingState(self, hidden, mask, settings.num_beams)
+        state = self._decoding_state(hidden, mask, settings.num_beams)
         search = beam_search if settings.num_beams > 1 else greedy_search
         result = search(settings, state)
         length = max(int(result["lengths"].max()), 1)

@@ -1,0 +1,148 @@
+"""ONNX export (issue 34): the graphs, run by onnxruntime inside our greedy and beam search, give PyTorch's
+sequences on a trained built-in model, a converted Marian and every architecture option; int8 keeps BLEU."""
+
+import pytest
+import torch
+
+from vaswani_hf import VaswaniConfig, VaswaniForConditionalGeneration
+from vaswani_hf.inference import evaluate, load_for_inference
+from vaswani_hf.tasks import builtin_splits
+
+from .helpers import TRAINED_RUN, vaswani
+from .test_decoding_parity import padded_batch, random_pair
+
+pytest.importorskip("onnxruntime")
+pytest.importorskip("onnxscript")
+from vaswani_hf.onnx import GRAPHS, OnnxSeq2Seq, export_onnx  # noqa: E402
+
+SOURCES = [source for source, _ in builtin_splits()["test"][:64]]
+# 1,000 steps (about 30 s on 2 cores): a model that translates (BLEU ~90), so the int8 comparison means something
+TRAINED_LONGER = [*TRAINED_RUN, "--max_steps", "1000", "--warmup_steps", "100"]
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    root = tmp_path_factory.mktemp("onnx")
+    result = vaswani("train", *TRAINED_LONGER, "--output_dir", str(root / "model"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    for name, extra in (("onnx", []), ("onnx-int8", ["--quantize", "int8"])):
+        result = vaswani("export", str(root / "model"), "--format", "onnx", "--output_dir", str(root / name), *extra)
+        assert result.returncode == 0, result.stderr[-3000:]
+    return root
+
+
+def assert_same_decoding(model, runner, input_ids, attention_mask, **kwargs):
+    for num_beams in (1, 4):
+        beam = num_beams > 1
+        ours = model.generate(input_ids=input_ids, attention_mask=attention_mask, num_beams=num_beams,
+                              num_return_sequences=2 if beam else 1, output_scores=beam, return_dict_in_generate=True,
+                              **kwargs)  # fmt: skip
+        theirs = runner.generate(input_ids=input_ids, attention_mask=attention_mask, num_beams=num_beams,
+                                 num_return_sequences=2 if beam else 1, output_scores=beam,
+                                 return_dict_in_generate=True, **kwargs)  # fmt: skip
+        assert torch.equal(theirs.sequences, ours.sequences), f"num_beams={num_beams}"
+        if beam:
+            torch.testing.assert_close(theirs.sequences_scores, ours.sequences_scores, atol=1e-4, rtol=1e-4)
+
+
+def test_folder_has_optimum_layout(exported):
+    folder = exported / "onnx"
+    for name in (*GRAPHS, "config.json", "generation_config.json", "tokenizer.json"):
+        assert (folder / name).is_file(), name
+    runner = OnnxSeq2Seq(folder)
+    decoder = runner.sessions["decoder_with_past_model.onnx"]
+    inputs = [i.name for i in decoder.get_inputs()]
+    assert inputs[:3] == ["input_ids", "encoder_attention_mask", "past_key_values.0.decoder.key"]
+    assert [o.name for o in decoder.get_outputs()][:2] == ["logits", "present.0.decoder.key"]
+    assert decoder.get_inputs()[0].shape[0] == "batch_size"
+
+
+def test_builtin_task_decodes_as_pytorch(exported):
+    model, tokenizer = load_for_inference(exported / "model", device="cpu")
+    runner = OnnxSeq2Seq(exported / "onnx")
+    batch = tokenizer(SOURCES, return_tensors="pt", padding=True)
+    greedy = tokenizer.batch_decode(model.generate(**batch, num_beams=1), skip_special_tokens=True)
+    assert len(set(greedy)) > 10, "the test model should produce varied translations"
+    assert_same_decoding(model, runner, batch["input_ids"], batch["attention_mask"])  # the paper's decoding
+
+
+def test_int8_graphs_keep_bleu(exported):
+    pairs = builtin_splits()["test"][:200]
+    fp32, tokenizer = OnnxSeq2Seq.with_tokenizer(exported / "onnx")
+    int8 = OnnxSeq2Seq(exported / "onnx-int8")
+    bleu_fp32 = evaluate(fp32, tokenizer, pairs, batch_size=50)[0]["bleu"]
+    bleu_int8 = evaluate(int8, tokenizer, pairs, batch_size=50)[0]["bleu"]
+    assert bleu_fp32 > 60, "the test model should translate"
+    assert abs(bleu_int8 - bleu_fp32) <= 0.5, (bleu_fp32, bleu_int8)
+    size = sum((exported / "onnx" / name).stat().st_size for name in GRAPHS)
+    assert sum((exported / "onnx-int8" / name).stat().st_size for name in GRAPHS) < size
+
+
+def test_cli_translates_with_onnxruntime_as_with_torch(exported):
+    stdin = "\n".join(SOURCES[:12]) + "\n"
+    torch_run = vaswani("translate", str(exported / "model"), "--precision", "fp32", "--nbest", "2", stdin=stdin)
+    onnx_run = vaswani("translate", str(exported / "onnx"), "--engine", "onnxruntime", "--nbest", "2", stdin=stdin)
+    assert torch_run.returncode == 0 and onnx_run.returncode == 0, onnx_run.stderr[-2000:]
+    for ours, theirs in zip(onnx_run.stdout.splitlines(), torch_run.stdout.splitlines(), strict=True):
+        index, text, value = ours.split(" ||| ")
+        assert (index, text) == tuple(theirs.split(" ||| ")[:2])
+        assert float(value) == pytest.approx(float(theirs.split(" ||| ")[2]), abs=1e-4)
+    assert "engine: onnxruntime (float32)" in onnx_run.stderr
+
+
+@pytest.mark.parametrize("hf_decoding", [False, True])
+def test_converted_marian_decodes_as_pytorch(tmp_path, hf_decoding):
+    _, model = random_pair(4, paper_decoding=not hf_decoding)
+    export_onnx(model, None, tmp_path)
+    input_ids, attention_mask = padded_batch(4, batch=5)
+    extra = dict(length_penalty_type="hf", max_length_offset=None, max_new_tokens=12) if hf_decoding else {}
+    assert_same_decoding(model, OnnxSeq2Seq(tmp_path), input_ids, attention_mask, **extra)
+
+
+OPTIONS = {
+    "untied, learned positions, pre-norm, output bias": dict(
+        tie_word_embeddings=False, position_embedding_type="learned", norm_position="pre", output_bias=True
+    ),
+    "d_k 16 x 4 heads, split sinusoids, gelu, 3+1 layers": dict(
+        d_kv=16, position_embedding_type="sinusoidal_split", activation_function="gelu", encoder_layers=3,
+        decoder_layers=1,
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("options", list(OPTIONS))
+def test_every_config_option_exports(tmp_path, options):
+    torch.manual_seed(0)
+    model = VaswaniForConditionalGeneration(VaswaniConfig.tiny(init_std=0.3, **OPTIONS[options])).eval()
+    if model.final_logits_bias is not None:
+        torch.nn.init.normal_(model.final_logits_bias)
+    export_onnx(model, None, tmp_path)
+    source = torch.randint(4, model.config.vocab_size, (4, 9))
+    mask = torch.ones_like(source)
+    mask[1, 5:] = 0
+    assert_same_decoding(model, OnnxSeq2Seq(tmp_path), source, mask)
+
+
+def test_export_of_a_folder_that_is_not_a_model_names_it(tmp_path):
+    result = vaswani("export", str(tmp_path), "--format", "onnx", "--output_dir", str(tmp_path / "out"))
+    assert result.returncode == 2 and "no config.json" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_missing_graph_and_wrong_options_are_named(exported, tmp_path):
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    for path in (exported / "onnx").iterdir():
+        if path.name != "decoder_with_past_model.onnx":
+            (broken / path.name).write_bytes(path.read_bytes())
+    result = vaswani("translate", str(broken), "--engine", "onnxruntime", stdin="one\n")
+    assert result.returncode == 2 and "lacks decoder_with_past_model.onnx" in result.stderr
+    assert "Traceback" not in result.stderr
+    result = vaswani("translate", str(exported / "onnx"), "--engine", "onnxruntime", "--precision", "int8",
+                     stdin="one\n")  # fmt: skip
+    assert result.returncode == 2 and "--quantize int8" in result.stderr
+    result = vaswani("export", str(exported / "model"), "--format", "onnx", "--output_dir", str(tmp_path / "q"),
+                     "--quantize", "int4")  # fmt: skip
+    assert result.returncode == 2 and "int8 only" in result.stderr
+    runner = OnnxSeq2Seq(exported / "onnx")
+    with pytest.raises(ValueError, match="greedy and beam search only: the beam_sample mode"):
+        runner.generate(input_ids=torch.tensor([[5, 6, 2]]), do_sample=True)
