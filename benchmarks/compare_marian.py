@@ -20,7 +20,8 @@ Vaswani (training, and Transformers' static-cache compiled greedy decoding, also
 skipped after warm-up: `without_guard_evaluation`); `--ctranslate2` adds the exported
 CTranslate2 model (generation cases); `--precisions` adds the inference precisions of `vaswani_hf.precision` to the
 generation cases: bf16 where the CPU has it natively, int8 (torch's dynamic quantization, the library's choice, and
-torchao's two int8 configurations when torchao is installed), and CTranslate2 int8 with `--ctranslate2`.
+torchao's two int8 configurations when torchao is installed), and CTranslate2 int8 with `--ctranslate2`; `--onnx`
+adds the ONNX export run by onnxruntime in our own search (`vaswani_hf.onnx`), fp32 and int8 graphs.
 
 Peak memory is the peak resident set (VmHWM) of a fresh process that builds the pair, keeps one model and runs one
 case twice
@@ -31,6 +32,8 @@ chart beside it.
     python benchmarks/compare_marian.py --preset small --rounds 5  # ~3 min
     python benchmarks/compare_marian.py --preset base --cases greedy-b1 beam4-b1 beam4-b16 --precisions \
         --ctranslate2 --no-memory --out benchmarks/results/precision_base_<cpu>.md  # the precision table, ~15 min
+    python benchmarks/compare_marian.py --preset base --cases greedy-b1 beam4-b1 beam4-b16 --precisions \
+        --ctranslate2 --onnx --no-memory --out benchmarks/results/onnx_base_<cpu>.md  # with onnxruntime
 
 An AVX2-only CPU is emulated on an AVX-512 one by limiting every kernel library to AVX2 (the report's machine line
 names the limits; `auto` then picks fp32, as on such a CPU):
@@ -266,7 +269,20 @@ def contenders_for(case: str, args, marian, vaswani, extras: dict) -> list[Conte
     if extras.get("ct2_int8") is not None:
         ct2_int8 = extras["ct2_int8"].call(source, beams, args.new_tokens)
         out.append(Contender("CTranslate2 int8", "ctranslate2", ct2_int8))
+    for label, runner in extras.get("onnx", {}).items():
+        out.append(Contender(label, "onnxruntime", generate_call(runner, source, beams, args.new_tokens, True)))
     return out
+
+
+def onnx_runners(args, vaswani) -> dict:
+    """The model exported to ONNX (fp32 and int8 graphs), each run by onnxruntime inside our own search."""
+    from vaswani_hf.onnx import OnnxSeq2Seq, export_onnx
+
+    runners = {}
+    for label, quantize in (("onnxruntime fp32", None), ("onnxruntime int8", "int8")):
+        folder = export_onnx(vaswani, None, tempfile.mkdtemp(prefix="vaswani-onnx-"), quantize)
+        runners[label] = OnnxSeq2Seq(folder, threads=args.threads)
+    return runners
 
 
 def precision_models(args, vaswani) -> tuple[dict, list[str]]:
@@ -295,7 +311,7 @@ def precision_models(args, vaswani) -> tuple[dict, list[str]]:
 # --- agreement ---------------------------------------------------------------------------------------------------
 
 
-def agreement(args, marian, vaswani, ct2) -> list[str]:
+def agreement(args, marian, vaswani, ct2, onnx: dict) -> list[str]:
     """Same function, same outputs: refuse to time two models that do not compute the same thing."""
     lines = []
     source = batch(args.preset, 4, args.length, 5)
@@ -328,6 +344,10 @@ def agreement(args, marian, vaswani, ct2) -> list[str]:
             z = ct2.generate_ids(source, beams, 10)
             same = bool((y[:, 1:] == z).all())
             lines.append(f"CTranslate2 {'greedy' if beams == 1 else 'beam 4'} outputs identical to Vaswani: {same}")
+        for label, runner in onnx.items():
+            z = runner.generate(input_ids=source, attention_mask=mask, length_penalty_type="hf", **kwargs)
+            same = z.shape == y.shape and bool((y == z).all())
+            lines.append(f"{label} {'greedy' if beams == 1 else 'beam 4'} outputs identical to Vaswani: {same}")
     return lines
 
 
@@ -509,6 +529,8 @@ def parse(argv: list[str] | None):
     parser.add_argument(
         "--ctranslate2", action="store_true", help="add the CTranslate2 export (pip install ctranslate2)"
     )
+    parser.add_argument("--onnx", action="store_true",
+                        help="add the ONNX export (fp32, int8 graphs) run by onnxruntime (onnx extra)")  # fmt: skip
     parser.add_argument("--no-memory", action="store_true", help="skip the peak-memory subprocesses")
     parser.add_argument("--precisions", action="store_true",
                         help="generation cases: add Vaswani bf16 (where native), int8 (torch dynamic, and torchao if "
@@ -536,9 +558,10 @@ def main(argv: list[str] | None = None) -> None:
         from ctranslate2_runner import CTranslate2Runner
 
         ct2 = CTranslate2Runner.from_model(vaswani, Path(tempfile.mkdtemp(prefix="vaswani-ct2-")), threads=args.threads)
-    checks = agreement(args, marian, vaswani, ct2)
+    onnx = onnx_runners(args, vaswani) if args.onnx else {}
+    checks = agreement(args, marian, vaswani, ct2, onnx)
     print("\n".join(checks))
-    extras = {"ct2": ct2}
+    extras = {"ct2": ct2, "onnx": onnx}
     if args.precisions:
         extras["precisions"], notes = precision_models(args, vaswani)
         checks += notes

@@ -178,3 +178,45 @@ def test_score_is_the_forced_decoding_log_probability(trained, tmp_path):
     mismatched.write_text("sieben\n", encoding="utf-8")
     result = vaswani("score", str(out), "--source", str(tmp_path / "src"), "--target", str(mismatched))
     assert result.returncode == 2 and "must be aligned" in result.stderr
+
+
+def test_translate_streams_a_file_in_windows_and_token_batches(tmp_path, trained):
+    # windows of 7 lines, batches of at most 20 padded tokens: the same lines, in the same order, as one window
+    from vaswani_hf.tasks import english
+
+    lines = [english(n) + (" , " + english(n * 7 % 997) if n % 3 else "") for n in range(1, 41)]
+    source = tmp_path / "in.en"
+    source.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    whole = vaswani("translate", str(trained[0]), "--input", str(source), "--precision", "fp32", "--nbest", "2")
+    small = vaswani("translate", str(trained[0]), "--input", str(source), "--precision", "fp32", "--nbest", "2",
+                    "--window", "7", "--max-tokens", "20", "--batch-size", "5")  # fmt: skip
+    assert whole.returncode == 0 and small.returncode == 0, small.stderr[-2000:]
+    assert len(whole.stdout.splitlines()) == 2 * len(lines)
+    for ours, theirs in zip(small.stdout.splitlines(), whole.stdout.splitlines(), strict=True):
+        assert ours.split(" ||| ")[:2] == theirs.split(" ||| ")[:2]
+        # other batch neighbours, other padding: the same sums in another order
+        assert float(ours.split(" ||| ")[2]) == pytest.approx(float(theirs.split(" ||| ")[2]), abs=1e-4)
+
+
+def test_translate_stream_reads_one_window_before_it_answers(trained):
+    # a million-line file never sits in memory: the first results come after `window` lines were read
+    from vaswani_hf.inference import load_for_inference, translate_stream
+
+    model, tokenizer = load_for_inference(trained[0], device="cpu")
+    pulled = []
+
+    def endless():
+        while True:
+            pulled.append(1)
+            yield "seven"
+
+    results = translate_stream(model, tokenizer, endless(), window=5, num_beams=1)
+    assert [next(results) for _ in range(7)] and len(pulled) == 10
+
+
+def test_translate_names_the_line_that_is_not_utf8(tmp_path, trained):
+    source = tmp_path / "in.en"
+    source.write_bytes(b"seven\nninety\ntwenty \xff one\n")
+    result = vaswani("translate", str(trained[0]), "--input", str(source))
+    assert result.returncode == 2 and "not UTF-8 text (line 3, byte 7)" in result.stderr
+    assert result.stdout == "" and "Traceback" not in result.stderr

@@ -159,7 +159,7 @@ def _load(args: argparse.Namespace):
 
 
 def translate_command(argv: list[str]) -> int:
-    from .inference import translate_nbest
+    from .inference import translate_stream
 
     parser = argparse.ArgumentParser(
         prog="vaswani translate",
@@ -169,24 +169,53 @@ def translate_command(argv: list[str]) -> int:
     )
     parser.add_argument("model_dir")
     parser.add_argument("--input", help="file with one sentence a line (default: stdin)")
-    parser.add_argument("--batch-size", type=_at_least_one, default=32)
+    parser.add_argument("--batch-size", type=_at_least_one, default=32, help="most sentences per batch")
+    parser.add_argument(
+        "--max-tokens",
+        type=_at_least_one,
+        default=4096,
+        help="most padded source tokens per batch (sentences are sorted by length first)",
+    )
+    parser.add_argument("--window", type=_at_least_one, default=10_000,
+                        help="lines read, sorted and translated at a time; results are written in input order "
+                        "after each window, so a file of any size never sits in memory")  # fmt: skip
     parser.add_argument("--nbest", type=_at_least_one, default=None,
                         help="print the N best translations with their scores")  # fmt: skip
     _add_decoding(parser)
     _add_precision(parser)
     _add_engine(parser)
     args = parser.parse_args(argv)
+    total = None
+    if args.input is not None:
+        with open(args.input, "rb") as counted:  # a cheap pass, for the progress bar's total (and a missing file)
+            total = sum(1 for _ in counted)
     model, tokenizer, _ = _load(args)
-    lines = _read_lines(args.input)
-    results = translate_nbest(model, tokenizer, lines, args.nbest or 1, batch_size=args.batch_size,
-                              progress=sys.stderr.isatty(), **_decoding(args))  # fmt: skip
+    results = translate_stream(model, tokenizer, _stream_lines(args.input), args.nbest or 1,
+                               batch_size=args.batch_size, max_tokens=args.max_tokens, window=args.window,
+                               progress=sys.stderr.isatty(), total=total, **_decoding(args))  # fmt: skip
     for index, candidates in enumerate(results):
         if args.nbest is None:
-            print(candidates[0][0])
+            print(candidates[0][0], flush=True)
             continue
         for text, value in candidates:
             print(f"{index} ||| {text} ||| {value:.6f}" if value is not None else f"{index} ||| {text} |||")
+        sys.stdout.flush()
     return 0
+
+
+def _stream_lines(path: str | None):
+    """Lines of a file (or stdin) one at a time, without their line ends; bad UTF-8 names the line (each line is
+    decoded by itself: a text stream decodes ahead in blocks and cannot say where)."""
+    stream = sys.stdin.buffer if path is None else open(path, "rb")
+    try:
+        for number, raw in enumerate(stream, 1):
+            try:
+                yield raw.rstrip(b"\r\n").decode("utf-8")
+            except UnicodeDecodeError as err:
+                raise ValueError(f"{path or 'stdin'} is not UTF-8 text (line {number}, byte {err.start}).") from None
+    finally:
+        if path is not None:
+            stream.close()
 
 
 def score_command(argv: list[str]) -> int:

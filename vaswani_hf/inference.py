@@ -3,7 +3,9 @@ decoding (the log-probability of given translations, for filtering and reranking
 
 from __future__ import annotations
 
+import itertools
 import json
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import sacrebleu
@@ -76,11 +78,19 @@ def load_for_inference(model_dir: str | Path, device: str | None = None, precisi
     return choice.apply(model.to(device).eval()), tokenizer
 
 
-def _batches(lengths: list[int], batch_size: int, progress: bool, desc: str):
-    """Indices of the inputs in batches, longest first (less padding); callers put the results back in order."""
+def _batches(lengths: list[int], batch_size: int, progress: bool, desc: str, max_tokens: int | None = None):
+    """Indices of the inputs in batches, longest first (less padding): at most `batch_size` inputs and, with
+    `max_tokens`, at most that many padded tokens (inputs x the longest; a longer input goes alone). Callers put
+    the results back in order."""
     order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
-    for start in tqdm(range(0, len(order), batch_size), desc=desc, disable=not progress, unit="batch"):
-        yield order[start : start + batch_size]
+    batches, start = [], 0
+    while start < len(order):
+        size = min(batch_size, len(order) - start)
+        if max_tokens is not None:  # the first of a batch is its longest
+            size = max(1, min(size, max_tokens // max(lengths[order[start]], 1)))
+        batches.append(order[start : start + size])
+        start += size
+    yield from tqdm(batches, desc=desc, disable=not progress, unit="batch")
 
 
 def translate_nbest(
@@ -90,19 +100,22 @@ def translate_nbest(
     nbest: int = 1,
     batch_size: int = 32,
     progress: bool = True,
+    max_tokens: int | None = None,
     **generate_kwargs,
 ) -> list[list[tuple[str, float | None]]]:
     """Batched translation with the model's generation defaults (paper: beam 4, GNMT alpha 0.6, source + 50):
     for each sentence, in input order, its `nbest` best translations with their beam-search scores (the
     length-penalised log-probability; None for greedy decoding), best first. The beam is widened to `nbest`
-    when the model's is narrower."""
+    when the model's is narrower. Sentences are sorted by token length and batched by at most `batch_size`
+    sentences and `max_tokens` padded source tokens."""
     model.eval()
     beams = max(generate_kwargs.get("num_beams") or model.generation_config.num_beams or 1, nbest)
     generate_kwargs["num_beams"] = beams
     beam = beams > 1
     outputs: list[list[tuple[str, float | None]]] = [[] for _ in sentences]
-    for index in _batches([len(s) for s in sentences], batch_size, progress, "translating"):
-        batch = tokenizer([sentences[i] for i in index], return_tensors="pt", padding=True, truncation=True)
+    encoded = tokenizer(list(sentences), truncation=True)["input_ids"]
+    for index in _batches([len(ids) for ids in encoded], batch_size, progress, "translating", max_tokens):
+        batch = tokenizer.pad({"input_ids": [encoded[i] for i in index]}, return_tensors="pt")
         with torch.no_grad():
             generated = model.generate(**batch.to(model.device), num_return_sequences=nbest, output_scores=beam,
                                        return_dict_in_generate=True, **generate_kwargs)  # fmt: skip
@@ -111,6 +124,29 @@ def translate_nbest(
         for row, (text, value) in enumerate(zip(texts, scores, strict=True)):
             outputs[index[row // nbest]].append((text.strip(), value))
     return outputs
+
+
+def translate_stream(
+    model: VaswaniForConditionalGeneration,
+    tokenizer: PreTrainedTokenizerBase,
+    lines: Iterable[str],
+    nbest: int = 1,
+    batch_size: int = 32,
+    max_tokens: int | None = None,
+    window: int = 10_000,
+    progress: bool = False,
+    total: int | None = None,
+    **generate_kwargs,
+) -> Iterator[list[tuple[str, float | None]]]:
+    """`translate_nbest` for inputs of any size: reads `window` lines at a time, translates them (sorted by
+    length, batched by tokens) and yields each line's n-best in input order before reading on, so memory holds
+    one window whatever the input's length. `progress` shows a bar over the lines (`total` of them, if known)."""
+    lines = iter(lines)
+    with tqdm(total=total, desc="translating", unit="line", disable=not progress) as bar:
+        while chunk := list(itertools.islice(lines, window)):
+            yield from translate_nbest(model, tokenizer, chunk, nbest, batch_size, False, max_tokens,
+                                       **generate_kwargs)  # fmt: skip
+            bar.update(len(chunk))
 
 
 def translate(
