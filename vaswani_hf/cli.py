@@ -148,9 +148,8 @@ def _load(args: argparse.Namespace):
             raise ValueError(f"--precision {args.precision} is for the torch engine: an onnxruntime folder runs the "
                              "weights it was exported with (export with --quantize int8 for int8).")  # fmt: skip
         model, tokenizer = OnnxSeq2Seq.with_tokenizer(args.model_dir)
-        weights = json.loads((Path(args.model_dir) / "vaswani_export.json").read_text()).get("weights", "float32")
-        print(f"engine: onnxruntime ({weights}); device: cpu", file=sys.stderr)
-        return model, tokenizer, argparse.Namespace(name=f"onnxruntime {weights}")
+        print(f"engine: onnxruntime ({model.weights}); device: cpu", file=sys.stderr)
+        return model, tokenizer, argparse.Namespace(name=f"onnxruntime {model.weights}")
     device = default_device(args.precision)
     choice = resolve_precision(args.precision, device)
     print(f"precision: {choice}; device: {device}", file=sys.stderr)
@@ -185,14 +184,16 @@ def translate_command(argv: list[str]) -> int:
     _add_precision(parser)
     _add_engine(parser)
     args = parser.parse_args(argv)
-    total = None
-    if args.input is not None:
-        with open(args.input, "rb") as counted:  # a cheap pass, for the progress bar's total (and a missing file)
+    if args.input is not None and not Path(args.input).is_file():
+        raise FileNotFoundError(f"--input {args.input}: no such file.")
+    progress, total = sys.stderr.isatty(), None
+    if progress and args.input is not None:
+        with open(args.input, "rb") as counted:  # one extra pass, only for the bar's total
             total = sum(1 for _ in counted)
     model, tokenizer, _ = _load(args)
-    results = translate_stream(model, tokenizer, _stream_lines(args.input), args.nbest or 1,
-                               batch_size=args.batch_size, max_tokens=args.max_tokens, window=args.window,
-                               progress=sys.stderr.isatty(), total=total, **_decoding(args))  # fmt: skip
+    results = translate_stream(model, tokenizer, _stream_lines(args.input), window=args.window, progress=progress,
+                               total=total, nbest=args.nbest or 1, batch_size=args.batch_size,
+                               max_tokens=args.max_tokens, **_decoding(args))  # fmt: skip
     for index, candidates in enumerate(results):
         if args.nbest is None:
             print(candidates[0][0], flush=True)

@@ -510,7 +510,10 @@ def beam_search(settings: DecodingSettings, state: DecodingState) -> dict:
     out_scores = torch.zeros(out_sequences.shape[0], device=device)
     out_lengths = torch.zeros(out_sequences.shape[0], dtype=torch.long, device=device)
     tokens = torch.full((batch * beams,), settings.start, dtype=torch.long, device=device)
-    history = BeamHistory(settings, batch, steps, device) if settings.return_dict else None
+    # Transformers returns beam_indices with the scores they index (its docs: "returned when output_scores=True");
+    # without them, translation with return_dict_in_generate (n-best scores) pays nothing for the bookkeeping
+    wanted = settings.return_dict and (settings.output_scores or settings.output_logits)
+    history = BeamHistory(settings, batch, steps, device) if wanted else None
 
     for step in range(steps):
         batch = running.shape[0]
@@ -878,5 +881,5 @@ class VaswaniGenerationMixin:
             sequences_scores=result["scores"] if settings.output_scores else None,
             scores=result["step_scores"],
             logits=result["step_logits"],
-            beam_indices=result["beam_indices"][:, :length],
+            beam_indices=result["beam_indices"][:, :length] if "beam_indices" in result else None,
         )

@@ -130,22 +130,19 @@ def translate_stream(
     model: VaswaniForConditionalGeneration,
     tokenizer: PreTrainedTokenizerBase,
     lines: Iterable[str],
-    nbest: int = 1,
-    batch_size: int = 32,
-    max_tokens: int | None = None,
     window: int = 10_000,
     progress: bool = False,
     total: int | None = None,
-    **generate_kwargs,
+    **translate_kwargs,
 ) -> Iterator[list[tuple[str, float | None]]]:
-    """`translate_nbest` for inputs of any size: reads `window` lines at a time, translates them (sorted by
-    length, batched by tokens) and yields each line's n-best in input order before reading on, so memory holds
-    one window whatever the input's length. `progress` shows a bar over the lines (`total` of them, if known)."""
+    """`translate_nbest` (which takes `translate_kwargs`) for inputs of any size: reads `window` lines at a time,
+    translates them (sorted by length, batched by tokens) and yields each line's n-best in input order before
+    reading on, so memory holds one window whatever the input's length. `progress` shows a bar over the lines
+    (`total` of them, if known)."""
     lines = iter(lines)
     with tqdm(total=total, desc="translating", unit="line", disable=not progress) as bar:
         while chunk := list(itertools.islice(lines, window)):
-            yield from translate_nbest(model, tokenizer, chunk, nbest, batch_size, False, max_tokens,
-                                       **generate_kwargs)  # fmt: skip
+            yield from translate_nbest(model, tokenizer, chunk, progress=False, **translate_kwargs)
             bar.update(len(chunk))
 
 

@@ -267,6 +267,8 @@ class OnnxSeq2Seq(VaswaniGenerationMixin):
         if missing:
             raise FileNotFoundError(f"{folder} lacks {', '.join(missing)}: export the model again with `vaswani export "
                                     "MODEL --format onnx`.")  # fmt: skip
+        about = folder / "vaswani_export.json"
+        self.weights = json.loads(about.read_text()).get("weights", "float32") if about.is_file() else "float32"
         self.config = VaswaniConfig.from_pretrained(folder)
         self.generation_config = GenerationConfig.from_pretrained(folder)
         options = onnxruntime.SessionOptions()
