@@ -93,9 +93,9 @@ CASES = {
     "encoder_outputs, greedy": dict(num_beams=1, encoder_outputs=True),
 }  # fmt: skip
 # Both raise: Transformers moved these out of the library (Hub `custom_generate` repositories) or needs a tokenizer.
+# (Its constrained beam search, `force_words_ids`, runs in our own search: tests/test_translation_features.py.)
 BOTH_RAISE = {
     "group beam search": (dict(num_beams=4, num_beam_groups=2, diversity_penalty=0.5), "Group Beam Search"),
-    "constraints": (dict(num_beams=3, force_words_ids=[[5]]), "Constrained Beam Search"),
     "DoLa": (dict(num_beams=1, dola_layers="low"), "Dola"),
     "low_memory": (dict(num_beams=3, low_memory=True), "low_memory"),
     "stop_strings without tokenizer": (dict(num_beams=1, stop_strings=["x"]), "tokenizer"),

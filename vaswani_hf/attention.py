@@ -7,6 +7,8 @@ from pathlib import Path
 
 import torch
 
+from .generation_vaswani import forced_attentions
+
 KINDS = {"encoder": "encoder self-attention", "decoder": "decoder self-attention", "cross": "cross-attention"}
 
 
@@ -17,12 +19,7 @@ def attention_weights(model, tokenizer, sentence: str, **generate_kwargs) -> dic
     with torch.no_grad():
         generated = model.generate(**batch, **generate_kwargs)
         decoder_input_ids = generated[:, :-1] if generated.shape[1] > 1 else generated
-        implementation = model.config._attn_implementation
-        model.set_attn_implementation("eager")  # sdpa and flash kernels do not return the weights
-        try:
-            outputs = model(**batch, decoder_input_ids=decoder_input_ids, output_attentions=True)
-        finally:
-            model.set_attn_implementation(implementation)
+        outputs = forced_attentions(model, **batch, decoder_input_ids=decoder_input_ids)
     stack = {
         "encoder": outputs.encoder_attentions,
         "decoder": outputs.decoder_attentions,

@@ -136,8 +136,21 @@ def _add_engine(parser: argparse.ArgumentParser) -> None:
                         "greedy/beam search (needs the onnx extra)")  # fmt: skip
 
 
-def _load(args: argparse.Namespace):
-    """The model in the precision asked for, which is said on stderr (stdout holds the results)."""
+def _add_models(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("model_dir", nargs="?", help="a saved model folder (or --models for an ensemble)")
+    parser.add_argument("--models", nargs="+", metavar="MODEL_DIR",
+                        help="an ensemble: two or more model folders of one vocabulary (one tokenizer), decoded "
+                        "together with their log-probabilities averaged at every step")  # fmt: skip
+
+
+def _model_dirs(parser: argparse.ArgumentParser, args: argparse.Namespace) -> list[str]:
+    if (args.model_dir is None) == (args.models is None):
+        parser.error("give one model folder, or an ensemble with --models A B [C ...] (not both)")
+    return [args.model_dir] if args.models is None else args.models
+
+
+def _load(args: argparse.Namespace, model_dirs: list[str]):
+    """The model (or ensemble) in the precision asked for, which is said on stderr (stdout holds the results)."""
     from .inference import default_device, load_for_inference
     from .precision import resolve_precision
 
@@ -147,14 +160,26 @@ def _load(args: argparse.Namespace):
         if args.precision != "auto":
             raise ValueError(f"--precision {args.precision} is for the torch engine: an onnxruntime folder runs the "
                              "weights it was exported with (export with --quantize int8 for int8).")  # fmt: skip
-        model, tokenizer = OnnxSeq2Seq.with_tokenizer(args.model_dir)
-        print(f"engine: onnxruntime ({model.weights}); device: cpu", file=sys.stderr)
-        return model, tokenizer, argparse.Namespace(name=f"onnxruntime {model.weights}")
-    device = default_device(args.precision)
-    choice = resolve_precision(args.precision, device)
-    print(f"precision: {choice}; device: {device}", file=sys.stderr)
-    model, tokenizer = load_for_inference(args.model_dir, device=device, precision=choice)
-    return model, tokenizer, choice
+        loaded = [OnnxSeq2Seq.with_tokenizer(folder) for folder in model_dirs]
+        weights = loaded[0][0].weights
+        print(f"engine: onnxruntime ({weights}); device: cpu", file=sys.stderr)
+        choice = argparse.Namespace(name=f"onnxruntime {weights}")
+    else:
+        device = default_device(args.precision)
+        choice = resolve_precision(args.precision, device)
+        print(f"precision: {choice}; device: {device}", file=sys.stderr)
+        loaded = [load_for_inference(folder, device=device, precision=choice) for folder in model_dirs]
+    model, tokenizer = loaded[0]
+    if len(loaded) == 1:
+        return model, tokenizer, choice
+    from .ensemble import Ensemble
+
+    for folder, (_, other) in zip(model_dirs[1:], loaded[1:], strict=True):
+        if other.get_vocab() != tokenizer.get_vocab():
+            raise ValueError(f"--models: {folder} has another vocabulary than {model_dirs[0]} (their tokenizers "
+                             "differ): an ensemble needs models trained with one tokenizer.")  # fmt: skip
+    print(f"ensemble of {len(loaded)} models", file=sys.stderr)
+    return Ensemble([m for m, _ in loaded]), tokenizer, choice
 
 
 def translate_command(argv: list[str]) -> int:
@@ -164,9 +189,10 @@ def translate_command(argv: list[str]) -> int:
         prog="vaswani translate",
         description="Translate lines from a file or stdin, one translation a line. With --nbest N: N lines per input "
         "line, 'INDEX ||| TRANSLATION ||| SCORE' (Moses n-best format; INDEX counts input lines from 0, best first, "
-        "SCORE is the length-penalised log-probability beam search ranks by).",
+        "SCORE is the length-penalised log-probability beam search ranks by). --alignments adds ' ||| ALIGNMENT' to "
+        "each line (Moses 'i-j' word pairs).",
     )
-    parser.add_argument("model_dir")
+    _add_models(parser)
     parser.add_argument("--input", help="file with one sentence a line (default: stdin)")
     parser.add_argument("--batch-size", type=_at_least_one, default=32, help="most sentences per batch")
     parser.add_argument(
@@ -180,28 +206,68 @@ def translate_command(argv: list[str]) -> int:
                         "after each window, so a file of any size never sits in memory")  # fmt: skip
     parser.add_argument("--nbest", type=_at_least_one, default=None,
                         help="print the N best translations with their scores")  # fmt: skip
+    parser.add_argument("--alignments", action="store_true",
+                        help="add each translation's word alignment to its source line (Moses 'i-j': source word i, "
+                        "translation word j, from 0, words split at whitespace), read from the cross-attention of the "
+                        "config's alignment_layer / alignment_heads")  # fmt: skip
+    parser.add_argument("--constraints", metavar="FILE",
+                        help="one line per input line: phrases (separated by tabs) every translation of that line "
+                        "must contain; an empty line for none (needs beam search)")  # fmt: skip
+    parser.add_argument(
+        "--prefix",
+        metavar="FILE",
+        help="one line per input line: the text its translation starts with (an empty line for none)",
+    )
     _add_decoding(parser)
     _add_precision(parser)
     _add_engine(parser)
     args = parser.parse_args(argv)
-    if args.input is not None and not Path(args.input).is_file():
-        raise FileNotFoundError(f"--input {args.input}: no such file.")
+    model_dirs = _model_dirs(parser, args)
+    for name in ("input", "constraints", "prefix"):
+        path = getattr(args, name)
+        if path is not None and not Path(path).is_file():
+            raise FileNotFoundError(f"--{name} {path}: no such file.")
+    if args.alignments and (args.models or args.engine != "torch"):
+        raise ValueError("--alignments reads one PyTorch model's cross-attention: give a single model and the torch "
+                         "engine.")  # fmt: skip
     progress, total = sys.stderr.isatty(), None
-    if progress and args.input is not None:
-        with open(args.input, "rb") as counted:  # one extra pass, only for the bar's total
+    if args.input is not None and (progress or args.constraints or args.prefix):
+        with open(args.input, "rb") as counted:  # one extra pass: the bar's total, the side files' check
             total = sum(1 for _ in counted)
-    model, tokenizer, _ = _load(args)
+    model, tokenizer, _ = _load(args, model_dirs)
+    lexical = _lexical_files(args, tokenizer, total)
     results = translate_stream(model, tokenizer, _stream_lines(args.input), window=args.window, progress=progress,
                                total=total, nbest=args.nbest or 1, batch_size=args.batch_size,
-                               max_tokens=args.max_tokens, **_decoding(args))  # fmt: skip
+                               max_tokens=args.max_tokens, alignments=args.alignments, **lexical,
+                               **_decoding(args))  # fmt: skip
     for index, candidates in enumerate(results):
-        if args.nbest is None:
-            print(candidates[0][0], flush=True)
-            continue
-        for text, value in candidates:
-            print(f"{index} ||| {text} ||| {value:.6f}" if value is not None else f"{index} ||| {text} |||")
+        for text, value, *alignment in candidates[: args.nbest or 1]:
+            fields = [text] if args.nbest is None else [str(index), text, f"{value:.6f}" if value is not None else ""]
+            print(" ||| ".join(fields + alignment).rstrip())
         sys.stdout.flush()
     return 0
+
+
+def _lexical_files(args: argparse.Namespace, tokenizer, input_lines: int | None) -> dict:
+    """--constraints / --prefix, read and checked in full before anything is translated (so a bad line stops the
+    run with nothing written), as `translate_stream`'s `constraints` / `prefixes`."""
+    from .inference import lexical_ids
+
+    lexical = {}
+    for name, kind, key in (("constraints", "constraint", "constraints"), ("prefix", "prefix", "prefixes")):
+        path = getattr(args, name)
+        if path is None:
+            continue
+        lines = _read_lines(path)
+        entries = (
+            [[p.strip() for p in line.split("\t") if p.strip()] for line in lines] if kind == "constraint" else lines
+        )
+        if input_lines is not None and len(lines) != input_lines:
+            raise ValueError(f"--{name} {path} has {len(lines)} lines but --input {args.input} has {input_lines}: "
+                             "give one line per input line (an empty line for none).")  # fmt: skip
+        lexical_ids(tokenizer, entries, kind, len(entries))
+        lexical[key] = entries
+    return lexical
 
 
 def _stream_lines(path: str | None):
@@ -255,7 +321,7 @@ def evaluate_command(argv: list[str]) -> int:
     from .tasks import builtin_splits
 
     parser = argparse.ArgumentParser(prog="vaswani evaluate", description="BLEU/chrF of a model with sacrebleu.")
-    parser.add_argument("model_dir")
+    _add_models(parser)
     parser.add_argument("--data", help="folder of {split}.{lang} files (default: the built-in task)")
     parser.add_argument("--split", default="test")
     parser.add_argument("--src", default="en")
@@ -266,7 +332,7 @@ def evaluate_command(argv: list[str]) -> int:
     _add_precision(parser)
     _add_engine(parser)
     args = parser.parse_args(argv)
-    model, tokenizer, precision = _load(args)
+    model, tokenizer, precision = _load(args, _model_dirs(parser, args))
     pairs = load_split(args.data, args.split, args.src, args.tgt) if args.data else builtin_splits()[args.split]
     result, hypotheses = evaluate(model, tokenizer, pairs, args.batch_size, **_decoding(args))
     if args.hypotheses:

@@ -3,8 +3,10 @@ decoding (the log-probability of given translations, for filtering and reranking
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import json
+import re
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
@@ -101,29 +103,119 @@ def translate_nbest(
     batch_size: int = 32,
     progress: bool = True,
     max_tokens: int | None = None,
+    constraints: list[list[str]] | None = None,
+    prefixes: list[str] | None = None,
+    alignments: bool = False,
     **generate_kwargs,
-) -> list[list[tuple[str, float | None]]]:
+) -> list[list[tuple]]:
     """Batched translation with the model's generation defaults (paper: beam 4, GNMT alpha 0.6, source + 50):
-    for each sentence, in input order, its `nbest` best translations with their beam-search scores (the
-    length-penalised log-probability; None for greedy decoding), best first. The beam is widened to `nbest`
-    when the model's is narrower. Sentences are sorted by token length and batched by at most `batch_size`
-    sentences and `max_tokens` padded source tokens."""
+    for each sentence, in input order, its `nbest` best translations as (text, score) pairs, best first. The score
+    is the length-penalised log-probability beam search ranks by (None for greedy decoding). The beam is widened
+    to `nbest` when the model's is narrower. Sentences are sorted by token length and batched by at most
+    `batch_size` sentences and `max_tokens` padded source tokens.
+
+    `constraints`: per sentence, phrases every translation must contain (lexically constrained beam search);
+    `prefixes`: per sentence, the text its translations start with ("" for none); `alignments`: (text, score,
+    alignment) triples, the alignment in Moses' "i-j" format (source word i, translation word j, 0-based, words
+    split at whitespace; `word_alignment`). `model` may be an `Ensemble` or an ONNX runner (not for alignments)."""
     model.eval()
     beams = max(generate_kwargs.get("num_beams") or model.generation_config.num_beams or 1, nbest)
     generate_kwargs["num_beams"] = beams
     beam = beams > 1
-    outputs: list[list[tuple[str, float | None]]] = [[] for _ in sentences]
-    encoded = tokenizer(list(sentences), truncation=True)["input_ids"]
+    outputs: list[list[tuple]] = [[] for _ in sentences]
+    offsets = alignments and tokenizer.is_fast
+    encoding = tokenizer(list(sentences), truncation=True, return_offsets_mapping=offsets)
+    encoded = encoding["input_ids"]
+    phrases = lexical_ids(tokenizer, constraints, "constraint", len(sentences)) if constraints is not None else None
+    starts = lexical_ids(tokenizer, prefixes, "prefix", len(sentences)) if prefixes is not None else None
+    starting = word_start_ids(tokenizer) if constraints is not None else None
     for index in _batches([len(ids) for ids in encoded], batch_size, progress, "translating", max_tokens):
         batch = tokenizer.pad({"input_ids": [encoded[i] for i in index]}, return_tensors="pt")
+        lexical = {}
+        if phrases is not None:
+            lexical["force_words"] = [phrases[i] for i in index]
+            lexical["word_start_ids"] = starting
+        if starts is not None:
+            lexical["target_prefix"] = [starts[i][0] if starts[i] else [] for i in index]
         with torch.no_grad():
             generated = model.generate(**batch.to(model.device), num_return_sequences=nbest, output_scores=beam,
-                                       return_dict_in_generate=True, **generate_kwargs)  # fmt: skip
+                                       return_dict_in_generate=True, return_alignments=alignments, **lexical,
+                                       **generate_kwargs)  # fmt: skip
         texts = tokenizer.batch_decode(generated.sequences, skip_special_tokens=True)
         scores = generated.sequences_scores.tolist() if beam else [None] * len(texts)
         for row, (text, value) in enumerate(zip(texts, scores, strict=True)):
-            outputs[index[row // nbest]].append((text.strip(), value))
+            i = index[row // nbest]
+            if not alignments:
+                outputs[i].append((text.strip(), value))
+                continue
+            source_words = (_words_by_offsets(sentences[i], encoding["offset_mapping"][i]) if offsets
+                            else _words_by_decoding(tokenizer, encoded[i]))  # fmt: skip
+            target_words = _words_by_decoding(tokenizer, generated.sequences[row, 1:].tolist())
+            pairs = word_alignment(generated.alignments[row].tolist(), source_words, target_words)
+            outputs[i].append((text.strip(), value, pairs))
     return outputs
+
+
+def lexical_ids(tokenizer: PreTrainedTokenizerBase, texts: list, kind: str, count: int,
+                first_line: int = 1) -> list[list[list[int]]]:  # fmt: skip
+    """Token ids of each sentence's constraint phrases (`texts[i]` a list of phrases) or target prefix (`texts[i]`
+    a string, "" for none; returned as a one-phrase list): a phrase the vocabulary cannot spell (<unk>) or that
+    is blank stops with the line it is on (`first_line` numbers the first sentence)."""
+    if len(texts) != count:
+        raise ValueError(f"{count} sentences but {len(texts)} {kind} lines: give one per sentence (an empty one for "
+                         "none).")  # fmt: skip
+    unknown = tokenizer.unk_token_id
+    result = []
+    for line, entry in enumerate(texts, first_line):
+        phrases = ([entry] if entry else []) if kind == "prefix" else entry
+        ids = []
+        for phrase in phrases:
+            tokens = tokenizer(phrase, add_special_tokens=False)["input_ids"] if phrase.strip() else []
+            if not tokens:
+                raise ValueError(f"{kind} line {line}: a blank {kind} ({phrase!r}); leave the line empty for none.")
+            if unknown is not None and unknown in tokens:
+                raise ValueError(f"{kind} line {line}: {phrase!r} has characters the vocabulary cannot spell (it "
+                                 "becomes <unk>), so no translation can contain it.")  # fmt: skip
+            ids.append(tokens)
+        result.append(ids)
+    return result
+
+
+def word_start_ids(tokenizer: PreTrainedTokenizerBase) -> list[int] | None:
+    """The ids of the tokens that begin a word, so that a constraint "sieben" is not met by the first piece of
+    "siebenundzwanzig": tokens marked as word-initial ("▁" of SentencePiece and Metaspace, "Ġ" of byte-level
+    BPE) or not starting with a letter or digit (punctuation), or with WordPiece every token not marked "##";
+    special tokens too. None when the vocabulary marks neither (phrases then match on tokens alone)."""
+    vocabulary = tokenizer.get_vocab()
+    if any(token.startswith(("▁", "Ġ")) for token in vocabulary):
+        starts = [i for token, i in vocabulary.items() if token.startswith(("▁", "Ġ")) or not token[:1].isalnum()]
+    elif any(token.startswith("##") for token in vocabulary):
+        starts = [i for token, i in vocabulary.items() if not token.startswith("##")]
+    else:
+        return None
+    return sorted(set(starts) | set(tokenizer.all_special_ids))
+
+
+def word_alignment(pairs: list[list[int]], source_words: list[int | None], target_words: list[int | None]) -> str:
+    """Token-level (source, target) position pairs (`generate(return_alignments=True)`) as Moses word alignment:
+    "i-j" for every word pair linked by a pair of their subword pieces, sorted, each once."""
+    links = {(source_words[s], target_words[t]) for s, t in pairs if s < len(source_words) and t < len(target_words)}
+    return " ".join(f"{i}-{j}" for i, j in sorted(link for link in links if None not in link))
+
+
+def _words_by_offsets(text: str, offsets: list[tuple[int, int]]) -> list[int | None]:
+    """Each token's whitespace-separated word in `text`, from the tokenizer's character offsets (exact even where
+    the vocabulary lacks characters); None for tokens without text (EOS)."""
+    starts = [match.start() for match in re.finditer(r"\S+", text)]
+    return [bisect.bisect_right(starts, end - 1) - 1 if end > start else None for start, end in offsets]
+
+
+def _words_by_decoding(tokenizer: PreTrainedTokenizerBase, ids: list[int]) -> list[int | None]:
+    """Each token's whitespace-separated word in the decoded text, found by decoding every prefix of `ids` (for
+    outputs, and for tokenizers without offsets); None for special tokens."""
+    special = set(tokenizer.all_special_ids)
+    texts = tokenizer.batch_decode([ids[: i + 1] for i in range(len(ids))], skip_special_tokens=True)
+    return [None if token in special else max(len(text.split()) - 1, 0) for token, text in zip(ids, texts, strict=True)]
 
 
 def translate_stream(
@@ -133,17 +225,34 @@ def translate_stream(
     window: int = 10_000,
     progress: bool = False,
     total: int | None = None,
+    constraints: Iterable[list[str]] | None = None,
+    prefixes: Iterable[str] | None = None,
     **translate_kwargs,
-) -> Iterator[list[tuple[str, float | None]]]:
-    """`translate_nbest` (which takes `translate_kwargs`) for inputs of any size: reads `window` lines at a time,
-    translates them (sorted by length, batched by tokens) and yields each line's n-best in input order before
-    reading on, so memory holds one window whatever the input's length. `progress` shows a bar over the lines
-    (`total` of them, if known)."""
-    lines = iter(lines)
+) -> Iterator[list[tuple]]:
+    """`translate_nbest` (which takes `translate_kwargs`) for inputs of any size: reads `window` lines at a time
+    (with their `constraints` and `prefixes`, read in step), translates them (sorted by length, batched by tokens)
+    and yields each line's n-best in input order before reading on, so memory holds one window whatever the
+    input's length. `progress` shows a bar over the lines (`total` of them, if known)."""
+    lexical = {name: value for name, value in (("constraints", constraints), ("prefixes", prefixes))
+               if value is not None}  # fmt: skip
+    rows = _side_by_side(lines, *lexical.values(), names=["input", *lexical])
     with tqdm(total=total, desc="translating", unit="line", disable=not progress) as bar:
-        while chunk := list(itertools.islice(lines, window)):
-            yield from translate_nbest(model, tokenizer, chunk, progress=False, **translate_kwargs)
+        while chunk := list(itertools.islice(rows, window)):
+            columns = [list(column) for column in zip(*chunk, strict=True)]
+            extra = dict(zip(lexical, columns[1:], strict=True))
+            yield from translate_nbest(model, tokenizer, columns[0], progress=False, **extra, **translate_kwargs)
             bar.update(len(chunk))
+
+
+def _side_by_side(*streams: Iterable, names: list[str]) -> Iterator[tuple]:
+    """The streams' items in step; streams of different lengths stop with an error naming them."""
+    end = object()
+    for number, row in enumerate(itertools.zip_longest(*streams, fillvalue=end), 1):
+        if any(item is end for item in row):
+            short = [name for name, item in zip(names, row, strict=True) if item is end]
+            raise ValueError(f"{' and '.join(short)} ended at line {number - 1}, before the other lines: give one "
+                             "line per input line (an empty line for none).")  # fmt: skip
+        yield row
 
 
 def translate(
