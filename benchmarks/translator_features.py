@@ -100,9 +100,10 @@ def main() -> None:
     prefixes = [" ".join(r.split()[:2]) for r in references]
     continued, seconds = run(model, tokenizer, sources, prefixes=prefixes)
     kept = sum(c.startswith(p) for c, p in zip(continued, prefixes, strict=True))
+    prefix_bleu = score(continued, references)["bleu"]
     lines += ["", f"## Prefix decoding ({name})", "",
               f"The reference's first two words as the prefix: {kept} of {len(pairs)} outputs start with it; BLEU "
-              f"{score(continued, references)['bleu']:.2f} (unconstrained {base_bleu:.2f}), {seconds:.0f} s."]  # fmt: skip
+              f"{prefix_bleu:.2f} (unconstrained {base_bleu:.2f}), {seconds:.0f} s."]  # fmt: skip
     print(lines[-1], flush=True)
     if args.markdown:
         args.markdown.write_text("\n".join(lines) + "\n", encoding="utf-8")

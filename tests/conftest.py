@@ -1,4 +1,5 @@
 import os
+import tempfile
 
 import pytest
 
@@ -7,6 +8,8 @@ from .helpers import TINY_RUN, TRAINED_RUN, vaswani
 # Tests never reach the Hub; they build tiny models and data themselves.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+# `--precision auto` measures bf16 against fp32 once per machine: keep that out of the user's cache directory
+os.environ.setdefault("VASWANI_PRECISION_CACHE", os.path.join(tempfile.mkdtemp(prefix="vaswani-"), "precision.json"))
 
 collect_ignore_glob = ["_upstream/*"]
 

@@ -2,13 +2,14 @@
 (`vaswani_hf.precision`)."""
 
 import json
+from types import SimpleNamespace
 
 import pytest
 import torch
 from datasets import Dataset
 from safetensors.torch import load_file
 
-from vaswani_hf import VaswaniConfig, VaswaniForConditionalGeneration
+from vaswani_hf import VaswaniConfig, VaswaniForConditionalGeneration, precision
 from vaswani_hf.precision import MasterWeightAdamW, quantize_int8, resolve_precision
 from vaswani_hf.trainer import VaswaniTrainer, VaswaniTrainingArguments
 
@@ -90,11 +91,54 @@ def cpu(request, monkeypatch):
     return request.param
 
 
+MEASURED = SimpleNamespace(ratio=1.5, calls=[])
+
+
+@pytest.fixture(autouse=True)
+def measurement(monkeypatch, tmp_path):
+    """`auto`'s measurement replaced by `MEASURED.ratio` (bf16 faster unless a test says otherwise), its calls
+    counted, its cache in tmp_path."""
+    monkeypatch.setenv("VASWANI_PRECISION_CACHE", str(tmp_path / "precision.json"))
+    MEASURED.ratio, MEASURED.calls = 1.5, []
+    monkeypatch.setattr(precision, "measure_bf16_speedup",
+                        lambda training: MEASURED.calls.append(training) or MEASURED.ratio)  # fmt: skip
+
+
 def test_auto_picks_bf16_only_where_the_cpu_has_it(cpu):
     for training in (True, False):
         choice = resolve_precision("auto", "cpu", training=training)
         assert choice.name == ("fp32" if cpu == "none" else "bf16")
         assert ("AMX-BF16" if cpu == "amx" else "AVX512-BF16") in choice.reason
+    assert len(MEASURED.calls) == (0 if cpu == "none" else 2)  # no measurement where bf16 would be emulated
+
+
+def test_auto_takes_fp32_where_native_bf16_measures_slower(cpu, tmp_path):
+    """The Intel Xeon case of issue 32: AVX512-BF16 present, bf16 training at 0.7x fp32."""
+    MEASURED.ratio = 0.7
+    choice = resolve_precision("auto", "cpu", training=True)
+    if cpu != "none":
+        assert choice.name == "fp32" and "a training step in bf16 runs at 0.70x fp32" in choice.reason
+        assert resolve_precision("bf16", "cpu", training=True).name == "bf16"  # asking overrides the measurement
+
+
+def test_the_measurement_is_kept_per_machine_job_and_threads(cpu, tmp_path, monkeypatch):
+    if cpu == "none":
+        return
+    for _ in range(2):
+        resolve_precision("auto", "cpu", training=True)
+    assert MEASURED.calls == [True]  # measured once, then read from the cache
+    assert "cached in" in resolve_precision("auto", "cpu", training=True).reason
+    resolve_precision("auto", "cpu", training=False)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 7)
+    resolve_precision("auto", "cpu", training=True)
+    assert MEASURED.calls == [True, False, True]
+    assert len(json.loads((tmp_path / "precision.json").read_text())) == 3
+
+
+def test_the_measurement_itself_runs(monkeypatch):
+    monkeypatch.undo()
+    ratio = precision.measure_bf16_speedup(training=True, d_model=32, rounds=1)
+    assert ratio > 0  # a ratio of two times; its value depends on the machine (benchmarks, not tests)
 
 
 def test_bf16_without_native_support_is_refused_with_the_alternative(cpu):
@@ -118,9 +162,9 @@ def test_a_onednn_cap_below_bf16_counts_as_no_native_bf16(cpu, variable, monkeyp
     monkeypatch.setenv(variable, "AVX512_CORE_BF16")  # allows the AVX512-BF16 instructions, not AMX
     choice = resolve_precision("auto", "cpu")
     assert choice.name == ("fp32" if cpu == "none" else "bf16")
-    assert cpu == "none" or choice.reason == "auto: this CPU has AVX512-BF16"
+    assert cpu == "none" or choice.reason.startswith("auto: this CPU has AVX512-BF16; measured here")
     monkeypatch.setenv(variable, "ALL")
-    assert resolve_precision("auto", "cpu").reason.endswith("AMX-BF16" if cpu == "amx" else "AVX512-BF16")
+    assert ("AMX-BF16" if cpu == "amx" else "AVX512-BF16") in resolve_precision("auto", "cpu").reason
 
 
 def test_int8_is_for_cpu_inference_only():

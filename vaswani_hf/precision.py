@@ -14,9 +14,13 @@ Measured on the base preset, 2 threads (`benchmarks/compare_marian.py`; figures 
   (`translation_loss` upcasts the logits) and attention runs in fp32 on CPU (`VaswaniMultiHeadAttention`), where
   torch's bf16 attention backward is slower. `torch.autocast("cpu")` instead casts fp32 weights at every op: slower.
   On CUDA, bf16 training is autocast (Trainer's `bf16=True`), the fast path there.
+- **Native bf16 is not always faster**: on an Intel Xeon with AVX512-BF16 (no AMX) bf16 training ran at 0.7x
+  fp32. So `auto` on a CPU with native bf16 times the job (a training step, or beam decoding) in both precisions
+  once per machine, torch release and thread count, keeps the result in a JSON cache, and takes bf16 only where it
+  measured faster (`measured_choice`); the ratio is in the reason runs print.
 - **bf16 inference on CPU pays with rows, not at one row**: on Sapphire Rapids (AMX) 1.59x fp32 at beam 4 x 16
   sentences, 1.23x at beam 4 x 1, 0.97x for greedy one sentence (a bf16 matrix-vector product costs more than an
-  fp32 one there). `auto` picks it anyway: translate and evaluate decode batches.
+  fp32 one there). `auto`'s inference measurement decodes a batch (beam 4 x 4 sentences), as translate does.
 - **int8 is dynamic quantization of every linear layer** (weights int8 per tensor, activations quantized per
   batch): `torch.ao.quantization.quantize_dynamic`, CPU only. torchao's int8 configurations were measured too and
   were slower than fp32 in eager mode on both kinds of CPU measured (0.4-0.9x on an AMD EPYC and an Intel Sapphire
@@ -42,8 +46,11 @@ Training with bf16 weights by hand:
 from __future__ import annotations
 
 import copy
+import json
 import os
 import platform
+import statistics
+import time
 import warnings
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -127,6 +134,8 @@ def resolve_precision(requested: str, device: str | torch.device = "cpu", traini
             raise ValueError(f"--precision int8 quantizes for CPU serving; on {where} use --precision bf16 or fp32.")
         return Precision("int8", "asked for: dynamic int8 quantization of the linear layers")
     native = native_bf16(device)
+    if native is not None and requested == "auto" and device.type == "cpu":
+        return measured_choice(native, training)
     if native is not None:
         return Precision("bf16", f"{'auto' if requested == 'auto' else 'asked for'}: {native}")
     missing = "neither AMX-BF16 nor AVX512-BF16" if device.type == "cpu" else "no bf16 support"
@@ -139,6 +148,89 @@ def resolve_precision(requested: str, device: str | torch.device = "cpu", traini
             "auto, which picks it)" + ("" if training else ", or int8 for faster CPU inference") + "."
         )
     return Precision("fp32", f"auto: {where} has {missing}")
+
+
+def measured_choice(native: str, training: bool) -> Precision:
+    """`auto` on a CPU with native bf16: bf16 only where it measured faster than fp32 on this machine.
+
+    Native bf16 instructions do not make bf16 fast everywhere: on an Intel Xeon with AVX512-BF16 (no AMX) bf16
+    training ran at 0.7x fp32, where the rule on CPU flags had picked it. So the first `auto` on a machine times
+    the job itself on a small model in both precisions (`measure_bf16_speedup`, a few seconds) and keeps the
+    result per CPU model, torch release, thread count, oneDNN cap and job (training or inference) in a JSON file
+    (`precision_cache_path()`); later runs read it. The choice and the measured ratio are in the reason, which runs
+    print in their summary. `--precision fp32/bf16` skips all of this."""
+    job = "training" if training else "inference"
+    cap = onednn_isa_cap()
+    key = " | ".join([cpu_name(), f"torch {torch.__version__}", f"{torch.get_num_threads()} threads", job,
+                      f"{cap[0]}={cap[1]}" if cap else "no ISA cap"])  # fmt: skip
+    path = precision_cache_path()
+    try:
+        cache = json.loads(path.read_text())
+    except (OSError, ValueError):
+        cache = {}
+    ratio = cache.get(key)
+    where = f"cached in {path}"
+    if not isinstance(ratio, (int, float)):
+        ratio = measure_bf16_speedup(training)
+        cache[key] = round(ratio, 3)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(cache, indent=1, sort_keys=True))
+        except OSError:  # a read-only home: measure again next time
+            where = "not cached: cannot write " + str(path)
+    name = "bf16" if ratio > 1.0 else "fp32"
+    what = "a training step" if training else "beam decoding"
+    return Precision(name, f"auto: {native}; measured here, {what} in bf16 runs at {ratio:.2f}x fp32 ({where})")
+
+
+def precision_cache_path() -> Path:
+    """Where `auto` keeps its measurements: `$VASWANI_PRECISION_CACHE`, else `$XDG_CACHE_HOME/vaswani_hf/
+    precision.json` (`~/.cache/...`). Delete it to measure again (after a BIOS or library change)."""
+    if os.environ.get("VASWANI_PRECISION_CACHE"):
+        return Path(os.environ["VASWANI_PRECISION_CACHE"])
+    root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return root / "vaswani_hf" / "precision.json"
+
+
+def measure_bf16_speedup(training: bool, d_model: int = 512, rounds: int = 5) -> float:
+    """fp32 time over bf16 time (median of `rounds`, interleaved, after a warm-up) of a training step (bf16 weights
+    with `MasterWeightAdamW`, as `vaswani train` runs it) or of beam-4 decoding (as `vaswani translate`), on a
+    one-layer model of width `d_model` with an 8,000-token vocabulary: the same kernels as the real job, a few
+    seconds in all."""
+    from .configuration_vaswani import VaswaniConfig
+    from .modeling_vaswani import VaswaniForConditionalGeneration
+
+    generator = torch.Generator().manual_seed(0)
+    config = VaswaniConfig(vocab_size=8000, d_model=d_model, encoder_layers=1, decoder_layers=1,
+                           encoder_ffn_dim=4 * d_model, decoder_ffn_dim=4 * d_model)  # fmt: skip
+    source = torch.randint(4, 8000, (16, 32), generator=generator)
+    jobs = []
+    for dtype in (torch.float32, torch.bfloat16):
+        torch.manual_seed(0)
+        model = VaswaniForConditionalGeneration(config).to(dtype)
+        if training:
+            optimizer = (MasterWeightAdamW if dtype == torch.bfloat16 else torch.optim.AdamW)(model.parameters())
+
+            def job(model=model, optimizer=optimizer):
+                model(input_ids=source, labels=source).loss.backward()
+                optimizer.step()
+                optimizer.zero_grad()
+        else:
+            model.eval()
+
+            def job(model=model):
+                model.generate(input_ids=source[:4], num_beams=4, max_new_tokens=8, min_new_tokens=8)
+
+        jobs.append(job)
+    times: list[list[float]] = [[], []]
+    for round_ in range(rounds + 1):
+        for index, job in enumerate(jobs):
+            start = time.perf_counter()
+            job()
+            if round_:  # the first round warms up
+                times[index].append(time.perf_counter() - start)
+    fp32, bf16 = (statistics.median(t) for t in times)
+    return fp32 / bf16
 
 
 def quantize_int8(model: torch.nn.Module) -> torch.nn.Module:
