@@ -4,8 +4,8 @@ decoding, and ensembles of trained models against each alone and against checkpo
     python benchmarks/translator_features.py --data ../shared/data/multi30k_en_de --split test2016 \
         --runs RUN_A RUN_B --markdown benchmarks/results/translator_features.md
 
-Each RUN is a `vaswani train` output folder holding the final (checkpoint-averaged, with --average_last) model and
-its checkpoint-* folders. Terms: for each sentence, the longest alphabetic reference word (4 letters or more) that
+Each RUN is a `vaswani train` output folder with its checkpoint-* folders; the last --average-last of them are
+averaged here and ensembled. Terms: for each sentence, the longest alphabetic reference word (4 letters or more) that
 the unconstrained translation lacks (Post & Vilar's setting: a term the system would otherwise miss); sentences
 whose translation already has every such word get none. Prefix: the reference's first two words.
 """
@@ -15,11 +15,13 @@ from __future__ import annotations
 import argparse
 import platform
 import re
+import tempfile
 import time
 from pathlib import Path
 
 import torch
 
+from vaswani_hf.averaging import average_checkpoints, last_checkpoints
 from vaswani_hf.data import load_split
 from vaswani_hf.ensemble import Ensemble
 from vaswani_hf.inference import load_for_inference, score, translate_nbest
@@ -40,16 +42,13 @@ def pick_term(reference: str, hypothesis: str) -> str | None:
     return max(missing, key=len) if missing else None
 
 
-def last_checkpoint(run_dir: Path) -> Path:
-    return max(run_dir.glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1]))
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", required=True)
     parser.add_argument("--split", default="test2016")
     parser.add_argument("--runs", nargs="+", required=True, type=Path)
     parser.add_argument("--limit", type=int, default=None, help="first N sentences only")
+    parser.add_argument("--average-last", type=int, default=2, help="checkpoints averaged or ensembled per run")
     parser.add_argument("--markdown", type=Path)
     args = parser.parse_args()
     pairs = load_split(args.data, args.split, "en", "de")[: args.limit]
@@ -58,18 +57,24 @@ def main() -> None:
              f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, torch "
              f"{torch.__version__}; beam 4, GNMT alpha 0.6, source + 50; sacrebleu BLEU (13a, cased).", ""]  # fmt: skip
 
-    # ensembles
-    models = {}
+    # ensembles against single models and checkpoint averaging
+    scratch = Path(tempfile.mkdtemp(prefix="translator-features-"))
+    singles, averages, kept = {}, {}, {}
     for run_dir in args.runs:
-        models[f"{run_dir.name} last checkpoint"] = load_for_inference(last_checkpoint(run_dir), device="cpu")
-        models[f"{run_dir.name} averaged"] = load_for_inference(run_dir, device="cpu")
-    tokenizer = next(iter(models.values()))[1]
-    lines += ["## Ensembles", "", "| system | BLEU | chrF | seconds |", "|---|---:|---:|---:|"]
-    systems = {name: model for name, (model, _) in models.items()}
-    last = [model for name, (model, _) in models.items() if "last" in name]
-    averaged = [model for name, (model, _) in models.items() if "averaged" in name]
-    systems[f"ensemble of the {len(last)} last checkpoints"] = Ensemble(last)
-    systems[f"ensemble of the {len(averaged)} averaged models"] = Ensemble(averaged)
+        checkpoints = last_checkpoints(run_dir, args.average_last, "--average-last")
+        kept[run_dir.name] = [load_for_inference(c, device="cpu")[0] for c in checkpoints]
+        singles[f"{run_dir.name}, last checkpoint"] = kept[run_dir.name][-1]
+        averaged = average_checkpoints(checkpoints, scratch / run_dir.name)
+        averages[f"{run_dir.name}, average of its last {len(checkpoints)} checkpoints"] = load_for_inference(averaged)
+    tokenizer = load_for_inference(args.runs[0])[1]
+    first = args.runs[0].name
+    systems = {**singles, **{name: model for name, (model, _) in averages.items()}}
+    systems[f"ensemble of the {len(singles)} runs' last checkpoints"] = Ensemble(list(singles.values()))
+    systems[f"ensemble of the {len(averages)} runs' averages"] = Ensemble([m for m, _ in averages.values()])
+    systems[f"{first}, ensemble of its last {len(kept[first])} checkpoints"] = Ensemble(kept[first])
+    lines += ["## Ensembles", "", f"Each run's last {args.average_last} checkpoints, averaged (`vaswani average`) or "
+              "ensembled; the runs differ in their seed.", "",
+              "| system | BLEU | chrF | seconds |", "|---|---:|---:|---:|"]  # fmt: skip
     hypotheses = {}
     for name, model in systems.items():
         hypotheses[name], seconds = run(model, tokenizer, sources)
@@ -78,8 +83,8 @@ def main() -> None:
         print(lines[-1], flush=True)
 
     # constraints and prefixes, on the first run's averaged model
-    name = f"{args.runs[0].name} averaged"
-    model, baseline = models[name][0], hypotheses[name]
+    name = f"{first}, last checkpoint"
+    model, baseline = singles[name], hypotheses[name]
     terms = [pick_term(r, h) for r, h in zip(references, baseline, strict=True)]
     constrained, seconds = run(model, tokenizer, sources, constraints=[[t] if t else [] for t in terms])
     _, plain_seconds = run(model, tokenizer, sources)
