@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from vaswani_hf import VaswaniConfig, VaswaniForConditionalGeneration
+from vaswani_hf.ensemble import Ensemble
 from vaswani_hf.inference import evaluate, load_for_inference
 from vaswani_hf.tasks import builtin_splits
 
@@ -61,6 +62,15 @@ def test_builtin_task_decodes_as_pytorch(exported):
     greedy = tokenizer.batch_decode(model.generate(**batch, num_beams=1), skip_special_tokens=True)
     assert len(set(greedy)) > 10, "the test model should produce varied translations"
     assert_same_decoding(model, runner, batch["input_ids"], batch["attention_mask"])  # the paper's decoding
+
+
+def test_onnx_folders_ensemble_with_a_pytorch_model(exported):
+    """Ensemble members may be any decoding engine: the PyTorch model with its own export equals the model, as
+    one model twice does (each member's log-probabilities are the same to 1e-4)."""
+    model, tokenizer = load_for_inference(exported / "model", device="cpu")
+    batch = tokenizer(SOURCES[:16], return_tensors="pt", padding=True)
+    assert_same_decoding(model, Ensemble([model, OnnxSeq2Seq(exported / "onnx")]), batch["input_ids"],
+                         batch["attention_mask"])  # fmt: skip
 
 
 def test_int8_graphs_keep_bleu(exported):
