@@ -11,7 +11,9 @@ from huggingface_hub.errors import StrictDataclassError
 from vaswani_hf import VaswaniConfig, VaswaniForConditionalGeneration
 from vaswani_hf.ensemble import Ensemble
 from vaswani_hf.generation_vaswani import gnmt_length_penalty
-from vaswani_hf.inference import load_for_inference, translate_nbest, word_alignment
+from vaswani_hf.inference import load_for_inference, score, translate_nbest, word_alignment
+from vaswani_hf.precision import quantize_int8
+from vaswani_hf.shortlist import Shortlist, build_shortlist
 from vaswani_hf.tasks import builtin_splits
 
 from .helpers import vaswani
@@ -306,3 +308,71 @@ def test_cli_ensemble_bad_inputs(translator, tmp_path):
     for args, message in cases:
         result = vaswani("translate", *args, stdin="five\n")
         assert result.returncode == 2 and message in result.stderr and result.stdout == "", result.stderr[-500:]
+
+
+# --- vocabulary shortlist (issue 32, item 2b) ---------------------------------------------------------------------
+
+
+def test_a_shortlist_of_every_token_changes_nothing(loaded):
+    model, tokenizer = loaded
+    batch = tokenizer([s for s, _ in TEST[:16]], return_tensors="pt", padding=True)
+    kwargs = dict(num_return_sequences=2, output_scores=True, return_dict_in_generate=True)
+    full = model.generate(**batch, **kwargs)
+    listed = model.generate(**batch, **kwargs, vocabulary_shortlist=torch.arange(model.config.vocab_size))
+    assert torch.equal(full.sequences, listed.sequences)
+    torch.testing.assert_close(full.sequences_scores, listed.sequences_scores, atol=1e-5, rtol=1e-5)
+
+
+def test_outputs_stay_inside_the_shortlist_and_forced_tokens():
+    _, model = random_pair(2, paper_decoding=True)
+    input_ids, attention_mask = padded_batch(2, batch=4)
+    allowed = torch.arange(100, 140)
+    for num_beams in (1, 4):
+        out = model.generate(input_ids=input_ids, attention_mask=attention_mask, num_beams=num_beams,
+                             vocabulary_shortlist=allowed, target_prefix=[[7]] * 4)  # fmt: skip
+        produced = set(out[:, 2:].flatten().tolist()) - {model.config.eos_token_id, model.config.pad_token_id}
+        assert produced <= set(allowed.tolist()) and out[:, 1].tolist() == [7] * 4
+
+
+def test_a_built_shortlist_keeps_bleu(loaded, translator, tmp_path):
+    model, tokenizer = loaded
+    shortlist = build_shortlist(tokenizer, builtin_splits()["train"][:5000], per_source=30, frequent=20)
+    batch = tokenizer([s for s, _ in TEST], return_tensors="pt", padding=True)
+    assert len(shortlist.allowed(batch["input_ids"][:1])) < len(tokenizer)
+    sources, references = [s for s, _ in TEST], [t for _, t in TEST]
+    full = [c[0][0] for c in translate_nbest(model, tokenizer, sources, progress=False)]
+    listed = [c[0][0] for c in translate_nbest(model, tokenizer, sources, progress=False, shortlist=shortlist)]
+    assert score(listed, references)["bleu"] >= score(full, references)["bleu"] - 1.0
+    saved = Shortlist.load(shortlist.save(tmp_path), tokenizer)
+    assert torch.equal(saved.candidates, shortlist.candidates) and torch.equal(saved.frequent, shortlist.frequent)
+
+
+def test_cli_builds_and_uses_a_shortlist(translator, tmp_path):
+    model_dir = tmp_path / "model"
+    shutil.copytree(translator, model_dir)
+    data = tmp_path / "data"
+    data.mkdir()
+    pairs = builtin_splits()["train"][:2000]
+    for index, language in enumerate(("en", "de")):
+        (data / f"train.{language}").write_text("".join(f"{p[index]}\n" for p in pairs), encoding="utf-8")
+    assert lines_of(vaswani("shortlist", str(model_dir), "--data", str(data)))
+    stdin = "".join(f"{source}\n" for source, _ in TEST[:4])
+    assert len(lines_of(vaswani("translate", str(model_dir), "--shortlist", "--precision", "fp32", stdin=stdin))) == 4
+    (model_dir / "shortlist.safetensors").unlink()
+    result = vaswani("translate", str(model_dir), "--shortlist", stdin=stdin)
+    assert result.returncode == 2 and "vaswani shortlist MODEL --data DIR" in result.stderr
+
+
+def test_shortlist_bad_inputs(loaded, tmp_path):
+    model, tokenizer = loaded
+    shortlist = build_shortlist(tokenizer, builtin_splits()["train"][:500])
+    shortlist.fingerprint = "another vocabulary"
+    with pytest.raises(ValueError, match="built for another vocabulary"):
+        Shortlist.load(shortlist.save(tmp_path), tokenizer)
+    ids = torch.tensor([[5, 6, 2]])
+    with pytest.raises(ValueError, match="int8"):
+        quantize_int8(model).generate(input_ids=ids, vocabulary_shortlist=torch.arange(50))
+    with pytest.raises(ValueError, match="Ensemble has none to restrict"):
+        Ensemble([model, model]).generate(input_ids=ids, vocabulary_shortlist=torch.arange(50))
+    with pytest.raises(ValueError, match="vocabulary_shortlist"):
+        model.generate(input_ids=ids, vocabulary_shortlist=torch.arange(50), do_sample=True)

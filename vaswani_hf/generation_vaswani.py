@@ -279,6 +279,17 @@ class DecodingSettings:
     prefix: torch.LongTensor | None = None  # (examples, P) target prefix tokens, -1 after an example's own prefix
     constraints: list[PhraseConstraints] | None = None  # one per example (`constrained_beam_search`)
 
+    def vocabulary_with(self, shortlist: torch.LongTensor) -> torch.LongTensor:
+        """A vocabulary shortlist plus every token these settings may force: EOS, start, fill, forced BOS/EOS,
+        prefix and constraint tokens (a shortlist never makes a forced token impossible)."""
+        forced = [*self.eos.tolist(), self.start, self.fill, self.forced_bos, self.forced_eos, self.limit_eos]
+        if self.prefix is not None:
+            forced += self.prefix[self.prefix >= 0].tolist()
+        for constraints in self.constraints or []:
+            forced += [token for phrase in constraints.phrases for token in phrase]
+        extra = torch.tensor([t for t in forced if t is not None and t >= 0], dtype=torch.long)
+        return torch.unique(torch.cat([shortlist.flatten().cpu(), extra]))
+
     def penalty(self, length: int | torch.Tensor) -> float | torch.Tensor:
         if self.gnmt:
             return gnmt_length_penalty(length, self.length_penalty)
@@ -306,6 +317,19 @@ class DecodingState:
             self_cache.layers[:] = [VaswaniBeamSearchCacheLayer() for _ in self_cache.layers]
         self.cache = EncoderDecoderCache(self_cache, DynamicCache(config=model.config))
         self.example_ids = torch.arange(encoder_hidden.shape[0] // (1 if self.fold else rows_per_example))
+        self.shortlist: torch.LongTensor | None = None
+
+    def restrict(self, allowed: torch.LongTensor) -> None:
+        """Score only the `allowed` target ids (a vocabulary shortlist): the output projection multiplies their
+        rows alone, and every other token gets -inf."""
+        weight = getattr(self.model.get_output_embeddings(), "weight", None)
+        if type(weight) is not torch.nn.Parameter:
+            raise ValueError("vocabulary_shortlist needs the output projection's weight matrix, which an int8 "
+                             "model packs: use fp32 or bf16 with a shortlist.")  # fmt: skip
+        self.shortlist = allowed.to(weight.device)
+        self.rows = weight.index_select(0, self.shortlist)
+        bias = getattr(self.model, "final_logits_bias", None)
+        self.rows_bias = bias.reshape(-1).index_select(0, self.shortlist)[:, None] if bias is not None else None
 
     def _encoder_mask(self) -> torch.Tensor | None:
         # built once (and again when sentences leave), not at every step
@@ -327,7 +351,15 @@ class DecodingState:
             cache=self.cache,
             use_cache=True,
         )
-        return output_logits(self.model, decoder_output.last_hidden_state[:, -1])
+        hidden = decoder_output.last_hidden_state[:, -1]
+        if self.shortlist is None:
+            return output_logits(self.model, hidden)
+        scores = self.rows @ hidden.t()
+        if self.rows_bias is not None:
+            scores += self.rows_bias
+        vocabulary = self.model.get_output_embeddings().weight.shape[0]
+        full = scores.new_full((vocabulary, hidden.shape[0]), -math.inf, dtype=torch.float32)
+        return full.index_copy_(0, self.shortlist, scores.float())
 
     def reorder(self, row_idx: torch.LongTensor) -> None:
         self.cache.self_attention_cache.reorder_cache(row_idx)
@@ -1031,6 +1063,7 @@ class VaswaniGenerationMixin:
         force_words, force_words_ids = kwargs.pop("force_words", None), kwargs.pop("force_words_ids", None)
         force_words_ids, config.force_words_ids = force_words_ids or config.force_words_ids, None
         target_prefix, word_start_ids = kwargs.pop("target_prefix", None), kwargs.pop("word_start_ids", None)
+        shortlist = kwargs.pop("vocabulary_shortlist", None)
         model_kwargs = config.update(**kwargs)
         if inputs is not None:
             model_kwargs.setdefault("input_ids", inputs)
@@ -1048,14 +1081,16 @@ class VaswaniGenerationMixin:
                 "encoder-decoder model has no input for. Leave guidance_scale unset (or 1)."
             )
         reason = self._handed_over_because(config, model_kwargs)
-        if reason is not None and lexical.asked:
+        asked = " and ".join(filter(None, [lexical.asked, "`vocabulary_shortlist`" if shortlist is not None else None]))
+        if reason is not None and asked:
             raise ValueError(
-                f"generate(): {lexical.asked} runs in this model's greedy and beam search, but {reason} hands the call "
+                f"generate(): {asked} runs in this model's greedy and beam search, but {reason} hands the call "
                 "to Transformers' own loop, which has neither. Drop that option (a `decoder_input_ids` prompt is "
                 "Transformers' way to continue a prefix there)."
             )
         if reason is None:
-            output = self._decode(config, model_kwargs, source, limits, penalty_type, logits_processor, lexical)
+            output = self._decode(config, model_kwargs, source, limits, penalty_type, logits_processor, lexical,
+                                  shortlist)  # fmt: skip
             return self._with_alignments(output, source) if return_alignments else output
         if penalty_type == "gnmt" and config.num_beams > 1 and config.length_penalty != 0:
             logger.warning_once(
@@ -1246,12 +1281,17 @@ class VaswaniGenerationMixin:
         """What the searches step: this model's decoder (another engine's runner gives its own, vaswani_hf.onnx)."""
         return DecodingState(self, hidden, mask, rows_per_example)
 
-    def _decode(self, config, model_kwargs, source, limits, penalty_type, logits_processor, lexical):
+    def _decode(self, config, model_kwargs, source, limits, penalty_type, logits_processor, lexical, shortlist=None):
         settings = self._settings(config, limits, penalty_type, logits_processor, batch=source.lengths.shape[0])
         lexical.apply(settings)
         hidden = self._encode(source)
         mask = source.attention_mask.to(self.device) if source.attention_mask is not None else None
         state = self._decoding_state(hidden, mask, settings.num_beams)
+        if shortlist is not None:
+            if not hasattr(state, "restrict"):
+                raise ValueError(f"generate(vocabulary_shortlist=...) restricts a PyTorch model's output layer: "
+                                 f"{type(self).__name__} has none to restrict.")  # fmt: skip
+            state.restrict(settings.vocabulary_with(torch.as_tensor(shortlist, dtype=torch.long)))
         if settings.constraints is not None:
             search = constrained_beam_search
         else:

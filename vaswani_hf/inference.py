@@ -106,6 +106,7 @@ def translate_nbest(
     constraints: list[list[str]] | None = None,
     prefixes: list[str] | None = None,
     alignments: bool = False,
+    shortlist=None,
     **generate_kwargs,
 ) -> list[list[tuple]]:
     """Batched translation with the model's generation defaults (paper: beam 4, GNMT alpha 0.6, source + 50):
@@ -117,7 +118,8 @@ def translate_nbest(
     `constraints`: per sentence, phrases every translation must contain (lexically constrained beam search);
     `prefixes`: per sentence, the text its translations start with ("" for none); `alignments`: (text, score,
     alignment) triples, the alignment in Moses' "i-j" format (source word i, translation word j, 0-based, words
-    split at whitespace; `word_alignment`). `model` may be an `Ensemble` or an ONNX runner (not for alignments)."""
+    split at whitespace; `word_alignment`); `shortlist`: a `vaswani_hf.shortlist.Shortlist`, each batch scoring
+    only its allowed target tokens. `model` may be an `Ensemble` or an ONNX runner (not for alignments)."""
     model.eval()
     beams = max(generate_kwargs.get("num_beams") or model.generation_config.num_beams or 1, nbest)
     generate_kwargs["num_beams"] = beams
@@ -137,6 +139,8 @@ def translate_nbest(
             lexical["word_start_ids"] = starting
         if starts is not None:
             lexical["target_prefix"] = [starts[i][0] if starts[i] else [] for i in index]
+        if shortlist is not None:
+            lexical["vocabulary_shortlist"] = shortlist.allowed(batch["input_ids"])
         with torch.no_grad():
             generated = model.generate(**batch.to(model.device), num_return_sequences=nbest, output_scores=beam,
                                        return_dict_in_generate=True, return_alignments=alignments, **lexical,
