@@ -440,13 +440,13 @@ def output_logits(model, hidden: torch.Tensor) -> torch.Tensor:
 
 
 def apply_processors(settings: DecodingSettings, scores: torch.Tensor, step: int, limits: torch.Tensor,
-                     input_ids, row_examples: torch.Tensor) -> torch.Tensor:  # fmt: skip
+                     input_ids, row_examples: torch.Tensor | None) -> torch.Tensor:  # fmt: skip
     """The logits processors of Transformers' loop for the supported settings, in its order, in place where it can,
     then a target prefix's tokens.
 
     `scores` are (rows, vocabulary); `step` tokens were generated before this one; `limits` are each row's most
     generated tokens; `input_ids()` builds the decoder input so far, only for the processors that read it;
-    `row_examples` is the example each row decodes (on the CPU).
+    `row_examples` is the example each row decodes (on the CPU; needed with a target prefix).
     """
     if settings.bad_words is not None:
         scores = settings.bad_words(input_ids(), scores)
@@ -582,7 +582,8 @@ def beam_search(settings: DecodingSettings, state: DecodingState) -> dict:
             return torch.cat([start, running[..., :step].flatten(0, 1)], dim=1)
 
         row_limits = limits.repeat_interleave(beams)
-        row_examples = state.example_ids.repeat_interleave(beams)
+        # only a target prefix reads which example a row decodes
+        row_examples = state.example_ids.repeat_interleave(beams) if settings.prefix is not None else None
         log_probs = apply_processors(settings, log_probs, step, row_limits, input_ids, row_examples)
         if history is not None and settings.output_scores:
             history.record(history.scores, log_probs, state.example_ids)
@@ -835,7 +836,7 @@ def constrained_beam_search(settings: DecodingSettings, state: DecodingState) ->
         example_ids = state.example_ids.tolist()
         row_limits = torch.tensor([limits[i] for i in example_ids for _ in range(beams)], device=device)
 
-        def input_ids(step=step, running=running):
+        def input_ids(running=running):
             rows = [(settings.start, *hyp.tokens) for beam in running for hyp in beam]
             return torch.tensor(rows, dtype=torch.long, device=device)
 

@@ -154,7 +154,10 @@ def translate_nbest(
                 continue
             source_words = (_words_by_offsets(sentences[i], encoding["offset_mapping"][i]) if offsets
                             else _words_by_decoding(tokenizer, encoded[i]))  # fmt: skip
-            target_words = _words_by_decoding(tokenizer, generated.sequences[row, 1:].tolist())
+            output_ids = generated.sequences[row, 1:].tolist()
+            if tokenizer.eos_token_id in output_ids:  # the padding after EOS has no words to find
+                output_ids = output_ids[: output_ids.index(tokenizer.eos_token_id)]
+            target_words = _words_by_decoding(tokenizer, output_ids)
             pairs = word_alignment(generated.alignments[row].tolist(), source_words, target_words)
             outputs[i].append((text.strip(), value, pairs))
     return outputs
