@@ -21,7 +21,10 @@ skipped after warm-up: `without_guard_evaluation`); `--ctranslate2` adds the exp
 CTranslate2 model (generation cases); `--precisions` adds the inference precisions of `vaswani_hf.precision` to the
 generation cases: bf16 where the CPU has it natively, int8 (torch's dynamic quantization, the library's choice, and
 torchao's two int8 configurations when torchao is installed), and CTranslate2 int8 with `--ctranslate2`; `--onnx`
-adds the ONNX export run by onnxruntime in our own search (`vaswani_hf.onnx`), fp32 and int8 graphs.
+adds the ONNX export run by onnxruntime in our own search (`vaswani_hf.onnx`), fp32 and int8 graphs;
+`--shortlist N` adds Vaswani fp32 (and int8 with `--precisions`) scoring N fixed random target tokens, the size of
+a batch's vocabulary shortlist (`vaswani shortlist`; its BLEU cost is measured on real data by
+benchmarks/shortlist_speed.py, not here).
 
 Peak memory is the peak resident set (VmHWM) of a fresh process that builds the pair, keeps one model and runs one
 case twice
@@ -34,6 +37,8 @@ chart beside it.
         --ctranslate2 --no-memory --out benchmarks/results/precision_base_<cpu>.md  # the precision table, ~15 min
     python benchmarks/compare_marian.py --preset base --cases greedy-b1 beam4-b1 beam4-b16 --precisions \
         --ctranslate2 --onnx --no-memory --out benchmarks/results/onnx_base_<cpu>.md  # with onnxruntime
+    python benchmarks/compare_marian.py --preset base --cases greedy-b1 beam4-b1 beam4-b16 --precisions \
+        --shortlist 3000 --no-memory --rounds 5 --warmup 1 --out benchmarks/results/cells_<cpu>.md  # issue 32's cells
 
 An AVX2-only CPU is emulated on an AVX-512 one by limiting every kernel library to AVX2 (the report's machine line
 names the limits; `auto` then picks fp32, as on such a CPU):
@@ -271,6 +276,14 @@ def contenders_for(case: str, args, marian, vaswani, extras: dict) -> list[Conte
         out.append(Contender("CTranslate2 int8", "ctranslate2", ct2_int8))
     for label, runner in extras.get("onnx", {}).items():
         out.append(Contender(label, "onnxruntime", generate_call(runner, source, beams, args.new_tokens, True)))
+    if args.shortlist:
+        allowed = torch.randperm(PRESETS[args.preset]["vocab_size"], generator=torch.Generator().manual_seed(7))
+        allowed = allowed[: args.shortlist]
+        int8 = extras.get("precisions", {}).get("int8 (torch dynamic)")
+        for label, model in (("fp32", vaswani), ("int8", int8)):
+            if model is not None:
+                run = generate_call(model, source, beams, args.new_tokens, True, vocabulary_shortlist=allowed)
+                out.append(Contender(f"Vaswani {label} + shortlist", "vaswani", run))
     return out
 
 
@@ -535,6 +548,9 @@ def parse(argv: list[str] | None):
     parser.add_argument("--precisions", action="store_true",
                         help="generation cases: add Vaswani bf16 (where native), int8 (torch dynamic, and torchao if "
                         "installed) and, with --ctranslate2, CTranslate2 int8")  # fmt: skip
+    parser.add_argument("--shortlist", type=int, default=0, metavar="N",
+                        help="generation cases: add Vaswani fp32 (and int8 with --precisions) scoring N random "
+                        "target tokens (a vocabulary shortlist) instead of the whole vocabulary")  # fmt: skip
     parser.add_argument(
         "--out", type=Path, default=None, help="markdown table (default benchmarks/results/compare_marian_PRESET.md)"
     )

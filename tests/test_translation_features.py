@@ -7,17 +7,18 @@ import shutil
 import pytest
 import torch
 from huggingface_hub.errors import StrictDataclassError
+from transformers import LogitsProcessor
 
 from vaswani_hf import VaswaniConfig, VaswaniForConditionalGeneration
 from vaswani_hf.ensemble import Ensemble
-from vaswani_hf.generation_vaswani import gnmt_length_penalty
+from vaswani_hf.generation_vaswani import DecodingState, gnmt_length_penalty
 from vaswani_hf.inference import load_for_inference, score, translate_nbest, word_alignment
 from vaswani_hf.precision import quantize_int8
 from vaswani_hf.shortlist import Shortlist, build_shortlist
 from vaswani_hf.tasks import builtin_splits
 
 from .helpers import vaswani
-from .test_decoding_parity import padded_batch, random_pair
+from .test_decoding_parity import EOS, PAD, padded_batch, random_pair
 
 TEST = builtin_splits()["test"][:64]
 
@@ -334,6 +335,77 @@ def test_outputs_stay_inside_the_shortlist_and_forced_tokens():
         assert produced <= set(allowed.tolist()) and out[:, 1].tolist() == [7] * 4
 
 
+def test_sequence_scores_alone(loaded):
+    """`output_sequence_scores=True` returns Transformers' `sequences_scores` without keeping every step's
+    (rows x vocabulary) scores, in our beam search and in a mode handed to Transformers' loop."""
+    model, tokenizer = loaded
+    batch = tokenizer([s for s, _ in TEST[:8]], return_tensors="pt", padding=True)
+    alone = model.generate(**batch, output_sequence_scores=True)
+    with_steps = model.generate(**batch, output_scores=True, return_dict_in_generate=True)
+    assert alone.scores is None and with_steps.scores is not None
+    assert torch.equal(alone.sequences, with_steps.sequences)
+    torch.testing.assert_close(alone.sequences_scores, with_steps.sequences_scores)
+    sampled = model.generate(**batch, do_sample=True, output_sequence_scores=True)
+    assert sampled.sequences_scores.shape == (8,)
+
+
+class Unchanged(LogitsProcessor):
+    """A logits processor that changes nothing, but reads token ids: the search then scores the whole vocabulary."""
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        return scores
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_searching_within_the_shortlist_equals_searching_the_vocabulary(seed, monkeypatch):
+    """Scores with one column per shortlisted token (log-softmax and top-k over the shortlist alone, token ids
+    mapped to columns and back) give the outputs and scores of the vocabulary-wide search with the other tokens at
+    -inf: random models with an output bias, greedy and beam, n-best, prefixes, two EOS tokens, suppressed tokens,
+    minimum lengths."""
+    _, model = random_pair(seed, paper_decoding=True)
+    input_ids, attention_mask = padded_batch(seed)
+    allowed = torch.randperm(model.config.vocab_size, generator=torch.Generator().manual_seed(seed))[:300]
+    num_beams = (1, 4, 5)[seed % 3]
+    kwargs = dict(input_ids=input_ids, attention_mask=attention_mask, num_beams=num_beams, min_new_tokens=2,
+                  num_return_sequences=2 if num_beams > 1 else 1, suppress_tokens=allowed[:2].tolist(),
+                  eos_token_id=[EOS, int(allowed[9])] if seed > 2 else EOS,
+                  vocabulary_shortlist=allowed,
+                  target_prefix=[[7, int(allowed[5])]] * 4 if seed % 2 else None)  # fmt: skip
+    searched_within = []
+    restrict = DecodingState.restrict
+
+    def recorded(state, ids, within=False):
+        searched_within.append(within)
+        restrict(state, ids, within)
+
+    monkeypatch.setattr(DecodingState, "restrict", recorded)
+    within = model.generate(**kwargs, output_sequence_scores=True)
+    vocabulary_wide = model.generate(**kwargs, output_sequence_scores=True, logits_processor=[Unchanged()])
+    assert searched_within == [True, False]
+    assert torch.equal(within.sequences, vocabulary_wide.sequences)
+    assert set(within.sequences[:, 1:].flatten().tolist()) <= set(allowed.tolist()) | {7, EOS, PAD}
+    if num_beams > 1:
+        torch.testing.assert_close(within.sequences_scores, vocabulary_wide.sequences_scores)
+
+
+def test_an_int8_model_keeps_its_own_numbers_with_a_shortlist(loaded):
+    """The int8 projection's shortlisted rows keep their int8 values and scale: a shortlist of every token changes
+    no output or score of the int8 model, and a shortlist is obeyed (greedy and beam)."""
+    model, tokenizer = loaded
+    int8 = quantize_int8(model)
+    batch = tokenizer([s for s, _ in TEST[:16]], return_tensors="pt", padding=True)
+    every = torch.arange(model.config.vocab_size)
+    full = int8.generate(**batch, num_return_sequences=2, output_sequence_scores=True)
+    listed = int8.generate(**batch, num_return_sequences=2, output_sequence_scores=True, vocabulary_shortlist=every)
+    assert torch.equal(full.sequences, listed.sequences)
+    torch.testing.assert_close(full.sequences_scores, listed.sequences_scores)
+    allowed = torch.arange(4, 60)
+    for num_beams in (1, 4):
+        out = int8.generate(**batch, num_beams=num_beams, vocabulary_shortlist=allowed)
+        special = {model.config.eos_token_id, model.config.pad_token_id, model.config.decoder_start_token_id}
+        assert set(out.flatten().tolist()) - special <= set(allowed.tolist())
+
+
 def test_a_built_shortlist_keeps_bleu(loaded, translator, tmp_path):
     model, tokenizer = loaded
     shortlist = build_shortlist(tokenizer, builtin_splits()["train"][:5000], per_source=30, frequent=20)
@@ -370,8 +442,6 @@ def test_shortlist_bad_inputs(loaded, tmp_path):
     with pytest.raises(ValueError, match="built for another vocabulary"):
         Shortlist.load(shortlist.save(tmp_path), tokenizer)
     ids = torch.tensor([[5, 6, 2]])
-    with pytest.raises(ValueError, match="int8"):
-        quantize_int8(model).generate(input_ids=ids, vocabulary_shortlist=torch.arange(50))
     with pytest.raises(ValueError, match="Ensemble has none to restrict"):
         Ensemble([model, model]).generate(input_ids=ids, vocabulary_shortlist=torch.arange(50))
     with pytest.raises(ValueError, match="vocabulary_shortlist"):

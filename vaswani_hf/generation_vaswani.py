@@ -30,7 +30,7 @@ import copy
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from transformers.cache_utils import DynamicCache, DynamicLayer, EncoderDecoderCache
@@ -278,6 +278,20 @@ class DecodingSettings:
     output_logits: bool
     prefix: torch.LongTensor | None = None  # (examples, P) target prefix tokens, -1 after an example's own prefix
     constraints: list[PhraseConstraints] | None = None  # one per example (`constrained_beam_search`)
+    sequence_scores: bool = False  # beam search's `sequences_scores` without the per-step scores
+
+    @property
+    def candidates(self) -> int:
+        """How many continuations beam search takes from each row (Transformers': enough that `num_beams` of
+        them do not end, whatever the EOS tokens)."""
+        return max(2, 1 + self.eos.numel()) * self.num_beams if self.num_beams > 1 else 1
+
+    def searches_within(self, allowed: int) -> bool:
+        """Whether the search can score one column per token of an `allowed`-token shortlist: not when a logits
+        processor reads the whole vocabulary's ids (bad words, the caller's), per-step scores over the vocabulary
+        are returned, or the shortlist is narrower than the candidates a row gives."""
+        per_step = self.return_dict and (self.output_scores or self.output_logits)
+        return self.bad_words is None and not self.user_processors and not per_step and allowed >= self.candidates
 
     def vocabulary_with(self, shortlist: torch.LongTensor) -> torch.LongTensor:
         """A vocabulary shortlist plus every token these settings may force: EOS, start, fill, forced BOS/EOS,
@@ -289,6 +303,23 @@ class DecodingSettings:
             forced += [token for phrase in constraints.phrases for token in phrase]
         extra = torch.tensor([t for t in forced if t is not None and t >= 0], dtype=torch.long)
         return torch.unique(torch.cat([shortlist.flatten().cpu(), extra]))
+
+    def within(self, vocabulary: torch.LongTensor) -> DecodingSettings:
+        """These settings for a search whose score columns are the sorted `vocabulary` (a shortlist from
+        `vocabulary_with`, so it holds every token named here): each token id becomes its column."""
+
+        def column(token: int | None) -> int | None:
+            return token if token is None or token < 0 else int(torch.searchsorted(vocabulary, token))
+
+        prefix, suppress = self.prefix, self.suppress
+        if prefix is not None:
+            prefix = torch.where(prefix >= 0, torch.searchsorted(vocabulary, prefix.clamp(min=0)), prefix)
+        if suppress is not None:  # a suppressed token outside the shortlist is impossible anyway
+            suppress = torch.searchsorted(vocabulary, suppress[torch.isin(suppress, vocabulary)])
+            suppress = suppress if suppress.numel() else None
+        return replace(self, eos=torch.searchsorted(vocabulary, self.eos), forced_eos=column(self.forced_eos),
+                       limit_eos=column(self.limit_eos), forced_bos=column(self.forced_bos), start=column(self.start),
+                       fill=column(self.fill), prefix=prefix, suppress=suppress)  # fmt: skip
 
     def penalty(self, length: int | torch.Tensor) -> float | torch.Tensor:
         if self.gnmt:
@@ -318,16 +349,16 @@ class DecodingState:
         self.cache = EncoderDecoderCache(self_cache, DynamicCache(config=model.config))
         self.example_ids = torch.arange(encoder_hidden.shape[0] // (1 if self.fold else rows_per_example))
         self.shortlist: torch.LongTensor | None = None
+        self.within = False
 
-    def restrict(self, allowed: torch.LongTensor) -> None:
-        """Score only the `allowed` target ids (a vocabulary shortlist): the output projection multiplies their
-        rows alone, and every other token gets -inf."""
-        weight = getattr(self.model.get_output_embeddings(), "weight", None)
-        if type(weight) is not torch.nn.Parameter:
-            raise ValueError("vocabulary_shortlist needs the output projection's weight matrix, which an int8 "
-                             "model packs: use fp32 or bf16 with a shortlist.")  # fmt: skip
-        self.shortlist = allowed.to(weight.device)
-        self.rows = weight.index_select(0, self.shortlist)
+    def restrict(self, allowed: torch.LongTensor, within: bool = False) -> None:
+        """Score only the `allowed` target ids (sorted; a vocabulary shortlist): the output projection multiplies
+        their rows alone. `within`: the scores have one column per allowed id and the search's tokens are
+        columns (`DecodingSettings.within`), so log-softmax and top-k run over the shortlist alone; otherwise the
+        scores cover the vocabulary, every other token at -inf (for settings that read token ids)."""
+        self.shortlist = allowed.to(self.encoder_hidden.device)
+        self.within = within
+        self.rows = shortlist_rows(self.model.get_output_embeddings(), self.shortlist)
         bias = getattr(self.model, "final_logits_bias", None)
         self.rows_bias = bias.reshape(-1).index_select(0, self.shortlist)[:, None] if bias is not None else None
 
@@ -344,6 +375,8 @@ class DecodingState:
 
     def logits(self, tokens: torch.LongTensor) -> torch.Tensor:
         """One decoder step for the newest token of every row: (rows,) ids -> (vocabulary, rows) float32 logits."""
+        if self.within:
+            tokens = self.shortlist[tokens]
         decoder_output = self.model.get_decoder()(
             input_ids=tokens[:, None],
             encoder_hidden_states=self.encoder_hidden,
@@ -354,10 +387,12 @@ class DecodingState:
         hidden = decoder_output.last_hidden_state[:, -1]
         if self.shortlist is None:
             return output_logits(self.model, hidden)
-        scores = self.rows @ hidden.t()
+        scores = self.rows(hidden)
         if self.rows_bias is not None:
             scores += self.rows_bias
-        vocabulary = self.model.get_output_embeddings().weight.shape[0]
+        if self.within:
+            return scores.float()
+        vocabulary = self.model.get_output_embeddings().out_features
         full = scores.new_full((vocabulary, hidden.shape[0]), -math.inf, dtype=torch.float32)
         return full.index_copy_(0, self.shortlist, scores.float())
 
@@ -377,6 +412,32 @@ class DecodingState:
             self.source_mask = self.source_mask.index_select(0, source_idx)
             self.encoder_mask = self._encoder_mask()
         self.example_ids = self.example_ids[examples.cpu()]
+
+
+def shortlist_rows(output: torch.nn.Module, allowed: torch.LongTensor) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The output projection restricted to the `allowed` rows: (rows, d_model) hidden -> (allowed, rows) logits.
+
+    An int8 model's projection (torch's dynamic quantization) keeps its int8 rows and scale, so the shortlist's
+    logits equal the int8 model's own for those tokens."""
+    weight = getattr(output, "weight", None)
+    if type(weight) is torch.nn.Parameter:
+        rows = weight.index_select(0, allowed)
+        bias = getattr(output, "bias", None)
+        if bias is None:
+            return lambda hidden: rows @ hidden.t()
+        bias = bias.index_select(0, allowed)[:, None]
+        return lambda hidden: torch.addmm(bias, rows, hidden.t())
+    quantized = torch.ao.nn.quantized.dynamic.Linear
+    if type(output) is quantized:
+        packed = output.weight()
+        selected = quantized(packed.shape[1], allowed.numel(), dtype=packed.dtype)
+        bias = output.bias()
+        selected.set_weight_bias(packed.index_select(0, allowed), None if bias is None else bias[allowed])
+        return lambda hidden: selected(hidden).t()
+    raise ValueError(
+        f"vocabulary_shortlist selects rows of the output projection, and {type(output).__name__} has "
+        "none to select: use an nn.Linear output layer (fp32, bf16) or torch's int8 quantization."
+    )
 
 
 def _product_by_rows(model, weight: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
@@ -539,7 +600,7 @@ def beam_search(settings: DecodingSettings, state: DecodingState) -> dict:
     device = state.encoder_hidden.device
     eos = eos.to(device)
     batch = int(state.example_ids.shape[0])
-    candidates = max(2, 1 + eos.numel()) * beams
+    candidates = settings.candidates
     steps = settings.max_new_tokens
     limits = settings.limits.to(device)
 
@@ -815,7 +876,7 @@ def constrained_beam_search(settings: DecodingSettings, state: DecodingState) ->
     beams, device = settings.num_beams, state.encoder_hidden.device
     eos = set(settings.eos.tolist())
     eos_ids = settings.eos.to(device)
-    candidates = max(2, 1 + len(eos)) * beams  # as `beam_search`: enough for `num_beams` that do not end
+    candidates = settings.candidates
     limits = settings.limits.tolist()
     n_return = settings.num_return_sequences
     batch = len(limits)
@@ -1039,6 +1100,10 @@ class VaswaniGenerationMixin:
     `length_penalty_type` ("gnmt": ((5 + |Y|) / 6) ** length_penalty, the paper's; "hf": |Y| ** length_penalty,
     Transformers') and `max_length_offset` (each output at most source length + offset tokens, EOS forced there;
     `None` for Transformers' `max_length`). An explicit `max_length`/`max_new_tokens` wins over the offset.
+
+    Extra arguments of `generate()`: `vocabulary_shortlist` (target ids to score, `vaswani_hf.shortlist`),
+    `output_sequence_scores=True` (beam search's `sequences_scores` alone; Transformers' `output_scores` also keeps
+    every step's (rows x vocabulary) scores), `return_alignments`, `force_words`, `target_prefix`, `word_start_ids`.
     """
 
     @torch.no_grad()
@@ -1065,6 +1130,9 @@ class VaswaniGenerationMixin:
         force_words_ids, config.force_words_ids = force_words_ids or config.force_words_ids, None
         target_prefix, word_start_ids = kwargs.pop("target_prefix", None), kwargs.pop("word_start_ids", None)
         shortlist = kwargs.pop("vocabulary_shortlist", None)
+        sequence_scores = kwargs.pop("output_sequence_scores", False)
+        if sequence_scores:
+            kwargs["return_dict_in_generate"] = True
         model_kwargs = config.update(**kwargs)
         if inputs is not None:
             model_kwargs.setdefault("input_ids", inputs)
@@ -1091,7 +1159,7 @@ class VaswaniGenerationMixin:
             )
         if reason is None:
             output = self._decode(config, model_kwargs, source, limits, penalty_type, logits_processor, lexical,
-                                  shortlist)  # fmt: skip
+                                  shortlist, sequence_scores)  # fmt: skip
             return self._with_alignments(output, source) if return_alignments else output
         if penalty_type == "gnmt" and config.num_beams > 1 and config.length_penalty != 0:
             logger.warning_once(
@@ -1099,6 +1167,8 @@ class VaswaniGenerationMixin:
                 "with |Y| ** length_penalty, not the GNMT penalty of length_penalty_type='gnmt'. Pass "
                 "length_penalty_type='hf' to silence this."
             )
+        if sequence_scores:  # Transformers' loop returns `sequences_scores` with the per-step scores only
+            kwargs["output_scores"] = True
         if limits is not None:
             kwargs["max_new_tokens"] = int(limits.max())
             eos = kwargs.get("eos_token_id", config.eos_token_id)
@@ -1282,22 +1352,31 @@ class VaswaniGenerationMixin:
         """What the searches step: this model's decoder (another engine's runner gives its own, vaswani_hf.onnx)."""
         return DecodingState(self, hidden, mask, rows_per_example)
 
-    def _decode(self, config, model_kwargs, source, limits, penalty_type, logits_processor, lexical, shortlist=None):
+    def _decode(self, config, model_kwargs, source, limits, penalty_type, logits_processor, lexical, shortlist=None,
+                sequence_scores=False):  # fmt: skip
         settings = self._settings(config, limits, penalty_type, logits_processor, batch=source.lengths.shape[0])
+        settings.sequence_scores = sequence_scores
         lexical.apply(settings)
         hidden = self._encode(source)
         mask = source.attention_mask.to(self.device) if source.attention_mask is not None else None
         state = self._decoding_state(hidden, mask, settings.num_beams)
-        if shortlist is not None:
-            if not hasattr(state, "restrict"):
-                raise ValueError(f"generate(vocabulary_shortlist=...) restricts a PyTorch model's output layer: "
-                                 f"{type(self).__name__} has none to restrict.")  # fmt: skip
-            state.restrict(settings.vocabulary_with(torch.as_tensor(shortlist, dtype=torch.long)))
         if settings.constraints is not None:
             search = constrained_beam_search
         else:
             search = beam_search if settings.num_beams > 1 else greedy_search
-        result = search(settings, state)
+        searched = settings
+        if shortlist is not None:
+            if not hasattr(state, "restrict"):
+                raise ValueError(f"generate(vocabulary_shortlist=...) restricts a PyTorch model's output layer: "
+                                 f"{type(self).__name__} has none to restrict.")  # fmt: skip
+            allowed = settings.vocabulary_with(torch.as_tensor(shortlist, dtype=torch.long))
+            within = search is not constrained_beam_search and settings.searches_within(allowed.numel())
+            state.restrict(allowed, within)
+            searched = settings.within(allowed) if within else settings
+        result = search(searched, state)
+        if searched is not settings:  # columns of the shortlist back to token ids (-1, "no fill", stays)
+            columns = result["sequences"]
+            result["sequences"] = torch.where(columns >= 0, state.shortlist[columns.clamp(min=0)], columns)
         length = max(int(result["lengths"].max()), 1)
         start = torch.full((result["sequences"].shape[0], 1), settings.start, dtype=torch.long, device=self.device)
         sequences = torch.cat([start, result["sequences"][:, :length]], dim=1)
@@ -1307,7 +1386,7 @@ class VaswaniGenerationMixin:
             return GenerateEncoderDecoderOutput(sequences=sequences)
         return GenerateBeamEncoderDecoderOutput(
             sequences=sequences,
-            sequences_scores=result["scores"] if settings.output_scores else None,
+            sequences_scores=result["scores"] if settings.output_scores or settings.sequence_scores else None,
             scores=result.get("step_scores"),
             logits=result.get("step_logits"),
             beam_indices=result["beam_indices"][:, :length] if "beam_indices" in result else None,

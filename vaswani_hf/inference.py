@@ -142,9 +142,10 @@ def translate_nbest(
         if shortlist is not None:
             lexical["vocabulary_shortlist"] = shortlist.allowed(batch["input_ids"])
         with torch.no_grad():
-            generated = model.generate(**batch.to(model.device), num_return_sequences=nbest, output_scores=beam,
-                                       return_dict_in_generate=True, return_alignments=alignments, **lexical,
-                                       **generate_kwargs)  # fmt: skip
+            # the hypotheses' scores only: Transformers' `output_scores` would also keep every step's scores
+            generated = model.generate(**batch.to(model.device), num_return_sequences=nbest,
+                                       output_sequence_scores=beam, return_dict_in_generate=True,
+                                       return_alignments=alignments, **lexical, **generate_kwargs)  # fmt: skip
         texts = tokenizer.batch_decode(generated.sequences, skip_special_tokens=True)
         scores = generated.sequences_scores.tolist() if beam else [None] * len(texts)
         for row, (text, value) in enumerate(zip(texts, scores, strict=True)):
