@@ -2,6 +2,7 @@
 
     python benchmarks/shortlist_speed.py                     # speed alone: base preset, random weights, 37k vocab
     python benchmarks/shortlist_speed.py --model RUN --data ../shared/data/multi30k_en_de   # BLEU and time
+    python benchmarks/shortlist_speed.py --model RUN --data ../shared/data/multi30k_en_de --precision int8
 
 The first form decodes a fixed 30 tokens per sentence (greedy-b1, beam4-b1, beam4-b16) with 3,000 random allowed
 tokens; the second translates test2016 with a model and the shortlist saved beside it (`vaswani shortlist`).
@@ -50,8 +51,8 @@ def speed_alone(rounds: int) -> None:
               f"{medians['full'] / medians['shortlist']:.2f}x", flush=True)  # fmt: skip
 
 
-def with_model(model_dir: str, data: str, split: str, rounds: int) -> None:
-    model, tokenizer = load_for_inference(model_dir, device="cpu", precision="fp32")
+def with_model(model_dir: str, data: str, split: str, rounds: int, precision: str) -> None:
+    model, tokenizer = load_for_inference(model_dir, device="cpu", precision=precision)
     shortlist = Shortlist.load(model_dir, tokenizer)
     pairs = load_split(data, split, "en", "de")
     sources, references = [s for s, _ in pairs], [t for _, t in pairs]
@@ -72,10 +73,11 @@ def main() -> None:
     parser.add_argument("--data")
     parser.add_argument("--split", default="test2016")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--precision", default="fp32", choices=("fp32", "bf16", "int8"), help="with --model")
     args = parser.parse_args()
     print(machine(), flush=True)
     if args.model:
-        with_model(args.model, args.data, args.split, args.rounds)
+        with_model(args.model, args.data, args.split, args.rounds, args.precision)
     else:
         speed_alone(args.rounds)
 
