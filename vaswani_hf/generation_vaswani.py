@@ -19,7 +19,9 @@ paper's options and less work per step:
   row, then the best tokens inside them) instead of a sort-like pass over every (beam x vocabulary) score;
 - the self-attention cache follows the surviving beams and appends the new token in one copy
   (`VaswaniBeamSearchCacheLayer`);
-- a sentence whose search is over leaves the batch at once, so long sentences do not keep short ones computing.
+- a sentence whose search is over leaves the batch at once, so long sentences do not keep short ones computing;
+- the first step runs one row per sentence (its beams are still identical);
+- with a vocabulary shortlist the scores have one column per allowed token and the search runs on those columns.
 
 This file is shipped as Hub remote code beside the modeling file: it imports only torch and transformers.
 """
