@@ -345,7 +345,8 @@ def test_sequence_scores_alone(loaded):
     assert alone.scores is None and with_steps.scores is not None
     assert torch.equal(alone.sequences, with_steps.sequences)
     torch.testing.assert_close(alone.sequences_scores, with_steps.sequences_scores)
-    sampled = model.generate(**batch, do_sample=True, output_sequence_scores=True)
+    # length_penalty_type="hf": no warning_once here, which tests/test_generation.py expects to see
+    sampled = model.generate(**batch, do_sample=True, output_sequence_scores=True, length_penalty_type="hf")
     assert sampled.sequences_scores.shape == (8,)
 
 

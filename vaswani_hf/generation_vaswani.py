@@ -289,12 +289,17 @@ class DecodingSettings:
         them do not end, whatever the EOS tokens)."""
         return max(2, 1 + self.eos.numel()) * self.num_beams if self.num_beams > 1 else 1
 
+    @property
+    def per_step_outputs(self) -> bool:
+        """Whether the result returns every step's (rows x vocabulary) scores or logits (and `beam_indices`)."""
+        return self.return_dict and (self.output_scores or self.output_logits)
+
     def searches_within(self, allowed: int) -> bool:
         """Whether the search can score one column per token of an `allowed`-token shortlist: not when a logits
         processor reads the whole vocabulary's ids (bad words, the caller's), per-step scores over the vocabulary
         are returned, or the shortlist is narrower than the candidates a row gives."""
-        per_step = self.return_dict and (self.output_scores or self.output_logits)
-        return self.bad_words is None and not self.user_processors and not per_step and allowed >= self.candidates
+        return (self.bad_words is None and not self.user_processors and not self.per_step_outputs
+                and allowed >= self.candidates)  # fmt: skip
 
     def vocabulary_with(self, shortlist: torch.LongTensor) -> torch.LongTensor:
         """A vocabulary shortlist plus every token these settings may force: EOS, start, fill, forced BOS/EOS,
@@ -631,8 +636,7 @@ def beam_search(settings: DecodingSettings, state: DecodingState) -> dict:
     tokens = torch.full((batch * beams,), settings.start, dtype=torch.long, device=device)
     # Transformers returns beam_indices with the scores they index (its docs: "returned when output_scores=True");
     # without them, translation with return_dict_in_generate (n-best scores) pays nothing for the bookkeeping
-    wanted = settings.return_dict and (settings.output_scores or settings.output_logits)
-    history = BeamHistory(settings, batch, steps, device) if wanted else None
+    history = BeamHistory(settings, batch, steps, device) if settings.per_step_outputs else None
 
     for step in range(steps):
         batch = running.shape[0]

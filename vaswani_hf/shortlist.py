@@ -3,7 +3,8 @@ only the target tokens likely for its source tokens plus the most frequent ones,
 
 The tied output projection of the base model is about as many multiply-adds per generated token as all six decoder
 layers together (37,000 x 512 against 6 x (4 x 512 x 512 + 2 x 512 x 2048)), so scoring 2,000-5,000 rows instead
-of 37,000 saves most of it. Tokens outside the shortlist get -inf: the search cannot produce them.
+of 37,000 saves most of it. The search cannot produce a token outside the shortlist (`DecodingState.restrict` in
+generation_vaswani.py: the search runs on the shortlist's columns, or gives the other tokens -inf).
 
     shortlist = build_shortlist(tokenizer, pairs)   # once, from the training data (`vaswani shortlist`)
     shortlist.save(model_dir)                        # shortlist.safetensors beside the model
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from transformers import PreTrainedTokenizerBase
 
@@ -40,11 +42,11 @@ class Shortlist:
     frequent: torch.LongTensor
     fingerprint: str
 
-    def allowed(self, input_ids: torch.LongTensor, extra: Sequence[int] = ()) -> torch.LongTensor:
-        """The sorted target ids a batch may produce: its source tokens' candidates, the frequent tokens, `extra`."""
+    def allowed(self, input_ids: torch.LongTensor) -> torch.LongTensor:
+        """The sorted target ids a batch may produce: its source tokens' candidates and the frequent tokens
+        (`generate()` adds the tokens its settings force: EOS, prefixes, constraints)."""
         rows = self.candidates[input_ids.flatten().cpu().clamp(0, self.candidates.shape[0] - 1)].flatten()
-        ids = torch.cat([rows[rows >= 0], self.frequent, torch.tensor(list(extra), dtype=torch.long)])
-        return torch.unique(ids)
+        return torch.unique(torch.cat([rows[rows >= 0], self.frequent]))
 
     def save(self, folder: str | Path) -> Path:
         path = Path(folder) / FILE_NAME
@@ -61,8 +63,6 @@ class Shortlist:
             path = path / FILE_NAME
         if not path.is_file():
             raise FileNotFoundError(f"{path}: no shortlist there; build one with `vaswani shortlist MODEL --data DIR`.")
-        from safetensors import safe_open
-
         with safe_open(str(path), "pt") as handle:
             fingerprint = (handle.metadata() or {}).get("fingerprint")
         tensors = load_file(str(path))
