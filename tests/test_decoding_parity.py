@@ -73,7 +73,9 @@ def test_greedy_equals_transformers(seed):
     assert_same(vaswani.generate(max_length_offset=None, **kwargs), marian.generate(**kwargs), scores=False)
 
 
-@pytest.mark.parametrize("way", ["_product_by_rows", "_product_by_columns", "_product_by_doubled_row"])
+@pytest.mark.parametrize(
+    "way", ["_product_by_rows", "_product_by_columns", "_product_by_doubled_row", "_product_by_packed_weight"]
+)
 @pytest.mark.parametrize("seed", range(3))
 def test_every_output_projection_way_decodes_as_transformers(seed, way, monkeypatch):
     # `output_logits` keeps whichever way measured fastest on this machine: each must give Transformers' results,
@@ -92,6 +94,28 @@ def test_every_output_projection_way_decodes_as_transformers(seed, way, monkeypa
             ours = vaswani.generate(length_penalty_type="hf", max_length_offset=None, **kwargs)
             assert_same(ours, marian.generate(**kwargs), scores=num_beams > 1)
     assert set(generation_vaswani._FASTEST_PRODUCT.values()) <= {forced, generation_vaswani._product_by_columns}
+
+
+def test_the_packed_output_weight_follows_the_weights_and_is_dropped_where_unused(monkeypatch):
+    # a model evaluated between training steps (Seq2SeqTrainer's predict_with_generate) must decode with its
+    # current weights, not with the layout reordered before the optimizer changed them in place
+    from vaswani_hf import generation_vaswani as gv
+
+    _, vaswani = random_pair(0)
+    weight, hidden = vaswani.get_output_embeddings().weight, torch.randn(4, vaswani.config.d_model)
+    for _ in range(2):
+        packed = gv._product_by_packed_weight(vaswani, weight, hidden)
+        torch.testing.assert_close(packed, gv._product_by_rows(vaswani, weight, hidden))
+        with torch.no_grad():
+            weight.mul_(-2.0)  # an optimizer's in-place step
+    # the reordered copy is as large as the weight: kept only while some number of rows decodes with it
+    for chosen, kept in ((gv._product_by_rows, False), (gv._product_by_packed_weight, True)):
+        monkeypatch.setattr(gv, "_FASTEST_PRODUCT", {})
+        monkeypatch.setattr(
+            gv, "_fastest", lambda ways, *args, chosen=chosen: (ways[-1](*args), chosen)[1]
+        )  # packs, then picks
+        gv.output_logits(vaswani, hidden)
+        assert (weight in gv._PACKED_WEIGHTS) is kept
 
 
 @pytest.mark.parametrize("seed", range(6))

@@ -36,6 +36,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import torch
+from torch.utils.weak import WeakIdKeyDictionary
 from transformers.cache_utils import DynamicCache, DynamicLayer, EncoderDecoderCache
 from transformers.generation import (
     GenerateBeamEncoderDecoderOutput,
@@ -473,6 +474,29 @@ def _product_by_doubled_row(model, weight: torch.Tensor, hidden: torch.Tensor) -
     return _product_by_columns(model, weight, hidden.repeat(2, 1))[:, :1]
 
 
+def _product_by_packed_weight(model, weight: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+    bias = getattr(model, "final_logits_bias", None)
+    bias = None if bias is None else bias.reshape(-1)
+    return torch.ops.mkldnn._linear_pointwise(hidden, packed_weight(weight), bias, "none", [], "").float().t()
+
+
+# weight -> ((data pointer, version, dtype), the weight in oneDNN's blocked layout), for `_product_by_packed_weight`
+_PACKED_WEIGHTS = WeakIdKeyDictionary()  # by identity: a tensor's == is elementwise
+
+
+def packed_weight(weight: torch.Tensor) -> torch.Tensor:
+    """`weight` reordered once into oneDNN's blocked layout for its linear kernel, which `F.linear` would otherwise
+    re-read from the plain layout at every call; reordered again when the weight changes (an optimizer step bumps
+    its version, a cast or a move its pointer), so a model evaluated between training steps decodes with its
+    current weights. The layout is tuned for a batch of 64 rows (measured as fast as or faster than the other hints
+    for 1-64 rows, where a hint of 1 row ran 2x slower at 4 rows) and serves any number of rows."""
+    stamp = (weight.data_ptr(), weight._version, weight.dtype)
+    entry = _PACKED_WEIGHTS.get(weight)
+    if entry is None or entry[0] != stamp:
+        entry = _PACKED_WEIGHTS[weight] = (stamp, torch.ops.mkldnn._reorder_linear_weight(weight.detach(), 64))
+    return entry[1]
+
+
 # (weight shape, dtype, rows bucket, threads) -> the way measured fastest on this machine, chosen once per process
 _FASTEST_PRODUCT: dict[tuple, Callable] = {}
 
@@ -501,6 +525,9 @@ def output_logits(model, hidden: torch.Tensor) -> torch.Tensor:
     weight @ hidden^T is 2.5-5x faster than `F.linear` for 1-64 rows (which packs the whole weight matrix for every
     call there), and one row fastest doubled (2.0 against 7.3 ms); on an Intel Sapphire Rapids `F.linear` wins at
     1-4 rows (1.6 against 4.2 ms doubled at one row) and weight @ hidden^T from 16 rows (3.5 against 5.8 ms).
+    A fourth way keeps a copy of the weight in oneDNN's blocked layout (`packed_weight`): on an Intel Sapphire
+    Rapids it took 1.7 against 2.9 ms (`F.linear`) at 4 rows and 8.5 against 10.2 ms at 64, and beam4-b1 decoding
+    ran 1.22x faster with it (1.18x with the CPU capped to AVX2), while one row stays faster unpacked.
     Every way computes the same products: the logits are equal up to float rounding. The (vocabulary, rows) result
     is kept as written: a transposing copy cost as much as the product.
     """
@@ -509,11 +536,20 @@ def output_logits(model, hidden: torch.Tensor) -> torch.Tensor:
     # int8 models (`vaswani_hf.precision`) hold a packed or subclassed weight: their own module computes the product
     if hidden.device.type != "cpu" or rows > 256 or type(weight) is not torch.nn.Parameter:
         return _product_by_rows(model, weight, hidden)
-    key = (tuple(weight.shape), weight.dtype, rows.bit_length(), torch.get_num_threads())
+    shape = (tuple(weight.shape), weight.dtype)
+    key = (*shape, rows.bit_length(), torch.get_num_threads())
     way = _FASTEST_PRODUCT.get(key)
     if way is None:
         ways = (_product_by_rows, _product_by_columns) + ((_product_by_doubled_row,) if rows == 1 else ())
+        if torch.backends.mkldnn.is_available() and (
+            weight.dtype == torch.float32
+            or (weight.dtype == torch.bfloat16 and torch.ops.mkldnn._is_mkldnn_bf16_supported())
+        ):  # oneDNN refuses to reorder bf16 weights where it has no bf16 kernels (AVX2, or capped to it)
+            ways += (_product_by_packed_weight,)
         way = _FASTEST_PRODUCT[key] = _fastest(ways, model, weight, hidden)
+        packed_elsewhere = any(k[:2] == shape and w is _product_by_packed_weight for k, w in _FASTEST_PRODUCT.items())
+        if not packed_elsewhere:  # the reordered copy is as large as the weight: kept only where it is used
+            _PACKED_WEIGHTS.pop(weight, None)
     return way(model, weight, hidden)
 
 
