@@ -14,17 +14,18 @@ Cases (`--cases`, default all):
                generate() with `--new-tokens` new tokens forced (min = max), fp32
 
 Contenders: Marian and Vaswani in fp32 eager for every case; for `train` also both under naive
-`torch.autocast("cpu", torch.bfloat16)` and our bf16 path (`vaswani_hf.precision.MasterWeightAdamW`:
-bf16 weights and activations, fp32 master weights, fp32 loss and CPU attention); `--compile` adds torch.compile'd
-Vaswani (training, and Transformers' static-cache compiled greedy decoding, also with torch's guard evaluation
-skipped after warm-up: `without_guard_evaluation`); `--ctranslate2` adds the exported
-CTranslate2 model (generation cases); `--precisions` adds the inference precisions of `vaswani_hf.precision` to the
-generation cases: bf16 where the CPU has it natively, int8 (torch's dynamic quantization, the library's choice, and
-torchao's two int8 configurations when torchao is installed), and CTranslate2 int8 with `--ctranslate2`; `--onnx`
-adds the ONNX export run by onnxruntime in our own search (`vaswani_hf.onnx`), fp32 and int8 graphs;
-`--shortlist N` adds Vaswani fp32 (and int8 with `--precisions`) scoring N fixed random target tokens, the size of
-a batch's vocabulary shortlist (`vaswani shortlist`; its BLEU cost is measured on real data by
-benchmarks/shortlist_speed.py, not here).
+`torch.autocast("cpu", torch.bfloat16)` and our bf16 path (`vaswani_hf.precision.MasterWeightAdamW`: bf16 weights
+and activations, fp32 master weights, fp32 loss and CPU attention); `--compile` adds torch.compile'd Vaswani
+(training, and Transformers' static-cache compiled greedy decoding, also with torch's guard evaluation skipped after
+warm-up: `without_guard_evaluation`); `--ctranslate2` adds the exported CTranslate2 model (generation cases; once it
+has run, the PyTorch contenders in the same process ran at about 0.6x their speed on a Sapphire Rapids until its
+Translator was freed, so compare it with them in a run of its own); `--precisions` adds the inference precisions of
+`vaswani_hf.precision` to the generation cases: bf16 where the CPU has it natively, int8 (torch's dynamic
+quantization, the library's choice, and torchao's two int8 configurations when torchao is installed), and
+CTranslate2 int8 with `--ctranslate2`; `--onnx` adds the ONNX export run by onnxruntime in our own search
+(`vaswani_hf.onnx`), fp32 and int8 graphs; `--shortlist N` adds Vaswani fp32 (and int8 with `--precisions`) scoring
+N fixed random target tokens, the size of a batch's vocabulary shortlist (`vaswani shortlist`; its BLEU cost is
+measured on real data by benchmarks/shortlist_speed.py, not here).
 
 Peak memory is the peak resident set (VmHWM) of a fresh process that builds the pair, keeps one model and runs one
 case twice
