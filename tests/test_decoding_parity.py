@@ -108,6 +108,11 @@ def test_the_packed_output_weight_follows_the_weights_and_is_dropped_where_unuse
         torch.testing.assert_close(packed, gv._product_by_rows(vaswani, weight, hidden))
         with torch.no_grad():
             weight.mul_(-2.0)  # an optimizer's in-place step
+    with torch.inference_mode():  # weights made there have no version counter: never cached, still right
+        frozen = weight.clone()
+        expected = gv._product_by_rows(vaswani, frozen, hidden)
+        torch.testing.assert_close(gv._product_by_packed_weight(vaswani, frozen, hidden), expected)
+        assert frozen not in gv._PACKED_WEIGHTS
     # the reordered copy is as large as the weight: kept only while some number of rows decodes with it
     for chosen, kept in ((gv._product_by_rows, False), (gv._product_by_packed_weight, True)):
         monkeypatch.setattr(gv, "_FASTEST_PRODUCT", {})
