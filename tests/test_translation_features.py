@@ -226,6 +226,25 @@ def test_an_ensemble_decodes_with_the_mean_log_probabilities():
         assert ours[row, :end].tolist() == decoded[row, :end].tolist()
 
 
+def test_an_ensemble_beam_search_starts_on_one_row_per_sentence_unchanged(monkeypatch):
+    """Beam search's first step runs one row per sentence when every member folds its beams (`fold`): the same
+    hypotheses and scores as running every beam's row."""
+    from vaswani_hf.ensemble import EnsembleDecodingState
+
+    models = []
+    for seed in (0, 1):
+        torch.manual_seed(seed)
+        models.append(VaswaniForConditionalGeneration(VaswaniConfig.tiny(init_std=0.3)).eval())
+    input_ids, attention_mask = padded_batch(5, batch=3)
+    kwargs = dict(input_ids=input_ids.clamp(max=98), attention_mask=attention_mask, num_beams=3, max_new_tokens=7,
+                  num_return_sequences=3, output_scores=True, return_dict_in_generate=True)  # fmt: skip
+    folded = Ensemble(models).generate(**kwargs)
+    monkeypatch.setattr(EnsembleDecodingState, "fold", property(lambda self: False))
+    unfolded = Ensemble(models).generate(**kwargs)
+    assert torch.equal(folded.sequences, unfolded.sequences)
+    torch.testing.assert_close(folded.sequences_scores, unfolded.sequences_scores)
+
+
 def test_ensemble_refuses_what_it_cannot_do(loaded):
     model, _ = loaded
     other = VaswaniForConditionalGeneration(VaswaniConfig.tiny(vocab_size=150)).eval()

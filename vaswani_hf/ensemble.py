@@ -35,6 +35,12 @@ class EnsembleDecodingState:
     def example_ids(self) -> torch.Tensor:
         return self.states[0].example_ids
 
+    @property
+    def fold(self) -> bool:
+        """Whether every member keeps one encoder row per sentence, so beam search's first step can run one row
+        per sentence (an ONNX member keeps one per beam)."""
+        return all(getattr(state, "fold", False) for state in self.states)
+
     def logits(self, tokens: torch.LongTensor) -> torch.Tensor:
         """(rows,) ids -> (vocabulary, rows) mean log-probabilities (the searches read them as `.t()`)."""
         total = None
