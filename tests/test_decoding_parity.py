@@ -123,6 +123,76 @@ def test_the_packed_output_weight_follows_the_weights_and_is_dropped_where_unuse
         assert (weight in gv._PACKED_WEIGHTS) is kept
 
 
+@pytest.mark.parametrize("onednn", [True, False])
+@pytest.mark.parametrize("in_bf16", [False, True])
+def test_the_bf16_screen_computes_exactly_every_token_that_can_be_the_argmax(onednn, in_bf16, monkeypatch):
+    # greedy's screened output projection: any token whose float32 logit reaches its row's floor must come back
+    # exact, so that the argmax is the float32 one; near-duplicate rows put the runners-up within bf16's error.
+    # `in_bf16`: weights and hidden states that bf16 holds exactly, so the rounding of the products alone separates
+    # the estimates from the logits
+    from types import SimpleNamespace
+
+    from vaswani_hf import generation_vaswani as gv
+
+    if not onednn:  # torch's own bf16 product, as where oneDNN has no bf16 kernels
+        monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: False)
+    torch.manual_seed(0)
+    output = torch.nn.Linear(64, 3000, bias=False)
+    with torch.no_grad():
+        output.weight.mul_(torch.rand(3000, 1) * 4)
+        output.weight[1::2] = output.weight[::2] + 1e-3 * torch.randn(1500, 64)
+        if in_bf16:
+            output.weight.copy_(output.weight.bfloat16())
+    model = SimpleNamespace(final_logits_bias=torch.randn(1, 3000))
+    hidden = torch.randn(32, 64) * torch.rand(1, 64) * 10
+    hidden[::2] = 3 * output.weight[:32:2].detach() + 0.1 * hidden[::2]  # large logits: bf16's rounding of them counts
+    if in_bf16:
+        hidden = hidden.bfloat16().float()
+    with torch.no_grad():
+        scores, floor = gv.screened_logits(model, output.weight, hidden)
+    exact = torch.addmm(model.final_logits_bias, hidden, output.weight.detach().t())
+    reach = exact >= floor
+    assert bool((exact.amax(dim=1, keepdim=True) >= floor).all())
+    torch.testing.assert_close(scores[reach], exact[reach])
+    assert bool((scores[~reach] < floor.expand_as(scores)[~reach]).all())
+    assert torch.equal(scores.argmax(dim=1), exact.argmax(dim=1))
+    assert int(reach.sum()) > hidden.shape[0]  # the near-duplicates did put runners-up within reach
+
+
+def test_greedy_reading_the_output_weight_in_bf16_decodes_as_transformers(monkeypatch):
+    # `greedy_output_logits` reads the weight in bf16 where that measured faster; the tokens must stay Marian's,
+    # also where a logits processor removes the tokens it computed exactly (the step is then decided exactly)
+    from vaswani_hf import generation_vaswani as gv
+
+    monkeypatch.setattr(gv, "_SCREEN_WINS", {})
+    monkeypatch.setattr(
+        gv, "_fastest", lambda ways, *args: gv.screened_logits if gv.screened_logits in ways else ways[0]
+    )
+    decided_exactly = []
+    exact_logits = gv.DecodingState.exact_logits
+    monkeypatch.setattr(
+        gv.DecodingState, "exact_logits", lambda state: decided_exactly.append(1) or exact_logits(state)
+    )
+    for seed in range(4):
+        marian, vaswani = random_pair(seed)
+        input_ids, attention_mask = padded_batch(seed, batch=5)
+        kwargs = dict(input_ids=input_ids, attention_mask=attention_mask, num_beams=1, max_new_tokens=8,
+                      return_dict_in_generate=True)  # fmt: skip
+        plain = marian.generate(**kwargs)
+        assert_same(vaswani.generate(max_length_offset=None, **kwargs), plain, scores=False)
+        chosen = [token for token in plain.sequences[:, 1:4].unique().tolist() if token not in (EOS, PAD)]
+        masked = dict(kwargs, suppress_tokens=chosen, min_new_tokens=6)
+        assert_same(vaswani.generate(max_length_offset=None, **masked), marian.generate(**masked), scores=False)
+    assert list(gv._SCREEN_WINS.values()) == [True] * len(gv._SCREEN_WINS) and decided_exactly
+    # the bf16 copy (half the weight's memory) is kept only while some number of rows decodes with it
+    weight = vaswani.get_output_embeddings().weight
+    assert weight in gv._SCREENS
+    monkeypatch.setattr(gv, "_SCREEN_WINS", {})
+    monkeypatch.setattr(gv, "_fastest", lambda ways, *args: (ways[-1](*args), ways[0])[1])  # screens, then picks
+    vaswani.generate(max_length_offset=None, **kwargs)
+    assert weight not in gv._SCREENS
+
+
 @pytest.mark.parametrize("seed", range(6))
 def test_a_converted_model_decodes_as_marian_with_the_same_call(seed, tmp_path):
     # An Opus-MT generation config: beams, a length limit with EOS forced there, the padding (= start) token

@@ -34,6 +34,7 @@ import time
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import TypeVar
 
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
@@ -53,6 +54,7 @@ from transformers.modeling_outputs import BaseModelOutput
 from transformers.utils import logging
 
 logger = logging.get_logger(__name__)
+T = TypeVar("T")
 
 # The paper's decoding (section 6.1), written into every new model's generation config.
 PAPER_GENERATION_DEFAULTS = {
@@ -382,8 +384,8 @@ class DecodingState:
             encoder_hidden_states=self.encoder_hidden,
         )
 
-    def logits(self, tokens: torch.LongTensor) -> torch.Tensor:
-        """One decoder step for the newest token of every row: (rows,) ids -> (vocabulary, rows) float32 logits."""
+    def _decoder_step(self, tokens: torch.LongTensor) -> torch.Tensor:
+        """One decoder step for the newest token of every row: (rows,) ids -> (rows, d_model) final hidden states."""
         if self.within:
             tokens = self.shortlist[tokens]
         decoder_output = self.model.get_decoder()(
@@ -393,7 +395,25 @@ class DecodingState:
             cache=self.cache,
             use_cache=True,
         )
-        hidden = decoder_output.last_hidden_state[:, -1]
+        return decoder_output.last_hidden_state[:, -1]
+
+    def greedy_logits(self, tokens: torch.LongTensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """One decoder step for greedy decoding: (rows, vocabulary) scores whose argmax is each row's next token,
+        and the floors that tell where that argmax is exact (None: everywhere). Over the whole vocabulary the
+        output weight may be read in bfloat16 (`greedy_output_logits`); `exact_logits()` then gives this step's
+        exact logits."""
+        if self.shortlist is not None:
+            return self.logits(tokens).t(), None
+        self.hidden = self._decoder_step(tokens)
+        return greedy_output_logits(self.model, self.hidden)
+
+    def exact_logits(self) -> torch.Tensor:
+        """The exact (rows, vocabulary) logits of the step `greedy_logits` last ran."""
+        return output_logits(self.model, self.hidden).t()
+
+    def logits(self, tokens: torch.LongTensor) -> torch.Tensor:
+        """One decoder step for the newest token of every row: (rows,) ids -> (vocabulary, rows) float32 logits."""
+        hidden = self._decoder_step(tokens)
         if self.shortlist is None:
             return output_logits(self.model, hidden)
         scores = self.rows(hidden)
@@ -490,12 +510,19 @@ def packed_weight(weight: torch.Tensor) -> torch.Tensor:
     its version, a cast or a move its pointer), so a model evaluated between training steps decodes with its
     current weights. The layout is tuned for a batch of 64 rows (measured as fast as or faster than the other hints
     for 1-64 rows, where a hint of 1 row ran 2x slower at 4 rows) and serves any number of rows."""
-    if weight.is_inference():  # no version counter to tell an in-place change: reordered per call, so not chosen
-        return torch.ops.mkldnn._reorder_linear_weight(weight, 64)
+    return _derived(_PACKED_WEIGHTS, weight, lambda plain: torch.ops.mkldnn._reorder_linear_weight(plain, 64))
+
+
+def _derived(cache: WeakIdKeyDictionary, weight: torch.Tensor, build: Callable[[torch.Tensor], T]) -> T:
+    """`build(weight)`, kept in `cache` until the weight changes: an optimizer step bumps its version, a cast or a
+    move its pointer. A weight made under inference_mode has no version counter to tell an in-place change: built
+    again at every call (so such a copy is never measured fastest)."""
+    if weight.is_inference():
+        return build(weight)
     stamp = (weight.data_ptr(), weight._version, weight.dtype)
-    entry = _PACKED_WEIGHTS.get(weight)
+    entry = cache.get(weight)
     if entry is None or entry[0] != stamp:
-        entry = _PACKED_WEIGHTS[weight] = (stamp, torch.ops.mkldnn._reorder_linear_weight(weight.detach(), 64))
+        entry = cache[weight] = (stamp, build(weight.detach()))
     return entry[1]
 
 
@@ -553,6 +580,116 @@ def output_logits(model, hidden: torch.Tensor) -> torch.Tensor:
         if not packed_elsewhere:  # the reordered copy is as large as the weight: kept only where it is used
             _PACKED_WEIGHTS.pop(weight, None)
     return way(model, weight, hidden)
+
+
+# weight -> ((data pointer, version, dtype), (its product in bf16, the largest norm of its bf16 rows, the largest
+# norm of what rounding to bf16 removed from a row)), for `screened_logits`
+_SCREENS = WeakIdKeyDictionary()
+
+# bf16 keeps 8 significant bits: rounding changes a number by at most 2^-9 of it; 2^-8 doubles that as a safety factor
+BF16_ROUNDING = 2.0**-8
+
+
+def bf16_screen(weight: torch.Tensor) -> tuple[Callable[[torch.Tensor], torch.Tensor], float, float]:
+    """The product by `weight` rounded to bfloat16 (bf16 rows -> bf16 logits, accumulated in float32), the largest
+    norm of its rows, and the largest norm of what rounding removed from a row; kept until the weight changes (see
+    `_derived`). The product uses oneDNN's blocked layout where oneDNN has bf16 kernels (AMX, AVX-512 bf16), else
+    torch's own bf16 product (which `greedy_output_logits` measures like any other way)."""
+
+    def build(plain: torch.Tensor) -> tuple[Callable[[torch.Tensor], torch.Tensor], float, float]:
+        rounded = plain.bfloat16()
+        residual = float(torch.linalg.vector_norm(plain - rounded.float(), dim=1).max())
+        norm = float(torch.linalg.vector_norm(rounded.float(), dim=1).max())
+        if torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported():
+            packed = torch.ops.mkldnn._reorder_linear_weight(rounded, 64)
+
+            def product(hidden: torch.Tensor) -> torch.Tensor:
+                return torch.ops.mkldnn._linear_pointwise(hidden, packed, None, "none", [], "")
+        else:
+
+            def product(hidden: torch.Tensor) -> torch.Tensor:
+                return torch.nn.functional.linear(hidden, rounded)
+
+        return product, norm, residual
+
+    return _derived(_SCREENS, weight, build)
+
+
+def screened_logits(model, weight: torch.Tensor, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Greedy decoding's output projection reading the weight in bfloat16, half the bytes of float32 (at one row
+    a step reads the whole 37,000 x 512 weight for one product), with the same argmax as the float32 logits.
+
+    The bf16 product p' gives every logit to within a margin: for a row x and a weight row w rounded to w',
+    x.w = x'.w' + x.(w - w') + (x - x').w', so |x.w - x'.w'| <= |x| |w - w'| + |x - x'| |w'| (Cauchy-Schwarz, with
+    the largest row norms kept beside the bf16 weight), plus the float32 accumulation inside the bf16 kernel (at most
+    2 d_model 2^-24 |x'| |w'|) and the rounding of its bf16 result (|p'| `BF16_ROUNDING`). The best estimate minus
+    its margin is a floor under the row's best logit; only tokens whose estimate plus margin reaches the floor can
+    be the argmax, and their float32 logits are computed exactly (one dot product each, usually one to a few per
+    row). Returns (rows, vocabulary) scores, exact for those candidates and below the floor elsewhere, and the
+    (rows, 1) floors: a token scoring below its row's floor after the logits processors (which removed every
+    candidate) is not known to be the argmax.
+    """
+    product, norm, residual = bf16_screen(weight)
+    rounded = hidden.bfloat16()
+    scores = product(rounded).float()
+    rounded = rounded.float()
+    size = torch.linalg.vector_norm(hidden, dim=1, keepdim=True)
+    error = torch.linalg.vector_norm(hidden - rounded, dim=1, keepdim=True)
+    error += 2 * hidden.shape[1] * 2.0**-24 * torch.linalg.vector_norm(rounded, dim=1, keepdim=True)
+    spread = size * residual + error * norm  # (rows, 1); the margin of an estimate a is |a| 2^-8 + spread
+    bias = getattr(model, "final_logits_bias", None)
+    if bias is not None:  # the rounding applies to the product before the bias: |product| <= |a| + |bias|
+        bias = bias.reshape(-1)
+        scores += bias
+        spread += float(bias.abs().max()) * BF16_ROUNDING
+    best = scores.amax(dim=1, keepdim=True)  # a - |a| 2^-8 grows with a: the best estimate has the best floor
+    floor = best - best.abs() * BF16_ROUNDING - spread
+    # a + |a| 2^-8 + spread >= floor, solved for a
+    level = floor - spread
+    threshold = torch.where(level >= 0, level / (1 + BF16_ROUNDING), level / (1 - BF16_ROUNDING))
+    rows, tokens = (scores >= threshold).nonzero(as_tuple=True)
+    exact = torch.linalg.vecdot(hidden[rows], weight[tokens])
+    if bias is not None:
+        exact += bias[tokens]
+    scores[rows, tokens] = exact
+    return scores, floor
+
+
+def _product_by_fastest_way(model, weight: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+    return output_logits(model, hidden)
+
+
+# (weight shape, rows bucket, threads) -> whether `screened_logits` measured faster than `output_logits`
+_SCREEN_WINS: dict[tuple, bool] = {}
+
+
+def greedy_output_logits(model, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Greedy decoding's output projection: (rows, d_model) -> (rows, vocabulary) scores whose argmax is each
+    row's greedy token, and (rows, 1) floors: after the logits processors, a row's argmax is known to be the
+    float32 logits' where it scores at least its floor (None: every score is exact).
+
+    `screened_logits` where it measured faster than the exact product for this many rows (bucketed as in
+    `output_logits`). Measured on an Intel Sapphire Rapids, 37,000 x 512, 2 threads, oneDNN's bf16 product took
+    0.83-0.90 ms for 1-16 rows against 1.4 ms (1 row) to 3.7 ms (16 rows) in float32; torch's own bf16 product (no
+    bf16 kernels in oneDNN, as on AVX2) 1.2-1.3 against 1.4 ms at one row. Float32 weights only: a bf16 model's
+    weights already are bf16.
+    """
+    weight = getattr(model.get_output_embeddings(), "weight", None)
+    rows = hidden.shape[0]
+    if (hidden.device.type != "cpu" or rows > 256 or type(weight) is not torch.nn.Parameter
+            or weight.dtype != torch.float32):  # fmt: skip
+        return output_logits(model, hidden).t(), None
+    key = (tuple(weight.shape), rows.bit_length(), torch.get_num_threads())
+    wins = _SCREEN_WINS.get(key)
+    if wins is None:
+        output_logits(model, hidden)  # the exact product measures its own ways first
+        way = _fastest((_product_by_fastest_way, screened_logits), model, weight, hidden)
+        wins = _SCREEN_WINS[key] = way is screened_logits
+        if not any(won for k, won in _SCREEN_WINS.items() if k[0] == key[0]):  # the bf16 copy is half the weight
+            _SCREENS.pop(weight, None)
+    if wins:
+        return screened_logits(model, weight, hidden)
+    return output_logits(model, hidden).t(), None
 
 
 def apply_processors(settings: DecodingSettings, scores: torch.Tensor, step: int, limits: torch.Tensor,
@@ -619,8 +756,11 @@ def greedy_search(settings: DecodingSettings, state: DecodingState) -> dict:
     generated = torch.full((batch, settings.max_new_tokens), settings.fill, dtype=torch.long, device=device)
     limits = settings.limits.to(device)
     eos = settings.eos.to(device)
+    # the screened projection's upper bounds stay upper bounds under the built-in processors (they mask or force
+    # tokens); a caller's processor may do anything with them
+    screened = not settings.user_processors and hasattr(state, "greedy_logits")
     for step in range(settings.max_new_tokens):
-        scores = state.logits(tokens).t()
+        scores, floor = state.greedy_logits(tokens) if screened else (state.logits(tokens).t(), None)
 
         def input_ids(step=step, generated=generated):
             start = torch.full_like(generated[:, :1], settings.start)
@@ -628,6 +768,11 @@ def greedy_search(settings: DecodingSettings, state: DecodingState) -> dict:
 
         scores = apply_processors(settings, scores, step, limits, input_ids, state.example_ids)
         tokens = scores.argmax(-1)
+        if floor is not None and not bool((scores.gather(1, tokens[:, None]) >= floor).all()):
+            # a processor removed every candidate of a row (a suppressed token, EOS before min_new_tokens): the best
+            # token left is known only approximately, so this step is decided on the exact logits
+            scores = apply_processors(settings, state.exact_logits(), step, limits, input_ids, state.example_ids)
+            tokens = scores.argmax(-1)
         generated[:, step] = tokens
         finished = torch.isin(tokens, eos) | (step + 1 >= limits)
         if bool(finished.any()):
