@@ -123,51 +123,99 @@ def test_the_packed_output_weight_follows_the_weights_and_is_dropped_where_unuse
         assert (weight in gv._PACKED_WEIGHTS) is kept
 
 
-@pytest.mark.parametrize("onednn", [True, False])
-@pytest.mark.parametrize("in_bf16", [False, True])
-def test_the_bf16_screen_computes_exactly_every_token_that_can_be_the_argmax(onednn, in_bf16, monkeypatch):
+def bf16_kernels() -> bool:
+    return torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+
+
+@pytest.mark.parametrize("copy", ["bf16", "int8"])
+@pytest.mark.parametrize("held_exactly", [False, True])
+def test_the_screen_computes_exactly_every_token_that_can_be_the_argmax(copy, held_exactly):
     # greedy's screened output projection: any token whose float32 logit reaches its row's floor must come back
-    # exact, so that the argmax is the float32 one; near-duplicate rows put the runners-up within bf16's error.
-    # `in_bf16`: weights and hidden states that bf16 holds exactly, so the rounding of the products alone separates
+    # exact, so that the argmax is the float32 one; near-duplicate rows put the runners-up within the copy's error.
+    # `held_exactly`: weights and hidden states the copy holds exactly, so the kernel's rounding alone separates
     # the estimates from the logits
     from types import SimpleNamespace
 
     from vaswani_hf import generation_vaswani as gv
 
-    if not onednn:  # torch's own bf16 product, as where oneDNN has no bf16 kernels
-        monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: False)
+    if copy == "bf16" and not bf16_kernels():
+        pytest.skip("oneDNN has no bf16 kernels on this CPU: greedy decoding never uses the bf16 copy here")
     torch.manual_seed(0)
     output = torch.nn.Linear(64, 3000, bias=False)
     with torch.no_grad():
         output.weight.mul_(torch.rand(3000, 1) * 4)
         output.weight[1::2] = output.weight[::2] + 1e-3 * torch.randn(1500, 64)
-        if in_bf16:
-            output.weight.copy_(output.weight.bfloat16())
+        if held_exactly:
+            output.weight.copy_(_held(copy, output.weight))
     model = SimpleNamespace(final_logits_bias=torch.randn(1, 3000))
     hidden = torch.randn(32, 64) * torch.rand(1, 64) * 10
-    hidden[::2] = 3 * output.weight[:32:2].detach() + 0.1 * hidden[::2]  # large logits: bf16's rounding of them counts
-    if in_bf16:
+    hidden[::2] = 3 * output.weight[:32:2].detach() + 0.1 * hidden[::2]  # large logits: rounding them counts
+    if held_exactly:
         hidden = hidden.bfloat16().float()
     with torch.no_grad():
-        scores, floor = gv.screened_logits(model, output.weight, hidden)
+        screen = gv.bf16_screen if copy == "bf16" else gv.int8_screen
+        scores, floor = gv.screened_logits(model, output.weight, hidden, screen)
+    assert held_exactly is (_screen_residual(gv, screen, output.weight) == 0)
     exact = torch.addmm(model.final_logits_bias, hidden, output.weight.detach().t())
     reach = exact >= floor
     assert bool((exact.amax(dim=1, keepdim=True) >= floor).all())
     torch.testing.assert_close(scores[reach], exact[reach])
     assert bool((scores[~reach] < floor.expand_as(scores)[~reach]).all())
     assert torch.equal(scores.argmax(dim=1), exact.argmax(dim=1))
-    assert int(reach.sum()) > hidden.shape[0]  # the near-duplicates did put runners-up within reach
 
 
-def test_greedy_reading_the_output_weight_in_bf16_decodes_as_transformers(monkeypatch):
-    # `greedy_output_logits` reads the weight in bf16 where that measured faster; the tokens must stay Marian's,
-    # also where a logits processor removes the tokens it computed exactly (the step is then decided exactly)
+@pytest.mark.parametrize("copy", ["bf16", "int8"])
+def test_the_screen_holds_where_the_hidden_state_points_along_what_the_copy_lost(copy):
+    # the worst case of the copy's error: a hidden state along what the copy removed from row 0 (and orthogonal to
+    # the copy, so the estimate is near 0), and a bias that puts the estimate of row 1 (the same copy) above row 0's
+    # while its logit stays below: row 0 is the argmax, and the screen must not lose it
+    from types import SimpleNamespace
+
     from vaswani_hf import generation_vaswani as gv
 
-    monkeypatch.setattr(gv, "_SCREEN_WINS", {})
-    monkeypatch.setattr(
-        gv, "_fastest", lambda ways, *args: gv.screened_logits if gv.screened_logits in ways else ways[0]
-    )
+    if copy == "bf16" and not bf16_kernels():
+        pytest.skip("oneDNN has no bf16 kernels on this CPU: greedy decoding never uses the bf16 copy here")
+    screen = gv.bf16_screen if copy == "bf16" else gv.int8_screen
+    torch.manual_seed(0)
+    row = torch.randn(1, 64)
+    kept = _held(copy, row)
+    lost = row - kept
+    along = lost - (lost @ kept.t()) / (kept @ kept.t()) * kept
+    hidden = (along / along.norm() * 100).bfloat16().float()
+    gap = float(hidden @ lost.t())
+    weight = torch.nn.Parameter(torch.cat([row, kept]))
+    model = SimpleNamespace(final_logits_bias=torch.tensor([[0.0, 0.8 * gap]]))
+    exact = torch.addmm(model.final_logits_bias, hidden, weight.detach().t())
+    assert int(exact.argmax()) == 0 and float(exact[0, 0] - exact[0, 1]) > 0.1 * gap > 0
+    with torch.no_grad():
+        scores, floor = gv.screened_logits(model, weight, hidden, screen)
+    assert int(scores.argmax()) == 0 and float(scores[0, 0]) == pytest.approx(float(exact[0, 0]), rel=1e-4)
+
+
+def _held(copy: str, weight: torch.Tensor) -> torch.Tensor:
+    """What the copy holds of each row: bf16 values, or int8 values times a bf16 scale per row (`int8_screen`)."""
+    if copy == "bf16":
+        return weight.bfloat16().float()
+    scale = (weight.abs().amax(dim=1, keepdim=True) / 127).bfloat16().float()
+    return torch.round(weight / scale) * scale
+
+
+def _screen_residual(gv, screen, weight) -> float:
+    return gv._derived(gv._SCREENS[screen], weight, screen).residual
+
+
+@pytest.mark.parametrize("way", ["_screened_in_bf16", "_screened_in_int8"])
+def test_greedy_reading_a_low_precision_output_weight_decodes_as_transformers(way, monkeypatch):
+    # `greedy_output_logits` reads a bf16 or int8 copy of the weight where that measured faster; the tokens must
+    # stay Marian's, also where a logits processor removes the tokens it computed exactly (the step is then decided
+    # on exact logits)
+    from vaswani_hf import generation_vaswani as gv
+
+    if way == "_screened_in_bf16" and not bf16_kernels():
+        pytest.skip("oneDNN has no bf16 kernels on this CPU: greedy decoding never uses the bf16 copy here")
+    forced = getattr(gv, way)
+    monkeypatch.setattr(gv, "_FASTEST_GREEDY", {})
+    monkeypatch.setattr(gv, "_fastest", lambda ways, *args: forced if forced in ways else ways[0])
     decided_exactly = []
     exact_logits = gv.DecodingState.exact_logits
     monkeypatch.setattr(
@@ -183,14 +231,15 @@ def test_greedy_reading_the_output_weight_in_bf16_decodes_as_transformers(monkey
         chosen = [token for token in plain.sequences[:, 1:4].unique().tolist() if token not in (EOS, PAD)]
         masked = dict(kwargs, suppress_tokens=chosen, min_new_tokens=6)
         assert_same(vaswani.generate(max_length_offset=None, **masked), marian.generate(**masked), scores=False)
-    assert list(gv._SCREEN_WINS.values()) == [True] * len(gv._SCREEN_WINS) and decided_exactly
-    # the bf16 copy (half the weight's memory) is kept only while some number of rows decodes with it
+    assert set(gv._FASTEST_GREEDY.values()) == {forced} and decided_exactly
+    # a copy (half or a quarter of the weight's memory) is kept only while some number of rows decodes with it
     weight = vaswani.get_output_embeddings().weight
-    assert weight in gv._SCREENS
-    monkeypatch.setattr(gv, "_SCREEN_WINS", {})
-    monkeypatch.setattr(gv, "_fastest", lambda ways, *args: (ways[-1](*args), ways[0])[1])  # screens, then picks
+    copy = gv.bf16_screen if forced is gv._screened_in_bf16 else gv.int8_screen
+    assert weight in gv._SCREENS[copy]
+    monkeypatch.setattr(gv, "_FASTEST_GREEDY", {})
+    monkeypatch.setattr(gv, "_fastest", lambda ways, *args: (forced(*args), ways[0])[1])  # screens, then picks
     vaswani.generate(max_length_offset=None, **kwargs)
-    assert weight not in gv._SCREENS
+    assert weight not in gv._SCREENS[copy]
 
 
 @pytest.mark.parametrize("seed", range(6))

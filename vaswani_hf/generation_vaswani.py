@@ -582,61 +582,79 @@ def output_logits(model, hidden: torch.Tensor) -> torch.Tensor:
     return way(model, weight, hidden)
 
 
-# weight -> ((data pointer, version, dtype), (its product in bf16, the largest norm of its bf16 rows, the largest
-# norm of what rounding to bf16 removed from a row)), for `screened_logits`
-_SCREENS = WeakIdKeyDictionary()
-
 # bf16 keeps 8 significant bits: rounding changes a number by at most 2^-9 of it; 2^-8 doubles that as a safety factor
 BF16_ROUNDING = 2.0**-8
 
 
-def bf16_screen(weight: torch.Tensor) -> tuple[Callable[[torch.Tensor], torch.Tensor], float, float]:
-    """The product by `weight` rounded to bfloat16 (bf16 rows -> bf16 logits, accumulated in float32), the largest
-    norm of its rows, and the largest norm of what rounding removed from a row; kept until the weight changes (see
-    `_derived`). The product uses oneDNN's blocked layout where oneDNN has bf16 kernels (AMX, AVX-512 bf16), else
-    torch's own bf16 product (which `greedy_output_logits` measures like any other way)."""
+@dataclass(frozen=True)
+class WeightScreen:
+    """A low-precision copy of the output weight for greedy decoding's screen (`screened_logits`), and what its
+    product can get wrong: its kernel takes bf16 rows and accumulates in float32, and gives bf16 logits."""
 
-    def build(plain: torch.Tensor) -> tuple[Callable[[torch.Tensor], torch.Tensor], float, float]:
-        rounded = plain.bfloat16()
-        residual = float(torch.linalg.vector_norm(plain - rounded.float(), dim=1).max())
-        norm = float(torch.linalg.vector_norm(rounded.float(), dim=1).max())
-        if torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported():
-            packed = torch.ops.mkldnn._reorder_linear_weight(rounded, 64)
-
-            def product(hidden: torch.Tensor) -> torch.Tensor:
-                return torch.ops.mkldnn._linear_pointwise(hidden, packed, None, "none", [], "")
-        else:
-
-            def product(hidden: torch.Tensor) -> torch.Tensor:
-                return torch.nn.functional.linear(hidden, rounded)
-
-        return product, norm, residual
-
-    return _derived(_SCREENS, weight, build)
+    product: Callable[[torch.Tensor], torch.Tensor]  # (rows, d_model) bf16 -> (rows, vocabulary) bf16
+    norm: float  # the largest norm of a row of the copy
+    residual: float  # the largest norm of what the copy removed from a row
+    rounding: float  # how much the kernel may round each weight of the copy, relative (0: used as stored)
 
 
-def screened_logits(model, weight: torch.Tensor, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Greedy decoding's output projection reading the weight in bfloat16, half the bytes of float32 (at one row
-    a step reads the whole 37,000 x 512 weight for one product), with the same argmax as the float32 logits.
+def bf16_screen(plain: torch.Tensor) -> WeightScreen:
+    """The weight rounded to bfloat16 in oneDNN's blocked layout (AMX, AVX-512 bf16; oneDNN accumulates in float32)."""
+    rounded = plain.bfloat16()
+    packed = torch.ops.mkldnn._reorder_linear_weight(rounded, 64)
+    return WeightScreen(
+        product=lambda hidden: torch.ops.mkldnn._linear_pointwise(hidden, packed, None, "none", [], ""),
+        norm=float(torch.linalg.vector_norm(rounded.float(), dim=1).max()),
+        residual=float(torch.linalg.vector_norm(plain - rounded.float(), dim=1).max()),
+        rounding=0.0,
+    )
 
-    The bf16 product p' gives every logit to within a margin: for a row x and a weight row w rounded to w',
-    x.w = x'.w' + x.(w - w') + (x - x').w', so |x.w - x'.w'| <= |x| |w - w'| + |x - x'| |w'| (Cauchy-Schwarz, with
-    the largest row norms kept beside the bf16 weight), plus the float32 accumulation inside the bf16 kernel (at most
-    2 d_model 2^-24 |x'| |w'|) and the rounding of its bf16 result (|p'| `BF16_ROUNDING`). The best estimate minus
-    its margin is a floor under the row's best logit; only tokens whose estimate plus margin reaches the floor can
-    be the argmax, and their float32 logits are computed exactly (one dot product each, usually one to a few per
-    row). Returns (rows, vocabulary) scores, exact for those candidates and below the floor elsewhere, and the
-    (rows, 1) floors: a token scoring below its row's floor after the logits processors (which removed every
-    candidate) is not known to be the argmax.
+
+def int8_screen(plain: torch.Tensor) -> WeightScreen:
+    """The weight as int8 rows with a bf16 scale each, multiplied by torch's weight-only int8 kernel, which
+    accumulates in float32 on every CPU (AVX2 included) but may round the rescaled weights to bf16 (its oneDNN path
+    does); a quarter of the float32 weight's bytes."""
+    scale = (plain.abs().amax(dim=1) / 127).bfloat16()
+    scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+    quantized = torch.round(plain / scale.float()[:, None]).clamp_(-127, 127).to(torch.int8)
+    rescaled = quantized.float() * scale.float()[:, None]  # exact: 7-bit integers times 8-bit significands
+    return WeightScreen(
+        product=lambda hidden: torch.ops.aten._weight_int8pack_mm(hidden, quantized, scale),
+        norm=float(torch.linalg.vector_norm(rescaled, dim=1).max()),
+        residual=float(torch.linalg.vector_norm(plain - rescaled, dim=1).max()),
+        rounding=BF16_ROUNDING,
+    )
+
+
+# copy -> (weight -> ((data pointer, version, dtype), its `WeightScreen`)), for `screened_logits`
+_SCREENS = {bf16_screen: WeakIdKeyDictionary(), int8_screen: WeakIdKeyDictionary()}
+
+
+def screened_logits(
+    model, weight: torch.Tensor, hidden: torch.Tensor, copy: Callable[[torch.Tensor], WeightScreen] = int8_screen
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Greedy decoding's output projection reading a low-precision copy of the weight (`bf16_screen`: half the
+    bytes of float32, `int8_screen`: a quarter; at one row a step reads the whole 37,000 x 512 weight for one
+    product), with the same argmax as the float32 logits.
+
+    The copy's product p' gives every logit to within a margin: for a row x rounded to bf16 x' and a weight row w
+    whose copy is w', x.w = x'.w' + x.(w - w') + (x - x').w', so |x.w - x'.w'| <= |x| |w - w'| + |x - x'| |w'|
+    (Cauchy-Schwarz, with the largest row norms kept beside the copy); the kernel adds its rounding of the weights
+    (`WeightScreen.rounding` |x'| |w'|), its float32 accumulation (at most 2 d_model 2^-24 |x'| |w'|) and the
+    rounding of its bf16 result (|p'| `BF16_ROUNDING`). The best estimate minus its margin is a floor under the
+    row's best logit; only tokens whose estimate plus margin reaches the floor can be the argmax, and their float32
+    logits are computed exactly (one dot product each, usually one to a few per row). Returns (rows, vocabulary)
+    scores, exact for those candidates and below the floor elsewhere, and the (rows, 1) floors: a token scoring
+    below its row's floor after the logits processors (which removed every candidate) is not known to be the argmax.
     """
-    product, norm, residual = bf16_screen(weight)
+    screen = _derived(_SCREENS[copy], weight, copy)
     rounded = hidden.bfloat16()
-    scores = product(rounded).float()
+    scores = screen.product(rounded).float()
     rounded = rounded.float()
     size = torch.linalg.vector_norm(hidden, dim=1, keepdim=True)
     error = torch.linalg.vector_norm(hidden - rounded, dim=1, keepdim=True)
-    error += 2 * hidden.shape[1] * 2.0**-24 * torch.linalg.vector_norm(rounded, dim=1, keepdim=True)
-    spread = size * residual + error * norm  # (rows, 1); the margin of an estimate a is |a| 2^-8 + spread
+    kernel = screen.rounding + 2 * hidden.shape[1] * 2.0**-24
+    error += kernel * torch.linalg.vector_norm(rounded, dim=1, keepdim=True)
+    spread = size * screen.residual + error * screen.norm  # (rows, 1); an estimate a is within |a| 2^-8 + spread
     bias = getattr(model, "final_logits_bias", None)
     if bias is not None:  # the rounding applies to the product before the bias: |product| <= |a| + |bias|
         bias = bias.reshape(-1)
@@ -655,12 +673,20 @@ def screened_logits(model, weight: torch.Tensor, hidden: torch.Tensor) -> tuple[
     return scores, floor
 
 
-def _product_by_fastest_way(model, weight: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
-    return output_logits(model, hidden)
+def _product_by_fastest_way(model, weight: torch.Tensor, hidden: torch.Tensor) -> tuple[torch.Tensor, None]:
+    return output_logits(model, hidden).t(), None
 
 
-# (weight shape, rows bucket, threads) -> whether `screened_logits` measured faster than `output_logits`
-_SCREEN_WINS: dict[tuple, bool] = {}
+def _screened_in_bf16(model, weight: torch.Tensor, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return screened_logits(model, weight, hidden, bf16_screen)
+
+
+def _screened_in_int8(model, weight: torch.Tensor, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return screened_logits(model, weight, hidden, int8_screen)
+
+
+# (weight shape, rows bucket, threads) -> greedy's output projection measured fastest on this machine
+_FASTEST_GREEDY: dict[tuple, Callable] = {}
 
 
 def greedy_output_logits(model, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -668,28 +694,36 @@ def greedy_output_logits(model, hidden: torch.Tensor) -> tuple[torch.Tensor, tor
     row's greedy token, and (rows, 1) floors: after the logits processors, a row's argmax is known to be the
     float32 logits' where it scores at least its floor (None: every score is exact).
 
-    `screened_logits` where it measured faster than the exact product for this many rows (bucketed as in
-    `output_logits`). Measured on an Intel Sapphire Rapids, 37,000 x 512, 2 threads, oneDNN's bf16 product took
-    0.83-0.90 ms for 1-16 rows against 1.4 ms (1 row) to 3.7 ms (16 rows) in float32; torch's own bf16 product (no
-    bf16 kernels in oneDNN, as on AVX2) 1.2-1.3 against 1.4 ms at one row. Float32 weights only: a bf16 model's
-    weights already are bf16.
+    The fastest of the exact product (`output_logits`) and `screened_logits` with each copy, measured for this
+    many rows (bucketed as in `output_logits`); the copies no bucket uses are dropped. Measured on an Intel
+    Sapphire Rapids, 37,000 x 512, 2 threads, the product took 0.64 ms (int8), 0.83 ms (bf16) and 1.4 ms (float32)
+    at one row, 4.2, 0.90 and 3.7 ms at 16 rows; capped to AVX2 (no bf16 kernels in oneDNN, no bf16 copy) the int8
+    product took 0.79 against 1.4 ms at one row. Float32 weights only: a bf16 model's weights already are bf16;
+    the int8 kernel needs d_model to be a multiple of 16.
     """
     weight = getattr(model.get_output_embeddings(), "weight", None)
     rows = hidden.shape[0]
-    if (hidden.device.type != "cpu" or rows > 256 or type(weight) is not torch.nn.Parameter
-            or weight.dtype != torch.float32):  # fmt: skip
+    if (
+        hidden.device.type != "cpu"
+        or rows > 256
+        or type(weight) is not torch.nn.Parameter
+        or weight.dtype != torch.float32
+    ):
         return output_logits(model, hidden).t(), None
     key = (tuple(weight.shape), rows.bit_length(), torch.get_num_threads())
-    wins = _SCREEN_WINS.get(key)
-    if wins is None:
+    way = _FASTEST_GREEDY.get(key)
+    if way is None:
+        ways: tuple[Callable, ...] = (_product_by_fastest_way,)
+        if torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported():
+            ways += (_screened_in_bf16,)
+        if weight.shape[1] % 16 == 0:  # the kernel reads 16 (AVX-512) or 8 (AVX2) aligned values at a time
+            ways += (_screened_in_int8,)
         output_logits(model, hidden)  # the exact product measures its own ways first
-        way = _fastest((_product_by_fastest_way, screened_logits), model, weight, hidden)
-        wins = _SCREEN_WINS[key] = way is screened_logits
-        if not any(won for k, won in _SCREEN_WINS.items() if k[0] == key[0]):  # the bf16 copy is half the weight
-            _SCREENS.pop(weight, None)
-    if wins:
-        return screened_logits(model, weight, hidden)
-    return output_logits(model, hidden).t(), None
+        way = _FASTEST_GREEDY[key] = _fastest(ways, model, weight, hidden)
+        for chosen, copy in ((_screened_in_bf16, bf16_screen), (_screened_in_int8, int8_screen)):
+            if not any(k[0] == key[0] and w is chosen for k, w in _FASTEST_GREEDY.items()):
+                _SCREENS[copy].pop(weight, None)  # half or a quarter of the weight's memory: kept only where used
+    return way(model, weight, hidden)
 
 
 def apply_processors(settings: DecodingSettings, scores: torch.Tensor, step: int, limits: torch.Tensor,
