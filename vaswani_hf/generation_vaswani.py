@@ -21,6 +21,8 @@ paper's options and less work per step:
   (`VaswaniBeamSearchCacheLayer`);
 - a sentence whose search is over leaves the batch at once, so long sentences do not keep short ones computing;
 - the first step runs one row per sentence (its beams are still identical);
+- greedy search reads a bf16 or int8 copy of the output weight where that measures faster, and recomputes in float32
+  the few tokens a proven error bound cannot rule out, so its tokens stay the float32 argmax (`screened_logits`);
 - with a vocabulary shortlist the scores have one column per allowed token and the search runs on those columns.
 
 This file is shipped as Hub remote code beside the modeling file: it imports only torch and transformers.
