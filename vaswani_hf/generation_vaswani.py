@@ -402,8 +402,8 @@ class DecodingState:
     def greedy_logits(self, tokens: torch.LongTensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """One decoder step for greedy decoding: (rows, vocabulary) scores whose argmax is each row's next token,
         and the floors that tell where that argmax is exact (None: everywhere). Over the whole vocabulary the
-        output weight may be read in bfloat16 (`greedy_output_logits`); `exact_logits()` then gives this step's
-        exact logits."""
+        output weight may be read from a bf16 or int8 copy (`greedy_output_logits`); `exact_logits()` then gives
+        this step's exact logits."""
         if self.shortlist is not None:
             return self.logits(tokens).t(), None
         self.hidden = self._decoder_step(tokens)
@@ -528,7 +528,7 @@ def _derived(cache: WeakIdKeyDictionary, weight: torch.Tensor, build: Callable[[
     return entry[1]
 
 
-# (weight shape, dtype, rows bucket, threads) -> the way measured fastest on this machine, chosen once per process
+# ((weight shape, dtype), rows bucket, threads) -> the way measured fastest on this machine, chosen once per process
 _FASTEST_PRODUCT: dict[tuple, Callable] = {}
 
 
@@ -591,8 +591,7 @@ def output_logits(model, hidden: torch.Tensor) -> torch.Tensor:
     # int8 models (`vaswani_hf.precision`) hold a packed or subclassed weight: their own module computes the product
     if hidden.device.type != "cpu" or rows > 256 or type(weight) is not torch.nn.Parameter:
         return _product_by_rows(model, weight, hidden)
-    shape = (tuple(weight.shape), weight.dtype)
-    key = (*shape, rows.bit_length(), torch.get_num_threads())
+    key = ((tuple(weight.shape), weight.dtype), rows.bit_length(), torch.get_num_threads())
     way = _FASTEST_PRODUCT.get(key)
     if way is None:
         ways = (_product_by_rows, _product_by_columns) + ((_product_by_doubled_row,) if rows == 1 else ())
@@ -602,10 +601,15 @@ def output_logits(model, hidden: torch.Tensor) -> torch.Tensor:
         ):  # oneDNN refuses to reorder bf16 weights where it has no bf16 kernels (AVX2, or capped to it)
             ways += (_product_by_packed_weight,)
         way = _FASTEST_PRODUCT[key] = _fastest(ways, model, weight, hidden)
-        packed_elsewhere = any(k[:2] == shape and w is _product_by_packed_weight for k, w in _FASTEST_PRODUCT.items())
-        if not packed_elsewhere:  # the reordered copy is as large as the weight: kept only where it is used
-            _PACKED_WEIGHTS.pop(weight, None)
+        _keep_copy_where_chosen(_FASTEST_PRODUCT, key, _product_by_packed_weight, _PACKED_WEIGHTS, weight)
     return way(model, weight, hidden)
+
+
+def _keep_copy_where_chosen(fastest: dict, key: tuple, way: Callable, copies: WeakIdKeyDictionary, weight) -> None:
+    """Drop the copy of `weight` that `way` reads (as large as the weight, or a half or a quarter of it) unless some
+    rows bucket of this weight's shape (`key[0]`) measured `way` fastest."""
+    if not any(k[0] == key[0] and chosen is way for k, chosen in fastest.items()):
+        copies.pop(weight, None)
 
 
 # bf16 keeps 8 significant bits: rounding changes a number by at most 2^-9 of it; 2^-8 doubles that as a safety factor
@@ -653,10 +657,12 @@ def int8_screen(plain: torch.Tensor) -> WeightScreen:
 
 # copy -> (weight -> ((data pointer, version, dtype), its `WeightScreen`)), for `screened_logits`
 _SCREENS = {bf16_screen: WeakIdKeyDictionary(), int8_screen: WeakIdKeyDictionary()}
+# output bias -> ((data pointer, version, dtype), its largest magnitude): not a pass over the vocabulary per step
+_BIAS_BOUNDS = WeakIdKeyDictionary()
 
 
 def screened_logits(
-    model, weight: torch.Tensor, hidden: torch.Tensor, copy: Callable[[torch.Tensor], WeightScreen] = int8_screen
+    model, weight: torch.Tensor, hidden: torch.Tensor, copy: Callable[[torch.Tensor], WeightScreen]
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Greedy decoding's output projection reading a low-precision copy of the weight (`bf16_screen`: half the
     bytes of float32, `int8_screen`: a quarter; at one row a step reads the whole 37,000 x 512 weight for one
@@ -683,9 +689,8 @@ def screened_logits(
     spread = size * screen.residual + error * screen.norm  # (rows, 1); an estimate a is within |a| 2^-8 + spread
     bias = getattr(model, "final_logits_bias", None)
     if bias is not None:  # the rounding applies to the product before the bias: |product| <= |a| + |bias|
-        bias = bias.reshape(-1)
-        scores += bias
-        spread += float(bias.abs().max()) * BF16_ROUNDING
+        scores += bias.reshape(-1)
+        spread += _derived(_BIAS_BOUNDS, bias, lambda plain: float(plain.abs().max())) * BF16_ROUNDING
     best = scores.amax(dim=1, keepdim=True)  # a - |a| 2^-8 grows with a: the best estimate has the best floor
     floor = best - best.abs() * BF16_ROUNDING - spread
     # a + |a| 2^-8 + spread >= floor, solved for a
@@ -694,7 +699,7 @@ def screened_logits(
     rows, tokens = (scores >= threshold).nonzero(as_tuple=True)
     exact = torch.linalg.vecdot(hidden[rows], weight[tokens])
     if bias is not None:
-        exact += bias[tokens]
+        exact += bias.reshape(-1)[tokens]
     scores[rows, tokens] = exact
     return scores, floor
 
@@ -711,7 +716,7 @@ def _screened_in_int8(model, weight: torch.Tensor, hidden: torch.Tensor) -> tupl
     return screened_logits(model, weight, hidden, int8_screen)
 
 
-# (weight shape, rows bucket, threads) -> greedy's output projection measured fastest on this machine
+# ((weight shape, dtype), rows bucket, threads) -> greedy's output projection measured fastest on this machine
 _FASTEST_GREEDY: dict[tuple, Callable] = {}
 
 
@@ -736,7 +741,7 @@ def greedy_output_logits(model, hidden: torch.Tensor) -> tuple[torch.Tensor, tor
         or weight.dtype != torch.float32
     ):
         return output_logits(model, hidden).t(), None
-    key = (tuple(weight.shape), rows.bit_length(), torch.get_num_threads())
+    key = ((tuple(weight.shape), weight.dtype), rows.bit_length(), torch.get_num_threads())
     way = _FASTEST_GREEDY.get(key)
     if way is None:
         ways: tuple[Callable, ...] = (_product_by_fastest_way,)
@@ -746,9 +751,8 @@ def greedy_output_logits(model, hidden: torch.Tensor) -> tuple[torch.Tensor, tor
             ways += (_screened_in_int8,)
         output_logits(model, hidden)  # the exact product measures its own ways first
         way = _FASTEST_GREEDY[key] = _fastest(ways, model, weight, hidden)
-        for chosen, copy in ((_screened_in_bf16, bf16_screen), (_screened_in_int8, int8_screen)):
-            if not any(k[0] == key[0] and w is chosen for k, w in _FASTEST_GREEDY.items()):
-                _SCREENS[copy].pop(weight, None)  # half or a quarter of the weight's memory: kept only where used
+        for screened, copy in ((_screened_in_bf16, bf16_screen), (_screened_in_int8, int8_screen)):
+            _keep_copy_where_chosen(_FASTEST_GREEDY, key, screened, _SCREENS[copy], weight)
     return way(model, weight, hidden)
 
 
