@@ -123,6 +123,38 @@ def test_the_packed_output_weight_follows_the_weights_and_is_dropped_where_unuse
         assert (weight in gv._PACKED_WEIGHTS) is kept
 
 
+@pytest.mark.skipif(not torch.backends.mkl.is_available(), reason="MKL's packed products need a build with MKL")
+def test_weights_packed_by_mkl_decode_as_transformers_and_the_layers_get_their_forward_back(monkeypatch):
+    # `packed_decoder_linears` swaps the decoder's linear layers to MKL-packed weights for a search where that
+    # measured faster, and the output projection may read its weight packed the same way: forced here on every
+    # machine, the tokens and scores must stay Transformers', and the layers must be plain modules afterwards
+    from vaswani_hf import generation_vaswani as gv
+
+    monkeypatch.setattr(gv, "_packing_pays", lambda *args: True)
+    monkeypatch.setattr(gv, "_FASTEST_PRODUCT", {})
+    monkeypatch.setattr(gv, "_fastest", lambda ways, *args: ways[-1])  # the MKL-packed output weight, last
+    marian, vaswani = random_pair(3)
+    linears = gv._step_linears(vaswani)
+    # per layer: self-attention's fused input and its output, cross-attention's query and output, the FFN's two
+    assert len(linears) == 6 * vaswani.config.decoder_layers
+    packed_rows = []
+    real_pack = gv.mkl_packed_weight
+    monkeypatch.setattr(gv, "mkl_packed_weight", lambda w, rows: (packed_rows.append(rows), real_pack(w, rows))[1])
+    for batch in (1, 3):
+        input_ids, attention_mask = padded_batch(3, batch=batch)
+        for num_beams in (1, 3):
+            kwargs = dict(input_ids=input_ids, attention_mask=attention_mask, num_beams=num_beams, max_new_tokens=6,
+                          output_scores=True, return_dict_in_generate=True)  # fmt: skip
+            ours = vaswani.generate(length_penalty_type="hf", max_length_offset=None, **kwargs)
+            assert_same(ours, marian.generate(**kwargs), scores=num_beams > 1)
+            assert not any("forward" in vars(m) for m in linears)
+    assert {1, 3, 9} <= set(packed_rows)  # each search packed for its own rows: sentences x beams
+    with gv.packed_decoder_linears(vaswani, 2):  # a training step inside a search's lifetime still has gradients
+        assert all("forward" in vars(m) for m in linears)
+        vaswani(input_ids=input_ids, labels=input_ids).loss.backward()
+    assert all(m.weight.grad is not None for m in linears)
+
+
 def bf16_kernels() -> bool:
     return torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
 

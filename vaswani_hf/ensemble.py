@@ -8,6 +8,7 @@ to add a point or so of BLEU at decoding time, as in fairseq, Marian and Sockeye
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 
 import torch
@@ -40,6 +41,15 @@ class EnsembleDecodingState:
         """Whether every member keeps one encoder row per sentence, so beam search's first step can run one row
         per sentence (an ONNX member keeps one per beam)."""
         return all(getattr(state, "fold", False) for state in self.states)
+
+    @contextlib.contextmanager
+    def searching(self):
+        """Each member's own preparation for a search (`DecodingState.searching`)."""
+        with contextlib.ExitStack() as stack:
+            for state in self.states:
+                if hasattr(state, "searching"):
+                    stack.enter_context(state.searching())
+            yield
 
     def logits(self, tokens: torch.LongTensor) -> torch.Tensor:
         """(rows,) ids -> (vocabulary, rows) mean log-probabilities (the searches read them as `.t()`)."""
