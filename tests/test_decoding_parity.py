@@ -17,7 +17,7 @@ from .helpers import paper_marian_config
 PAD, EOS = 1499, 0  # a vocabulary of 1,500: enough chunks for the two-stage top-k (generation_vaswani.py)
 
 
-def random_pair(seed: int, paper_decoding: bool = False):
+def random_pair(seed: int, paper_decoding: bool = False, biases: bool = False):
     torch.manual_seed(seed)
     # init_std 0.4, not Marian's 0.02: with tiny weights every source gives the same logits, and the output bias
     # alone would decide where hypotheses end
@@ -28,6 +28,9 @@ def random_pair(seed: int, paper_decoding: bool = False):
     with torch.no_grad():
         marian.final_logits_bias.normal_(std=0.5)
         marian.final_logits_bias[0, EOS] = 4.0 + seed % 4  # some seeds end at once, some midway, some at the limit
+        for name, parameter in marian.named_parameters():
+            if biases and name.endswith(("proj.bias", "fc1.bias", "fc2.bias")):
+                parameter.normal_(std=0.4)  # Marian starts them at zero: a way that drops them would go unseen
     return marian, marian_to_vaswani(marian, paper_decoding=paper_decoding).eval()
 
 
@@ -123,17 +126,21 @@ def test_the_packed_output_weight_follows_the_weights_and_is_dropped_where_unuse
         assert (weight in gv._PACKED_WEIGHTS) is kept
 
 
-@pytest.mark.skipif(not torch.backends.mkl.is_available(), reason="MKL's packed products need a build with MKL")
-def test_weights_packed_by_mkl_decode_as_transformers_and_the_layers_get_their_forward_back(monkeypatch):
-    # `packed_decoder_linears` swaps the decoder's linear layers to MKL-packed weights for a search where that
-    # measured faster, and the output projection may read its weight packed the same way: forced here on every
-    # machine, the tokens and scores must stay Transformers', and the layers must be plain modules afterwards
+@pytest.mark.parametrize("way", ["_linear_by_columns", "_linear_by_onednn_pack", "_linear_by_mkl_pack", "measured"])
+def test_every_decoder_linear_way_decodes_as_transformers_and_the_layers_get_their_forward_back(way, monkeypatch):
+    # `decoder_linears_for` binds the decoder's linear layers to whichever way measured fastest for a search's rows
+    # on this machine (and the output projection may read MKL's pack, offered last): each way, forced, must keep
+    # Transformers' tokens and scores, and the layers must be plain modules again afterwards
     from vaswani_hf import generation_vaswani as gv
 
-    monkeypatch.setattr(gv, "_packing_pays", lambda *args: True)
-    monkeypatch.setattr(gv, "_FASTEST_PRODUCT", {})
-    monkeypatch.setattr(gv, "_fastest", lambda ways, *args: ways[-1])  # the MKL-packed output weight, last
-    marian, vaswani = random_pair(3)
+    forced = getattr(gv, way, None)
+    if forced is not None and forced not in gv._linear_ways():
+        pytest.skip(f"{way} needs a torch built with {way.split('_')[-2]}")
+    if forced is not None:
+        monkeypatch.setattr(gv, "_fastest_linear_way", lambda *args: forced)
+        monkeypatch.setattr(gv, "_FASTEST_PRODUCT", {})
+        monkeypatch.setattr(gv, "_fastest", lambda ways, *args: ways[-1])
+    marian, vaswani = random_pair(3, biases=True)
     linears = gv._step_linears(vaswani)
     # per layer: self-attention's fused input and its output, cross-attention's query and output, the FFN's two
     assert len(linears) == 6 * vaswani.config.decoder_layers
@@ -148,11 +155,13 @@ def test_weights_packed_by_mkl_decode_as_transformers_and_the_layers_get_their_f
             ours = vaswani.generate(length_penalty_type="hf", max_length_offset=None, **kwargs)
             assert_same(ours, marian.generate(**kwargs), scores=num_beams > 1)
             assert not any("forward" in vars(m) for m in linears)
-    assert {1, 3, 9} <= set(packed_rows)  # each search packed for its own rows: sentences x beams
-    with gv.packed_decoder_linears(vaswani, 2):  # a training step inside a search's lifetime still has gradients
-        assert all("forward" in vars(m) for m in linears)
-        vaswani(input_ids=input_ids, labels=input_ids).loss.backward()
-    assert all(m.weight.grad is not None for m in linears)
+    if forced is gv._linear_by_mkl_pack:
+        assert {1, 3, 9} <= set(packed_rows)  # each search packed for its own rows: sentences x beams
+    if forced is not None:
+        with gv.decoder_linears_for(vaswani, 2):  # a training step inside a search's lifetime still has gradients
+            assert all("forward" in vars(m) for m in linears)
+            vaswani(input_ids=input_ids, labels=input_ids).loss.backward()
+        assert all(m.weight.grad is not None for m in linears)
 
 
 def bf16_kernels() -> bool:

@@ -21,8 +21,8 @@ paper's options and less work per step:
   (`VaswaniBeamSearchCacheLayer`);
 - a sentence whose search is over leaves the batch at once, so long sentences do not keep short ones computing;
 - the first step runs one row per sentence (its beams are still identical);
-- the decoder's linear layers multiply through weights MKL packed for the search's number of rows, where that
-  measures faster (`packed_decoder_linears`);
+- the decoder's linear layers multiply the way measured fastest on the machine for the search's number of rows:
+  their own `F.linear`, `weight @ hidden^T`, or a weight packed by oneDNN or MKL (`decoder_linears_for`);
 - greedy search reads a bf16 or int8 copy of the output weight where that measures faster, and recomputes in float32
   the few tokens a proven error bound cannot rule out, so its tokens stay the float32 argmax (`screened_logits`);
 - with a vocabulary shortlist the scores have one column per allowed token and the search runs on those columns.
@@ -438,7 +438,7 @@ class DecodingState:
         if self.encoder_hidden.device.type != "cpu":
             return contextlib.nullcontext()
         rows = self.encoder_hidden.shape[0] * (self.rows_per_example if self.fold else 1)
-        return packed_decoder_linears(self.model, rows)
+        return decoder_linears_for(self.model, rows)
 
     def reorder(self, row_idx: torch.LongTensor) -> None:
         self.cache.self_attention_cache.reorder_cache(row_idx)
@@ -618,18 +618,59 @@ def mkl_packed_weight(weight: torch.Tensor, rows: int) -> torch.Tensor:
     return _derived(packs, weight, lambda plain: torch.ops.mkl._mkl_reorder_linear_weight(plain, rows))
 
 
-def _linear_by_mkl_pack(module: torch.nn.Linear, pack: torch.Tensor, rows: int, hidden: torch.Tensor) -> torch.Tensor:
-    if torch.is_grad_enabled():  # MKL's packed product has no backward
-        return torch.nn.functional.linear(hidden, module.weight, module.bias)
-    return torch.ops.mkl._mkl_linear(hidden, pack, module.weight, module.bias, rows)
+def _plain_linear(module: torch.nn.Linear, rows: int) -> None:
+    """The layer's own `F.linear` (MKL's or oneDNN's product, re-reading the plain weight at every call)."""
+    return None
+
+
+def _linear_by_mkl_pack(module: torch.nn.Linear, rows: int) -> Callable[[torch.Tensor], torch.Tensor]:
+    """MKL's product through the weight packed for exactly `rows` rows (`mkl_packed_weight`)."""
+    pack = mkl_packed_weight(module.weight, rows)
+    return _inference_only(
+        module, lambda hidden: torch.ops.mkl._mkl_linear(hidden, pack, module.weight, module.bias, rows)
+    )
+
+
+def _linear_by_onednn_pack(module: torch.nn.Linear, rows: int) -> Callable[[torch.Tensor], torch.Tensor]:
+    """oneDNN's product through the weight in its blocked layout (`packed_weight`, any number of rows)."""
+    pack, bias = packed_weight(module.weight), module.bias
+    return _inference_only(
+        module, lambda hidden: torch.ops.mkldnn._linear_pointwise(hidden, pack, bias, "none", [], "")
+    )
+
+
+def _linear_by_columns(module: torch.nn.Linear, rows: int) -> Callable[[torch.Tensor], torch.Tensor]:
+    """`weight @ hidden^T`, one column per row, as the output projection's `_product_by_columns`: the BLAS streams
+    the plain weight once instead of packing it (the transposed result is copied back only for several rows)."""
+    weight, bias = module.weight, module.bias
+    column_bias = None if bias is None else bias[:, None]
+
+    def forward(hidden: torch.Tensor) -> torch.Tensor:
+        flat = hidden.reshape(-1, hidden.shape[-1]).t()
+        columns = weight @ flat if column_bias is None else torch.addmm(column_bias, weight, flat)
+        return columns.t().contiguous().view(*hidden.shape[:-1], weight.shape[0])
+
+    return _inference_only(module, forward)
+
+
+def _inference_only(
+    module: torch.nn.Linear, forward: Callable[[torch.Tensor], torch.Tensor]
+) -> Callable[[torch.Tensor], torch.Tensor]:
+    """`forward` where no gradient is recorded (the packed products have no backward), the layer's own elsewhere:
+    a training step inside a search's lifetime still trains the weights."""
+
+    def guarded(hidden: torch.Tensor) -> torch.Tensor:
+        if torch.is_grad_enabled():
+            return torch.nn.functional.linear(hidden, module.weight, module.bias)
+        return forward(hidden)
+
+    return guarded
 
 
 def _step_linears(model) -> list[torch.nn.Linear]:
     """The decoder's float32 CPU linear layers that every decoding step multiplies (not the cross-attention's
-    keys/values: those are projected once per sentence, over its source tokens). Empty where MKL is absent or a
-    layer computes anything but `F.linear` (int8, adapters)."""
-    if not torch.backends.mkl.is_available():
-        return []
+    keys/values: those are projected once per sentence, over its source tokens). Empty where a layer computes
+    anything but `F.linear` (int8, adapters)."""
     linears = [
         module
         for name, module in model.get_decoder().named_modules()
@@ -645,68 +686,92 @@ def _step_linears(model) -> list[torch.nn.Linear]:
     return linears if plain else []
 
 
-# ((the linears' shapes), rows, threads) -> whether MKL's packed weights measured faster on this machine
-_PACKING_PAYS: dict[tuple, bool] = {}
+def _linear_ways() -> tuple[Callable, ...]:
+    """The ways this build of torch offers to multiply a decoder linear on CPU, the layer's own first."""
+    ways: tuple[Callable, ...] = (_plain_linear, _linear_by_columns)
+    if torch.backends.mkldnn.is_available():
+        ways += (_linear_by_onednn_pack,)
+    if torch.backends.mkl.is_available():
+        ways += (_linear_by_mkl_pack,)
+    return ways
 
 
-def _packing_pays(model, linears: list[torch.nn.Linear], rows: int) -> bool:
-    """Whether the decoder's linears run faster through MKL-packed weights at exactly `rows` rows: all of them
-    timed once each way together with the rest of a step's weight traffic (`_rest_of_a_step`: timed back to back
-    they partly stay in a large last-level cache), 3 rounds after a warm-up; packing is kept only where it saves 2%
-    of that (the packed copies are as large as the weights). Measured so on a Sapphire Rapids, base preset, 2
-    threads (a step's 30 products and one read of the output weight): 6.2 -> 6.0 ms at 4 rows, 12.7 -> 10.9 ms at
-    64, 5.0 -> 5.5 ms at one row; capped to AVX2, 7.4 -> 6.1 ms at 4 rows and 15.3 -> 15.0 ms at 64. On an
-    AVX2-only AMD EPYC (Zen 3), whose memory is 4x slower: 22.9 -> 23.5 ms at one row, 26.5 -> 25.7 at 4, 32.4 ->
-    33.7 at 16, 49.0 -> 51.6 at 64, and the search's own timing kept the plain weights at 1, 4 and 64 rows."""
+# ((the linears' shapes), rows, threads) -> the way `_fastest_linear_way` measured fastest on this machine
+_FASTEST_LINEAR: dict[tuple, Callable] = {}
+
+
+def _fastest_linear_way(model, linears: list[torch.nn.Linear], rows: int) -> Callable:
+    """The fastest way to run the decoder's linears at `rows` rows on this machine: all of them, bound each way,
+    timed together with the rest of a step's weight traffic (`_rest_of_a_step`: timed back to back they partly
+    stay in a large last-level cache), 3 rounds after a warm-up; a way other than the layers' own is kept only
+    where it saves 2% (the packed copies are as large as the weights). A pack no chosen way reads is dropped.
+
+    Base preset's decoder, 2 threads, a step's products and one read of the output weight: on a Sapphire Rapids
+    the MKL pack measured 6.2 -> 6.0 ms at 4 rows, 12.7 -> 10.9 ms at 64, 5.0 -> 5.5 ms at one row, and capped to
+    AVX2 7.4 -> 6.1 ms at 4 rows. On an AVX2-only AMD EPYC (Zen 3), where MKL's products stream the weights at a
+    third of the memory's speed, the products alone (plain / columns / oneDNN pack / MKL pack): 14.1 / 12.9 / 10.6
+    / 11.5 ms at one row, 19.5 / 8.1 / 10.3 / 19.4 at 4, 18.9 / 14.6 / 14.9 / 19.7 at 16, 35.6 / 30.0 / 28.6 /
+    35.0 at 64."""
     key = (tuple(tuple(m.weight.shape) for m in linears), rows, torch.get_num_threads())
-    if key not in _PACKING_PAYS:
-        inputs = {m.in_features: torch.zeros(rows, m.in_features) for m in linears}
-        packs = [mkl_packed_weight(m.weight, rows) for m in linears]
-
-        def plain() -> None:
-            for m in linears:
-                torch.nn.functional.linear(inputs[m.in_features], m.weight, m.bias)
-
-        def packed() -> None:
-            for m, pack in zip(linears, packs, strict=True):
-                torch.ops.mkl._mkl_linear(inputs[m.in_features], pack, m.weight, m.bias, rows)
-
+    if key not in _FASTEST_LINEAR:
+        ways = _linear_ways()
+        inputs = {m.in_features: torch.zeros(rows, 1, m.in_features) for m in linears}
         rest = _rest_of_a_step(model, *(m.weight for m in linears))
-        plain_time, packed_time = _best_times([lambda: (plain(), rest()), lambda: (packed(), rest())])
-        _PACKING_PAYS[key] = packed_time < 0.98 * plain_time
-    if not _PACKING_PAYS[key]:
-        for m in linears:
+
+        def step(way: Callable) -> Callable[[], None]:
+            forwards = [way(m, rows) or m.forward for m in linears]
+
+            def run() -> None:
+                for m, forward in zip(linears, forwards, strict=True):
+                    forward(inputs[m.in_features])
+                rest()
+
+            return run
+
+        with torch.no_grad():
+            times = _best_times([step(way) for way in ways])
+        best = min(range(len(ways)), key=times.__getitem__)
+        _FASTEST_LINEAR[key] = ways[best] if times[best] < 0.98 * times[0] else _plain_linear
+    way = _FASTEST_LINEAR[key]
+    chosen = set(_FASTEST_LINEAR.values())
+    for m in linears:
+        if way is not _linear_by_mkl_pack:
             _MKL_PACKED.get(rows, {}).pop(m.weight, None)
-    return _PACKING_PAYS[key]
+        if _linear_by_onednn_pack not in chosen:
+            _PACKED_WEIGHTS.pop(m.weight, None)
+    return way
 
 
-# model -> how many of its searches are running with its decoder's linears packed
-_PACKED_SEARCHES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-_PACKING = threading.Lock()
+# model -> how many of its searches are running with its decoder's linears bound to a measured way
+_BOUND_SEARCHES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_BINDING = threading.Lock()
 
 
 @contextlib.contextmanager
-def packed_decoder_linears(model, rows: int):
-    """While one search runs with `rows` rows, the decoder's linear layers multiply through weights MKL packed for
-    that many rows (`mkl_packed_weight`), where `_packing_pays` measured it faster: oneDNN's and MKL's plain
-    products re-read the weight in its plain layout at every call, which at a few rows costs more than the
-    arithmetic (measured per machine, since the gain ranges from nothing to 1.5x between CPUs and ISA levels).
-    A step with fewer rows (sentences that finished) multiplies by the plain weight. The layers get their plain
-    `forward` back when the last search running on the model ends; a search that starts while another runs keeps
-    the first one's packing."""
+def decoder_linears_for(model, rows: int):
+    """While one search runs with `rows` rows, the decoder's linear layers multiply the way `_fastest_linear_way`
+    measured fastest for that many rows on this machine: their own `F.linear`, `weight @ hidden^T`, or a weight
+    packed by oneDNN or by MKL. `F.linear` re-reads the weight in its plain layout at every call, which at a few
+    rows costs more than the arithmetic, by how much depends on the CPU and the BLAS (from nothing to 2.4x). A step
+    with fewer rows (sentences that finished) keeps the way; MKL's pack then multiplies by the plain weight. The
+    layers get their own `forward` back when the last search running on the model ends; a search that starts
+    while another runs keeps the first one's way."""
     linears = _step_linears(model)
-    with _PACKING:
-        running = _PACKED_SEARCHES.get(model, 0)
-        if running == 0 and linears and _packing_pays(model, linears, rows):
+    with _BINDING:
+        running = _BOUND_SEARCHES.get(model, 0)
+        if running == 0 and linears:
+            way = _fastest_linear_way(model, linears, rows)
             for m in linears:
-                m.forward = functools.partial(_linear_by_mkl_pack, m, mkl_packed_weight(m.weight, rows), rows)
-        _PACKED_SEARCHES[model] = running + 1
+                forward = way(m, rows)
+                if forward is not None:
+                    m.forward = forward
+        _BOUND_SEARCHES[model] = running + 1
     try:
         yield
     finally:
-        with _PACKING:
-            _PACKED_SEARCHES[model] -= 1
-            if _PACKED_SEARCHES[model] == 0:
+        with _BINDING:
+            _BOUND_SEARCHES[model] -= 1
+            if _BOUND_SEARCHES[model] == 0:
                 for m in linears:
                     m.__dict__.pop("forward", None)
 
