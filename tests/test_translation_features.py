@@ -428,9 +428,14 @@ def test_an_int8_model_keeps_its_own_numbers_with_a_shortlist(loaded):
 
 def test_a_built_shortlist_keeps_bleu(loaded, translator, tmp_path):
     model, tokenizer = loaded
-    shortlist = build_shortlist(tokenizer, builtin_splits()["train"][:5000], per_source=30, frequent=20)
+    # 40 of the target side's 50 tokens per source token: with 30, "one" lost the word-final "s" of "eins" (in 133
+    # of the 5,000 targets, below every source token's top 30 by Dice), and a model trained on an AVX2-only EPYC,
+    # which spells "hunderteins" with it, lost 1.7 BLEU; the test still leaves target tokens out of every batch
+    train = builtin_splits()["train"][:5000]
+    shortlist = build_shortlist(tokenizer, train, per_source=40, frequent=20)
     batch = tokenizer([s for s, _ in TEST], return_tensors="pt", padding=True)
-    assert len(shortlist.allowed(batch["input_ids"][:1])) < len(tokenizer)
+    target_side = {i for _, t in train for i in tokenizer(t)["input_ids"]}
+    assert len(target_side - set(shortlist.allowed(batch["input_ids"]).tolist())) > 0
     sources, references = [s for s, _ in TEST], [t for _, t in TEST]
     full = [c[0][0] for c in translate_nbest(model, tokenizer, sources, progress=False)]
     listed = [c[0][0] for c in translate_nbest(model, tokenizer, sources, progress=False, shortlist=shortlist)]
