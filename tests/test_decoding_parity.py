@@ -164,6 +164,39 @@ def test_every_decoder_linear_way_decodes_as_transformers_and_the_layers_get_the
         assert all(m.weight.grad is not None for m in linears)
 
 
+@pytest.mark.parametrize("slowed", [0, 1])
+def test_the_linear_trial_keeps_the_way_whose_steps_were_fastest(slowed, monkeypatch):
+    # until real decoding steps have timed every way (`_LinearTrial`), the decoder's linears change way at every
+    # step; the way kept must be the one whose steps were fastest (here the one not slowed by a sleep in each
+    # product), and the tokens stay Transformers' while the ways change
+    import time
+
+    from vaswani_hf import generation_vaswani as gv
+
+    def slowed_down(way):
+        def bind(module, rows):
+            forward = way(module, rows) or type(module).forward.__get__(module)
+            return lambda hidden: (time.sleep(5e-4), forward(hidden))[1]
+
+        return bind
+
+    ways = [gv._plain_linear, gv._linear_by_columns]
+    ways[slowed] = slowed_down(ways[slowed])
+    monkeypatch.setattr(gv, "_linear_ways", lambda: tuple(ways))
+    monkeypatch.setattr(gv, "_FASTEST_LINEAR", {})
+    monkeypatch.setattr(gv, "_LINEAR_TRIALS", {})
+    marian, vaswani = random_pair(4, biases=True)
+    input_ids, attention_mask = padded_batch(4, batch=1)
+    key = gv._linear_key(gv._step_linears(vaswani), 1)
+    for _ in range(2 * gv.LINEAR_TRIAL_STEPS + 2):  # sentences may end early: step times add up across searches
+        kwargs = dict(input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=8)
+        assert torch.equal(vaswani.generate(max_length_offset=None, **kwargs), marian.generate(**kwargs))
+        if key in gv._FASTEST_LINEAR:
+            break
+    assert gv._FASTEST_LINEAR[key] is ways[1 - slowed]
+    assert key not in gv._LINEAR_TRIALS
+
+
 def bf16_kernels() -> bool:
     return torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
 

@@ -22,7 +22,8 @@ paper's options and less work per step:
 - a sentence whose search is over leaves the batch at once, so long sentences do not keep short ones computing;
 - the first step runs one row per sentence (its beams are still identical);
 - the decoder's linear layers multiply the way measured fastest on the machine for the search's number of rows:
-  their own `F.linear`, `weight @ hidden^T`, or a weight packed by oneDNN or MKL (`decoder_linears_for`);
+  their own `F.linear`, `weight @ hidden^T`, or a weight packed by oneDNN or MKL, timed on the first searches'
+  own steps (`decoder_linears_for`, `_LinearTrial`);
 - greedy search reads a bf16 or int8 copy of the output weight where that measures faster, and recomputes in float32
   the few tokens a proven error bound cannot rule out, so its tokens stay the float32 argmax (`screened_logits`);
 - with a vocabulary shortlist the scores have one column per allowed token and the search runs on those columns.
@@ -36,6 +37,7 @@ import contextlib
 import copy
 import functools
 import math
+import statistics
 import threading
 import time
 import weakref
@@ -696,50 +698,96 @@ def _linear_ways() -> tuple[Callable, ...]:
     return ways
 
 
-# ((the linears' shapes), rows, threads) -> the way `_fastest_linear_way` measured fastest on this machine
+# ((the linears' shapes), rows, threads) -> the way decoding steps measured fastest on this machine
 _FASTEST_LINEAR: dict[tuple, Callable] = {}
+# the same keys -> each way's step times so far, while `_FASTEST_LINEAR` has no way for the key yet
+_LINEAR_TRIALS: dict[tuple, list[list[float]]] = {}
+LINEAR_TRIAL_STEPS = 5  # timed steps per way before the fastest is kept
 
 
-def _fastest_linear_way(model, linears: list[torch.nn.Linear], rows: int) -> Callable:
-    """The fastest way to run the decoder's linears at `rows` rows on this machine: all of them, bound each way,
-    timed together with the rest of a step's weight traffic (`_rest_of_a_step`: timed back to back they partly
-    stay in a large last-level cache), 3 rounds after a warm-up; a way other than the layers' own is kept only
-    where it saves 2% (the packed copies are as large as the weights). A pack no chosen way reads is dropped.
+def _linear_key(linears: list[torch.nn.Linear], rows: int) -> tuple:
+    return tuple(tuple(m.weight.shape) for m in linears), rows, torch.get_num_threads()
 
-    Base preset's decoder, 2 threads, a step's products and one read of the output weight: on a Sapphire Rapids
-    the MKL pack measured 6.2 -> 6.0 ms at 4 rows, 12.7 -> 10.9 ms at 64, 5.0 -> 5.5 ms at one row, and capped to
-    AVX2 7.4 -> 6.1 ms at 4 rows. On an AVX2-only AMD EPYC (Zen 3), where MKL's products stream the weights at a
-    third of the memory's speed, the products alone (plain / columns / oneDNN pack / MKL pack): 14.1 / 12.9 / 10.6
-    / 11.5 ms at one row, 19.5 / 8.1 / 10.3 / 19.4 at 4, 18.9 / 14.6 / 14.9 / 19.7 at 16, 35.6 / 30.0 / 28.6 /
-    35.0 at 64."""
-    key = (tuple(tuple(m.weight.shape) for m in linears), rows, torch.get_num_threads())
-    if key not in _FASTEST_LINEAR:
-        ways = _linear_ways()
-        inputs = {m.in_features: torch.zeros(rows, 1, m.in_features) for m in linears}
-        rest = _rest_of_a_step(model, *(m.weight for m in linears))
 
-        def step(way: Callable) -> Callable[[], None]:
-            forwards = [way(m, rows) or m.forward for m in linears]
+def _fastest_linear_way(linears: list[torch.nn.Linear], rows: int) -> Callable | None:
+    """The way real decoding steps measured fastest for the decoder's linears at `rows` rows on this machine, or
+    None while `_LinearTrial` is still timing them."""
+    return _FASTEST_LINEAR.get(_linear_key(linears, rows))
 
-            def run() -> None:
-                for m, forward in zip(linears, forwards, strict=True):
-                    forward(inputs[m.in_features])
-                rest()
 
-            return run
-
-        with torch.no_grad():
-            times = _best_times([step(way) for way in ways])
-        best = min(range(len(ways)), key=times.__getitem__)
-        _FASTEST_LINEAR[key] = ways[best] if times[best] < 0.98 * times[0] else _plain_linear
-    way = _FASTEST_LINEAR[key]
-    chosen = set(_FASTEST_LINEAR.values())
+def _keep_packs_of(way: Callable, linears: list[torch.nn.Linear], rows: int) -> None:
+    """Drop the linears' packed copies that neither `way` nor another chosen way reads (each is as large as its
+    weight)."""
     for m in linears:
         if way is not _linear_by_mkl_pack:
             _MKL_PACKED.get(rows, {}).pop(m.weight, None)
-        if _linear_by_onednn_pack not in chosen:
+        if _linear_by_onednn_pack not in _FASTEST_LINEAR.values():
             _PACKED_WEIGHTS.pop(m.weight, None)
-    return way
+
+
+def _bind(linears: list[torch.nn.Linear], forwards: list[Callable | None]) -> None:
+    for m, forward in zip(linears, forwards, strict=True):
+        if forward is None:
+            m.__dict__.pop("forward", None)
+        else:
+            m.forward = forward
+
+
+class _LinearTrial:
+    """Decoding steps of real searches, the decoder's linears bound to each way in turn, one step each, until every
+    way has `LINEAR_TRIAL_STEPS` step times; then the way with the shortest median step is kept for the process
+    (a way other than the layers' own only where it saves 2%: the packed copies are as large as the weights) and
+    bound for the rest of the search. A step is the time between two calls of the first linear layer, so it holds
+    everything a step does: attention, the output projection, the search. The first step of each search is not
+    counted (it runs fewer rows in beam search, and may build caches). Times accumulate across searches with the
+    same key, so short sentences decide too.
+
+    Timed outside the loop (the linears alone, or with a read of the other weights between them), the ways
+    mispredicted: on an AVX2-only AMD EPYC (Zen 3) at one row the pick among F.linear, `weight @ h^T`, oneDNN's
+    pack and MKL's pack changed from run to run, while whole greedy generate() calls with a shortlist took 616 /
+    620 / 523 / 545 ms (medians of 6, interleaved): the oneDNN pack was 1.18x the layers' own product."""
+
+    def __init__(self, key: tuple, linears: list[torch.nn.Linear], rows: int, ways: tuple[Callable, ...]) -> None:
+        self.key, self.linears, self.rows, self.ways = key, linears, rows, ways
+        self.forwards = [[way(m, rows) for m in linears] for way in ways]  # every pack built before any timing
+        self.times = _LINEAR_TRIALS.setdefault(key, [[] for _ in ways])
+        self.steps, self.started, self.way = 0, 0.0, 0
+        self.current: list[Callable | None] = [None] * len(linears)
+        own = type(linears[0]).forward.__get__(linears[0])
+
+        def first_of_a_step(hidden: torch.Tensor) -> torch.Tensor:
+            if not torch.is_grad_enabled():
+                self.step_begins()
+            return (self.current[0] or own)(hidden)
+
+        self.clocked = first_of_a_step
+        _bind(linears, [first_of_a_step, *self.current[1:]])
+
+    def step_begins(self) -> None:
+        now = time.perf_counter()
+        self.steps += 1
+        if self.steps > 2 and self.key not in _FASTEST_LINEAR:  # the step that just ended, not a search's first
+            self.times[self.way].append(now - self.started)
+        if self.key not in _FASTEST_LINEAR and min(len(t) for t in self.times) >= LINEAR_TRIAL_STEPS:
+            self.decide()
+        if self.key in _FASTEST_LINEAR:  # decided, here or by another search: bound for good, the clock unbound
+            self.current = [_FASTEST_LINEAR[self.key](m, self.rows) for m in self.linears]
+            _bind(self.linears, self.current)
+            return
+        counts = [len(t) for t in self.times]
+        self.way = counts.index(min(counts))
+        self.current = self.forwards[self.way]
+        _bind(self.linears, [self.clocked, *self.current[1:]])
+        self.started = time.perf_counter()
+
+    def decide(self) -> None:
+        medians = [statistics.median(t) for t in self.times]
+        best = medians.index(min(medians))
+        way = self.ways[best] if medians[best] < 0.98 * medians[0] else self.ways[0]
+        _FASTEST_LINEAR[self.key] = way
+        _LINEAR_TRIALS.pop(self.key, None)
+        self.forwards = []
+        _keep_packs_of(way, self.linears, self.rows)
 
 
 # model -> how many of its searches are running with its decoder's linears bound to a measured way
@@ -749,22 +797,22 @@ _BINDING = threading.Lock()
 
 @contextlib.contextmanager
 def decoder_linears_for(model, rows: int):
-    """While one search runs with `rows` rows, the decoder's linear layers multiply the way `_fastest_linear_way`
-    measured fastest for that many rows on this machine: their own `F.linear`, `weight @ hidden^T`, or a weight
-    packed by oneDNN or by MKL. `F.linear` re-reads the weight in its plain layout at every call, which at a few
-    rows costs more than the arithmetic, by how much depends on the CPU and the BLAS (from nothing to 2.4x). A step
-    with fewer rows (sentences that finished) keeps the way; MKL's pack then multiplies by the plain weight. The
-    layers get their own `forward` back when the last search running on the model ends; a search that starts
-    while another runs keeps the first one's way."""
+    """While one search runs with `rows` rows, the decoder's linear layers multiply the way measured fastest for
+    that many rows on this machine: their own `F.linear`, `weight @ hidden^T`, or a weight packed by oneDNN or by
+    MKL. `F.linear` re-reads the weight in its plain layout at every call, which at a few rows costs more than the
+    arithmetic, by how much depends on the CPU and the BLAS (from nothing to 2.4x). Until the first searches have
+    measured the ways (`_LinearTrial`), steps run each way in turn. A step with fewer rows (sentences that finished)
+    keeps the way; MKL's pack then multiplies by the plain weight. The layers get their own `forward` back when the
+    last search running on the model ends; a search that starts while another runs keeps the first one's way."""
     linears = _step_linears(model)
     with _BINDING:
         running = _BOUND_SEARCHES.get(model, 0)
         if running == 0 and linears:
-            way = _fastest_linear_way(model, linears, rows)
-            for m in linears:
-                forward = way(m, rows)
-                if forward is not None:
-                    m.forward = forward
+            way = _fastest_linear_way(linears, rows)
+            if way is None:
+                _LinearTrial(_linear_key(linears, rows), linears, rows, _linear_ways())
+            else:
+                _bind(linears, [way(m, rows) for m in linears])
         _BOUND_SEARCHES[model] = running + 1
     try:
         yield
@@ -772,8 +820,7 @@ def decoder_linears_for(model, rows: int):
         with _BINDING:
             _BOUND_SEARCHES[model] -= 1
             if _BOUND_SEARCHES[model] == 0:
-                for m in linears:
-                    m.__dict__.pop("forward", None)
+                _bind(linears, [None] * len(linears))
 
 
 def output_logits(model, hidden: torch.Tensor) -> torch.Tensor:
