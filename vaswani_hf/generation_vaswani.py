@@ -702,7 +702,7 @@ def _linear_ways() -> tuple[Callable, ...]:
 _FASTEST_LINEAR: dict[tuple, Callable] = {}
 # the same keys -> each way's step times so far, while `_FASTEST_LINEAR` has no way for the key yet
 _LINEAR_TRIALS: dict[tuple, list[list[float]]] = {}
-LINEAR_TRIAL_STEPS = 5  # timed steps per way before the fastest is kept
+LINEAR_TRIAL_STEPS = 12  # timed steps per way before the fastest is kept
 
 
 def _linear_key(linears: list[torch.nn.Linear], rows: int) -> tuple:
@@ -745,7 +745,8 @@ class _LinearTrial:
     Timed outside the loop (the linears alone, or with a read of the other weights between them), the ways
     mispredicted: on an AVX2-only AMD EPYC (Zen 3) at one row the pick among F.linear, `weight @ h^T`, oneDNN's
     pack and MKL's pack changed from run to run, while whole greedy generate() calls with a shortlist took 616 /
-    620 / 523 / 545 ms (medians of 6, interleaved): the oneDNN pack was 1.18x the layers' own product."""
+    620 / 523 / 545 ms (medians of 6, interleaved): the oneDNN pack was 1.18x the layers' own product. Timed here,
+    with 12 steps per way, a packed way was kept in 6 processes of 6 there; with 5 steps, one kept `weight @ h^T`."""
 
     def __init__(self, key: tuple, linears: list[torch.nn.Linear], rows: int, ways: tuple[Callable, ...]) -> None:
         self.key, self.linears, self.rows, self.ways = key, linears, rows, ways
