@@ -88,6 +88,7 @@ def test_every_output_projection_way_decodes_as_transformers(seed, way, monkeypa
     forced = getattr(generation_vaswani, way)
     monkeypatch.setattr(generation_vaswani, "_FASTEST_PRODUCT", {})
     monkeypatch.setattr(generation_vaswani, "_fastest", lambda ways, *args: forced if forced in ways else ways[1])
+    monkeypatch.setattr(generation_vaswani, "_output_phase", lambda *args: None)  # no timing on steps either
     marian, vaswani = random_pair(seed)
     for batch in (1, 3):
         input_ids, attention_mask = padded_batch(seed, batch=batch)
@@ -166,7 +167,7 @@ def test_every_decoder_linear_way_decodes_as_transformers_and_the_layers_get_the
 
 @pytest.mark.parametrize("slowed", [0, 1])
 def test_the_linear_trial_keeps_the_way_whose_steps_were_fastest(slowed, monkeypatch):
-    # until real decoding steps have timed every way (`_LinearTrial`), the decoder's linears change way at every
+    # until real decoding steps have timed every way (`_StepTrial`), the decoder's linears change way at every
     # step; the way kept must be the one whose steps were fastest (here the one not slowed by a sleep in each
     # product), and the tokens stay Transformers' while the ways change
     import time
@@ -195,6 +196,40 @@ def test_the_linear_trial_keeps_the_way_whose_steps_were_fastest(slowed, monkeyp
             break
     assert gv._FASTEST_LINEAR[key] is ways[1 - slowed]
     assert key not in gv._LINEAR_TRIALS
+
+
+@pytest.mark.parametrize("slowed", [0, 1])
+def test_the_output_projection_trial_keeps_the_way_whose_steps_were_fastest(slowed, monkeypatch):
+    # once the decoder's linears are decided, beam search's steps time the output projection's ways the same way
+    # (`_OutputWays`); the way kept must be the one not slowed, beam search must keep Transformers' results while
+    # the ways change, and no trial may outlive its search
+    import time
+
+    from vaswani_hf import generation_vaswani as gv
+
+    def slowed_down(way):
+        return lambda *args: (time.sleep(2e-3), way(*args))[1]
+
+    ways = [gv._product_by_rows, gv._product_by_columns]
+    ways[slowed] = slowed_down(ways[slowed])
+    monkeypatch.setattr(gv, "_output_ways", lambda weight, rows: tuple(ways))
+    monkeypatch.setattr(gv, "_fastest_linear_way", lambda *args: gv._plain_linear)
+    for table in ("_FASTEST_PRODUCT", "_OUTPUT_TRIALS"):
+        monkeypatch.setattr(gv, table, {})
+    monkeypatch.setattr(gv, "_OUTPUT_TIMED_ON_STEPS", set())
+    marian, vaswani = random_pair(5)
+    input_ids, attention_mask = padded_batch(5, batch=1)
+    key = gv._output_key(vaswani.get_output_embeddings().weight, 3)
+    for _ in range(2 * gv.LINEAR_TRIAL_STEPS + 2):  # sentences may end early: step times add up across searches
+        kwargs = dict(input_ids=input_ids, attention_mask=attention_mask, num_beams=3, max_new_tokens=8,
+                      output_scores=True, return_dict_in_generate=True)  # fmt: skip
+        ours = vaswani.generate(length_penalty_type="hf", max_length_offset=None, **kwargs)
+        assert_same(ours, marian.generate(**kwargs), scores=True)
+        assert vaswani not in gv._OUTPUT_UNDER_TRIAL
+        if key in gv._OUTPUT_TIMED_ON_STEPS:
+            break
+    assert gv._FASTEST_PRODUCT[key] is ways[1 - slowed]
+    assert key not in gv._OUTPUT_TRIALS
 
 
 def bf16_kernels() -> bool:

@@ -23,7 +23,7 @@ paper's options and less work per step:
 - the first step runs one row per sentence (its beams are still identical);
 - the decoder's linear layers multiply the way measured fastest on the machine for the search's number of rows:
   their own `F.linear`, `weight @ hidden^T`, or a weight packed by oneDNN or MKL, timed on the first searches'
-  own steps (`decoder_linears_for`, `_LinearTrial`);
+  own steps (`decoder_linears_for`, `_StepTrial`);
 - greedy search reads a bf16 or int8 copy of the output weight where that measures faster, and recomputes in float32
   the few tokens a proven error bound cannot rule out, so its tokens stay the float32 argmax (`screened_logits`);
 - with a vocabulary shortlist the scores have one column per allowed token and the search runs on those columns.
@@ -702,7 +702,12 @@ def _linear_ways() -> tuple[Callable, ...]:
 _FASTEST_LINEAR: dict[tuple, Callable] = {}
 # the same keys -> each way's step times so far, while `_FASTEST_LINEAR` has no way for the key yet
 _LINEAR_TRIALS: dict[tuple, list[list[float]]] = {}
-LINEAR_TRIAL_STEPS = 12  # timed steps per way before the fastest is kept
+LINEAR_TRIAL_STEPS = 12  # timed steps per way before the fastest is kept (linears and output projection)
+# output projection keys whose way was timed on decoding steps (`_OutputWays`), not only by `_fastest`
+_OUTPUT_TIMED_ON_STEPS: set[tuple] = set()
+_OUTPUT_TRIALS: dict[tuple, list[list[float]]] = {}
+# model -> the `_OutputWays` whose way `output_logits` takes while a search's trial times it
+_OUTPUT_UNDER_TRIAL: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def _linear_key(linears: list[torch.nn.Linear], rows: int) -> tuple:
@@ -711,7 +716,7 @@ def _linear_key(linears: list[torch.nn.Linear], rows: int) -> tuple:
 
 def _fastest_linear_way(linears: list[torch.nn.Linear], rows: int) -> Callable | None:
     """The way real decoding steps measured fastest for the decoder's linears at `rows` rows on this machine, or
-    None while `_LinearTrial` is still timing them."""
+    None while a `_StepTrial` is still timing them."""
     return _FASTEST_LINEAR.get(_linear_key(linears, rows))
 
 
@@ -733,62 +738,152 @@ def _bind(linears: list[torch.nn.Linear], forwards: list[Callable | None]) -> No
             m.forward = forward
 
 
-class _LinearTrial:
-    """Decoding steps of real searches, the decoder's linears bound to each way in turn, one step each, until every
-    way has `LINEAR_TRIAL_STEPS` step times; then the way with the shortest median step is kept for the process
-    (a way other than the layers' own only where it saves 2%: the packed copies are as large as the weights) and
-    bound for the rest of the search. A step is the time between two calls of the first linear layer, so it holds
-    everything a step does: attention, the output projection, the search. The first step of each search is not
-    counted (it runs fewer rows in beam search, and may build caches). Times accumulate across searches with the
-    same key, so short sentences decide too.
+class _LinearWays:
+    """The decoder linears' ways at a search's rows, as one phase of a `_StepTrial`."""
+
+    def __init__(self, trial: _StepTrial, linears: list[torch.nn.Linear], rows: int) -> None:
+        self.trial, self.linears, self.rows = trial, linears, rows
+        self.key, self.ways = _linear_key(linears, rows), _linear_ways()
+        self.times = _LINEAR_TRIALS.setdefault(self.key, [[] for _ in self.ways])
+        self.forwards = [[way(m, rows) for m in linears] for way in self.ways]  # every pack built before any timing
+
+    def decided(self) -> bool:
+        return self.key in _FASTEST_LINEAR
+
+    def used(self) -> bool:
+        return True
+
+    def take(self, way: int) -> None:
+        self.trial.bind_linears(self.forwards[way])
+
+    def decide(self) -> None:
+        way = self.ways[_shortest_median(self.times, prefer_first_within=0.02)]
+        _FASTEST_LINEAR[self.key] = way
+        _LINEAR_TRIALS.pop(self.key, None)
+        self.forwards = []
+        _keep_packs_of(way, self.linears, self.rows)
+
+    def settle(self) -> None:
+        self.trial.bind_linears([_FASTEST_LINEAR[self.key](m, self.rows) for m in self.linears])
+
+
+class _OutputWays:
+    """The output projection's ways at a search's rows (`output_logits`), as one phase of a `_StepTrial`: only
+    where the search's steps go through `output_logits` (beam search over the whole vocabulary; greedy screens its
+    logits, and a shortlist multiplies its own rows)."""
+
+    def __init__(self, model, weight: torch.Tensor, rows: int) -> None:
+        self.model, self.weight, self.rows = model, weight, rows
+        self.key, self.ways = _output_key(weight, rows), _output_ways(weight, rows)
+        self.times = _OUTPUT_TRIALS.setdefault(self.key, [[] for _ in self.ways])
+        self.way, self.hit = self.ways[0], False
+
+    def decided(self) -> bool:
+        return self.key in _OUTPUT_TIMED_ON_STEPS
+
+    def used(self) -> bool:
+        return self.hit
+
+    def product(self, model, weight: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+        self.hit = True
+        return self.way(model, weight, hidden)
+
+    def take(self, way: int) -> None:
+        self.way, self.hit = self.ways[way], False
+        _OUTPUT_UNDER_TRIAL[self.model] = self
+
+    def decide(self) -> None:
+        _FASTEST_PRODUCT[self.key] = self.ways[_shortest_median(self.times)]
+        _OUTPUT_TIMED_ON_STEPS.add(self.key)
+        _OUTPUT_TRIALS.pop(self.key, None)
+        _keep_output_copies(self.key, self.weight, self.rows)
+
+    def settle(self) -> None:
+        if _OUTPUT_UNDER_TRIAL.get(self.model) is self:
+            del _OUTPUT_UNDER_TRIAL[self.model]
+
+
+def _output_phase(model, rows: int) -> _OutputWays | None:
+    """The output projection's phase of a search's `_StepTrial`, where its way is still to be timed on steps."""
+    weight = getattr(model.get_output_embeddings(), "weight", None)
+    if type(weight) is not torch.nn.Parameter or weight.device.type != "cpu" or rows > 256:
+        return None
+    return None if _output_key(weight, rows) in _OUTPUT_TIMED_ON_STEPS else _OutputWays(model, weight, rows)
+
+
+def _shortest_median(times: list[list[float]], prefer_first_within: float = 0.0) -> int:
+    """The way whose steps had the shortest median; the first way where the shortest is not that fraction shorter."""
+    medians = [statistics.median(t) for t in times]
+    best = medians.index(min(medians))
+    return best if medians[best] < (1 - prefer_first_within) * medians[0] else 0
+
+
+class _StepTrial:
+    """Timing ways on a search's own decoding steps: each undecided phase in turn (the decoder's linears, then the
+    output projection) binds each of its ways for one step in turn until every way has `LINEAR_TRIAL_STEPS` step
+    times; the shortest median is kept for the process (for the linears, a way other than their own only where it
+    saves 2%: the packed copies are as large as the weights) and bound for the rest of the search. A step is the
+    time between two calls of the decoder's first linear layer, so it holds everything a step does: attention, the
+    output projection, the search. A search's first step is not counted (it runs fewer rows in beam search, and may
+    build caches); a phase whose way the step did not use ends for this search. Times accumulate across searches
+    with the same key, so short sentences decide too. The phases run one after the other: timed together, a way of
+    one would be paired with the same way of the other at every step.
 
     Timed outside the loop (the linears alone, or with a read of the other weights between them), the ways
     mispredicted: on an AVX2-only AMD EPYC (Zen 3) at one row the pick among F.linear, `weight @ h^T`, oneDNN's
     pack and MKL's pack changed from run to run, while whole greedy generate() calls with a shortlist took 616 /
     620 / 523 / 545 ms (medians of 6, interleaved): the oneDNN pack was 1.18x the layers' own product. Timed here,
-    with 12 steps per way, a packed way was kept in 6 processes of 6 there; with 5 steps, one kept `weight @ h^T`."""
+    with 12 steps per way, a packed way was kept in 6 processes of 6 there; with 5 steps, one kept `weight @ h^T`.
+    The output projection's harness (`_fastest`) chose `weight @ h^T` at 64 rows in one process of two there, where
+    beam4-b16 generate() calls took 2,634 ms against 2,319 with the oneDNN pack."""
 
-    def __init__(self, key: tuple, linears: list[torch.nn.Linear], rows: int, ways: tuple[Callable, ...]) -> None:
-        self.key, self.linears, self.rows, self.ways = key, linears, rows, ways
-        self.forwards = [[way(m, rows) for m in linears] for way in ways]  # every pack built before any timing
-        self.times = _LINEAR_TRIALS.setdefault(key, [[] for _ in ways])
-        self.steps, self.started, self.way = 0, 0.0, 0
-        self.current: list[Callable | None] = [None] * len(linears)
-        own = type(linears[0]).forward.__get__(linears[0])
+    def __init__(
+        self, linears: list[torch.nn.Linear], rows: int, time_linears: bool, output: _OutputWays | None
+    ) -> None:
+        self.linears = linears
+        self.own = type(linears[0]).forward.__get__(linears[0])
+        self.first: Callable = vars(linears[0]).get("forward", self.own)  # the linears may be bound already
+        self.phases: list = [_LinearWays(self, linears, rows)] if time_linears else []
+        self.phases += [output] if output is not None else []
+        self.steps, self.way, self.started, self.timing = 0, 0, 0.0, False
 
         def first_of_a_step(hidden: torch.Tensor) -> torch.Tensor:
             if not torch.is_grad_enabled():
                 self.step_begins()
-            return (self.current[0] or own)(hidden)
+            return self.first(hidden)
 
-        self.clocked = first_of_a_step
-        _bind(linears, [first_of_a_step, *self.current[1:]])
+        linears[0].forward = first_of_a_step
+
+    def bind_linears(self, forwards: list[Callable | None]) -> None:
+        self.first = forwards[0] or self.own
+        _bind(self.linears[1:], forwards[1:])
 
     def step_begins(self) -> None:
         now = time.perf_counter()
         self.steps += 1
-        if self.steps > 2 and self.key not in _FASTEST_LINEAR:  # the step that just ended, not a search's first
-            self.times[self.way].append(now - self.started)
-        if self.key not in _FASTEST_LINEAR and min(len(t) for t in self.times) >= LINEAR_TRIAL_STEPS:
-            self.decide()
-        if self.key in _FASTEST_LINEAR:  # decided, here or by another search: bound for good, the clock unbound
-            self.current = [_FASTEST_LINEAR[self.key](m, self.rows) for m in self.linears]
-            _bind(self.linears, self.current)
+        while self.phases:
+            phase = self.phases[0]
+            counted = self.timing and self.steps > 2  # the step that just ended, not a search's first
+            if counted and not phase.decided() and phase.used():
+                phase.times[self.way].append(now - self.started)
+            if not phase.decided() and min(len(t) for t in phase.times) >= LINEAR_TRIAL_STEPS:
+                phase.decide()
+            if phase.decided() or (counted and not phase.used()):  # decided (here or by another search), or unused
+                phase.settle()
+                self.phases.pop(0)
+                self.timing = False
+                continue
+            counts = [len(t) for t in phase.times]
+            self.way = counts.index(min(counts))
+            phase.take(self.way)
+            self.timing, self.started = True, time.perf_counter()
             return
-        counts = [len(t) for t in self.times]
-        self.way = counts.index(min(counts))
-        self.current = self.forwards[self.way]
-        _bind(self.linears, [self.clocked, *self.current[1:]])
-        self.started = time.perf_counter()
+        _bind(self.linears[:1], [None if self.first is self.own else self.first])  # the clock stops
 
-    def decide(self) -> None:
-        medians = [statistics.median(t) for t in self.times]
-        best = medians.index(min(medians))
-        way = self.ways[best] if medians[best] < 0.98 * medians[0] else self.ways[0]
-        _FASTEST_LINEAR[self.key] = way
-        _LINEAR_TRIALS.pop(self.key, None)
-        self.forwards = []
-        _keep_packs_of(way, self.linears, self.rows)
+    def end(self) -> None:
+        for phase in self.phases:
+            if isinstance(phase, _OutputWays):
+                phase.settle()
 
 
 # model -> how many of its searches are running with its decoder's linears bound to a measured way
@@ -802,23 +897,28 @@ def decoder_linears_for(model, rows: int):
     that many rows on this machine: their own `F.linear`, `weight @ hidden^T`, or a weight packed by oneDNN or by
     MKL. `F.linear` re-reads the weight in its plain layout at every call, which at a few rows costs more than the
     arithmetic, by how much depends on the CPU and the BLAS (from nothing to 2.4x). Until the first searches have
-    measured the ways (`_LinearTrial`), steps run each way in turn. A step with fewer rows (sentences that finished)
-    keeps the way; MKL's pack then multiplies by the plain weight. The layers get their own `forward` back when the
-    last search running on the model ends; a search that starts while another runs keeps the first one's way."""
+    measured the ways (`_StepTrial`, which then times the output projection's ways too), steps run each way in
+    turn. A step with fewer rows (sentences that finished) keeps the way; MKL's pack then multiplies by the plain
+    weight. The layers get their own `forward` back when the last search running on the model ends; a search that
+    starts while another runs keeps the first one's way."""
     linears = _step_linears(model)
+    trial = None
     with _BINDING:
         running = _BOUND_SEARCHES.get(model, 0)
         if running == 0 and linears:
             way = _fastest_linear_way(linears, rows)
-            if way is None:
-                _LinearTrial(_linear_key(linears, rows), linears, rows, _linear_ways())
-            else:
+            if way is not None:
                 _bind(linears, [way(m, rows) for m in linears])
+            output = _output_phase(model, rows)
+            if way is None or output is not None:
+                trial = _StepTrial(linears, rows, way is None, output)
         _BOUND_SEARCHES[model] = running + 1
     try:
         yield
     finally:
         with _BINDING:
+            if trial is not None:
+                trial.end()
             _BOUND_SEARCHES[model] -= 1
             if _BOUND_SEARCHES[model] == 0:
                 _bind(linears, [None] * len(linears))
@@ -845,22 +945,39 @@ def output_logits(model, hidden: torch.Tensor) -> torch.Tensor:
     # int8 models (`vaswani_hf.precision`) hold a packed or subclassed weight: their own module computes the product
     if hidden.device.type != "cpu" or rows > 256 or type(weight) is not torch.nn.Parameter:
         return _product_by_rows(model, weight, hidden)
-    key = ((tuple(weight.shape), weight.dtype), rows.bit_length(), torch.get_num_threads())
+    key = _output_key(weight, rows)
+    trial = _OUTPUT_UNDER_TRIAL.get(model)
+    if trial is not None and trial.key == key:
+        return trial.product(model, weight, hidden)
     way = _FASTEST_PRODUCT.get(key)
     if way is None:
-        ways = (_product_by_rows, _product_by_columns) + ((_product_by_doubled_row,) if rows == 1 else ())
-        if torch.backends.mkldnn.is_available() and (
-            weight.dtype == torch.float32
-            or (weight.dtype == torch.bfloat16 and torch.ops.mkldnn._is_mkldnn_bf16_supported())
-        ):  # oneDNN refuses to reorder bf16 weights where it has no bf16 kernels (AVX2, or capped to it)
-            ways += (_product_by_packed_weight,)
-        if torch.backends.mkl.is_available() and weight.dtype == torch.float32:
-            ways += (functools.partial(_product_by_mkl_packed_weight, rows=rows),)
-        way = _FASTEST_PRODUCT[key] = _fastest(ways, model, weight, hidden)
-        _keep_copy_where_chosen(_FASTEST_PRODUCT, key, _product_by_packed_weight, _PACKED_WEIGHTS, weight)
-        if not isinstance(way, functools.partial):  # this bucket's only number of rows packed by MKL
-            _MKL_PACKED.get(rows, {}).pop(weight, None)
+        way = _FASTEST_PRODUCT[key] = _fastest(_output_ways(weight, rows), model, weight, hidden)
+        _keep_output_copies(key, weight, rows)
     return way(model, weight, hidden)
+
+
+def _output_key(weight: torch.Tensor, rows: int) -> tuple:
+    return (tuple(weight.shape), weight.dtype), rows.bit_length(), torch.get_num_threads()
+
+
+def _output_ways(weight: torch.Tensor, rows: int) -> tuple[Callable, ...]:
+    """The ways to multiply the output weight by `rows` rows on this CPU, the layer's own first."""
+    ways = (_product_by_rows, _product_by_columns) + ((_product_by_doubled_row,) if rows == 1 else ())
+    if torch.backends.mkldnn.is_available() and (
+        weight.dtype == torch.float32
+        or (weight.dtype == torch.bfloat16 and torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    ):  # oneDNN refuses to reorder bf16 weights where it has no bf16 kernels (AVX2, or capped to it)
+        ways += (_product_by_packed_weight,)
+    if torch.backends.mkl.is_available() and weight.dtype == torch.float32:
+        ways += (functools.partial(_product_by_mkl_packed_weight, rows=rows),)
+    return ways
+
+
+def _keep_output_copies(key: tuple, weight: torch.Tensor, rows: int) -> None:
+    """Drop the output weight's packed copies that the way chosen for `key` (and other rows buckets) do not read."""
+    _keep_copy_where_chosen(_FASTEST_PRODUCT, key, _product_by_packed_weight, _PACKED_WEIGHTS, weight)
+    if not isinstance(_FASTEST_PRODUCT[key], functools.partial):  # this bucket's only number of rows packed by MKL
+        _MKL_PACKED.get(rows, {}).pop(weight, None)
 
 
 def _keep_copy_where_chosen(fastest: dict, key: tuple, way: Callable, copies: WeakIdKeyDictionary, weight) -> None:
