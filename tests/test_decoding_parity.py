@@ -232,6 +232,32 @@ def test_the_output_projection_trial_keeps_the_way_whose_steps_were_fastest(slow
     assert key not in gv._OUTPUT_TRIALS
 
 
+def test_decoding_ways_settle_once_beam_search_has_timed_both_phases(monkeypatch):
+    # what `precision.measure_bf16_speedup` warms up on: not settled while either phase of the step trial still
+    # has ways to time at these rows; settled once both are decided, and for a model whose searches time nothing
+    from vaswani_hf import generation_vaswani as gv
+
+    for table in ("_FASTEST_LINEAR", "_LINEAR_TRIALS", "_FASTEST_PRODUCT", "_OUTPUT_TRIALS"):
+        monkeypatch.setattr(gv, table, {})
+    monkeypatch.setattr(gv, "_OUTPUT_TIMED_ON_STEPS", set())
+    _, vaswani = random_pair(6)
+    input_ids, attention_mask = padded_batch(6, batch=2)
+    linears, weight = gv._step_linears(vaswani), vaswani.get_output_embeddings().weight
+    phases_seen = set()
+    for _ in range(40):
+        settled = gv.decoding_ways_settled(vaswani, rows=6)
+        phases_seen.add((gv._fastest_linear_way(linears, 6) is not None, gv._output_key(weight, 6) in
+                         gv._OUTPUT_TIMED_ON_STEPS))  # fmt: skip
+        assert settled == ((True, True) in phases_seen)
+        if settled:
+            break
+        vaswani.generate(input_ids=input_ids, attention_mask=attention_mask, num_beams=3, min_new_tokens=8,
+                         max_new_tokens=8)  # fmt: skip
+    assert phases_seen == {(False, False), (True, False), (True, True)}  # the linears first, then the output
+    assert not gv.decoding_ways_settled(vaswani, rows=12)  # another number of rows has its own trial
+    assert gv.decoding_ways_settled(vaswani.to(torch.bfloat16), rows=12)  # bf16 searches time no ways
+
+
 def bf16_kernels() -> bool:
     return torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
 

@@ -803,12 +803,29 @@ class _OutputWays:
             del _OUTPUT_UNDER_TRIAL[self.model]
 
 
-def _output_phase(model, rows: int) -> _OutputWays | None:
-    """The output projection's phase of a search's `_StepTrial`, where its way is still to be timed on steps."""
+def _output_weight_to_time(model, rows: int) -> torch.Tensor | None:
+    """The output weight whose way a search of `rows` rows still has to time on its steps, or None."""
     weight = getattr(model.get_output_embeddings(), "weight", None)
     if type(weight) is not torch.nn.Parameter or weight.device.type != "cpu" or rows > 256:
-        return None
-    return None if _output_key(weight, rows) in _OUTPUT_TIMED_ON_STEPS else _OutputWays(model, weight, rows)
+        return None  # `output_logits` multiplies such a weight one way only
+    return None if _output_key(weight, rows) in _OUTPUT_TIMED_ON_STEPS else weight
+
+
+def _output_phase(model, rows: int) -> _OutputWays | None:
+    """The output projection's phase of a search's `_StepTrial`, where its way is still to be timed on steps."""
+    weight = _output_weight_to_time(model, rows)
+    return None if weight is None else _OutputWays(model, weight, rows)
+
+
+def decoding_ways_settled(model, rows: int) -> bool:
+    """Whether beam searches of `rows` rows on `model` have done timing their ways on their own steps (`_StepTrial`):
+    until then their steps run each way in turn, slower ones included, so whatever times the model's decoding as a
+    measure of its speed (`precision.measure_bf16_speedup`) warms up until this holds. Greedy searches never time
+    the output projection's ways (they screen it), so for them this stays False on a float32 CPU model."""
+    linears = _step_linears(model)
+    if not linears:
+        return True  # no trial runs (bf16, int8 or adapter layers, or not on CPU)
+    return _fastest_linear_way(linears, rows) is not None and _output_weight_to_time(model, rows) is None
 
 
 def _shortest_median(times: list[list[float]], prefer_first_within: float = 0.0) -> int:
