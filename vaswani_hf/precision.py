@@ -206,8 +206,8 @@ def measure_bf16_speedup(training: bool, d_model: int = 512, rounds: int = 5) ->
     one-layer model of width `d_model` with an 8,000-token vocabulary: the same kernels as the real job, a few
     seconds in all. Decoding warms up until the fp32 model's searches have chosen their ways
     (`generation_vaswani.decoding_ways_settled`): until then its steps try each way in turn, slower ones included,
-    and timed then, fp32 measured 1.45-1.57x slower than bf16 on an AMD EPYC (Zen 4) where settled it was
-    1.15-1.30x (the bf16 model times no ways)."""
+    and timed then, fp32 measured 1.40-1.63x slower than bf16 on an AMD EPYC (Zen 4) where settled it was
+    1.10-1.33x (the bf16 model times no ways)."""
     from .configuration_vaswani import VaswaniConfig
     from .generation_vaswani import decoding_ways_settled
     from .modeling_vaswani import VaswaniForConditionalGeneration
@@ -216,7 +216,7 @@ def measure_bf16_speedup(training: bool, d_model: int = 512, rounds: int = 5) ->
     config = VaswaniConfig(vocab_size=8000, d_model=d_model, encoder_layers=1, decoder_layers=1,
                            encoder_ffn_dim=4 * d_model, decoder_ffn_dim=4 * d_model)  # fmt: skip
     source = torch.randint(4, 8000, (16, 32), generator=generator)
-    jobs = []
+    jobs, sentences, beams = [], 4, 4
     for dtype in (torch.float32, torch.bfloat16):
         torch.manual_seed(0)
         model = VaswaniForConditionalGeneration(config).to(dtype)
@@ -231,10 +231,10 @@ def measure_bf16_speedup(training: bool, d_model: int = 512, rounds: int = 5) ->
             model.eval()
 
             def job(model=model):
-                model.generate(input_ids=source[:4], num_beams=4, max_new_tokens=8, min_new_tokens=8)
+                model.generate(input_ids=source[:sentences], num_beams=beams, max_new_tokens=8, min_new_tokens=8)
 
-            for _ in range(MAX_WARMUP_SEARCHES):  # each search gives 7 steps to the trial of 16 rows
-                if decoding_ways_settled(model, rows=16):
+            for _ in range(MAX_WARMUP_SEARCHES):  # each search gives the trial 7 steps
+                if decoding_ways_settled(model, rows=sentences * beams):
                     break
                 job()
         jobs.append(job)
