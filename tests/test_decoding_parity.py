@@ -12,7 +12,7 @@ from transformers import MarianMTModel
 
 from vaswani_hf.convert.marian import convert_marian_checkpoint, marian_to_vaswani
 
-from .helpers import paper_marian_config
+from .helpers import forget_measured_ways, paper_marian_config
 
 PAD, EOS = 1499, 0  # a vocabulary of 1,500: enough chunks for the two-stage top-k (generation_vaswani.py)
 
@@ -184,8 +184,7 @@ def test_the_linear_trial_keeps_the_way_whose_steps_were_fastest(slowed, monkeyp
     ways = [gv._plain_linear, gv._linear_by_columns]
     ways[slowed] = slowed_down(ways[slowed])
     monkeypatch.setattr(gv, "_linear_ways", lambda: tuple(ways))
-    monkeypatch.setattr(gv, "_FASTEST_LINEAR", {})
-    monkeypatch.setattr(gv, "_LINEAR_TRIALS", {})
+    forget_measured_ways(monkeypatch)
     marian, vaswani = random_pair(4, biases=True)
     input_ids, attention_mask = padded_batch(4, batch=1)
     key = gv._linear_key(gv._step_linears(vaswani), 1)
@@ -214,9 +213,7 @@ def test_the_output_projection_trial_keeps_the_way_whose_steps_were_fastest(slow
     ways[slowed] = slowed_down(ways[slowed])
     monkeypatch.setattr(gv, "_output_ways", lambda weight, rows: tuple(ways))
     monkeypatch.setattr(gv, "_fastest_linear_way", lambda *args: gv._plain_linear)
-    for table in ("_FASTEST_PRODUCT", "_OUTPUT_TRIALS"):
-        monkeypatch.setattr(gv, table, {})
-    monkeypatch.setattr(gv, "_OUTPUT_TIMED_ON_STEPS", set())
+    forget_measured_ways(monkeypatch)
     marian, vaswani = random_pair(5)
     input_ids, attention_mask = padded_batch(5, batch=1)
     key = gv._output_key(vaswani.get_output_embeddings().weight, 3)
@@ -237,9 +234,7 @@ def test_decoding_ways_settle_once_beam_search_has_timed_both_phases(monkeypatch
     # has ways to time at these rows; settled once both are decided, and for a model whose searches time nothing
     from vaswani_hf import generation_vaswani as gv
 
-    for table in ("_FASTEST_LINEAR", "_LINEAR_TRIALS", "_FASTEST_PRODUCT", "_OUTPUT_TRIALS"):
-        monkeypatch.setattr(gv, table, {})
-    monkeypatch.setattr(gv, "_OUTPUT_TIMED_ON_STEPS", set())
+    forget_measured_ways(monkeypatch)
     _, vaswani = random_pair(6)
     input_ids, attention_mask = padded_batch(6, batch=2)
     linears, weight = gv._step_linears(vaswani), vaswani.get_output_embeddings().weight

@@ -13,6 +13,8 @@ from vaswani_hf import VaswaniConfig, VaswaniForConditionalGeneration, precision
 from vaswani_hf.precision import MasterWeightAdamW, quantize_int8, resolve_precision
 from vaswani_hf.trainer import VaswaniTrainer, VaswaniTrainingArguments
 
+from .helpers import forget_measured_ways
+
 ADAM = dict(lr=1e-3, betas=(0.9, 0.98), eps=1e-9, weight_decay=0.0)
 
 
@@ -157,9 +159,7 @@ def test_the_decoding_measurement_times_settled_searches(monkeypatch):
     from vaswani_hf import generation_vaswani as gv
 
     monkeypatch.undo()
-    for table in ("_FASTEST_LINEAR", "_LINEAR_TRIALS", "_FASTEST_PRODUCT", "_OUTPUT_TRIALS"):
-        monkeypatch.setattr(gv, table, {})
-    monkeypatch.setattr(gv, "_OUTPUT_TIMED_ON_STEPS", set())
+    forget_measured_ways(monkeypatch)
     asked = []
     settled = gv.decoding_ways_settled
     monkeypatch.setattr(
