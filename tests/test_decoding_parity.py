@@ -1,4 +1,5 @@
-"""The decoder of generation_vaswani.py against Transformers' beam search and greedy search on the same weights.
+"""The searches of search_vaswani.py (with and without the CPU fast products) against Transformers' beam search and
+greedy search on the same weights.
 
 Random paper-style Marian models (converted with `marian_to_vaswani`) over many seeds: with
 `length_penalty_type="hf"` and `max_length_offset=None` our sequences must equal Marian's `generate()` and the
@@ -11,10 +12,11 @@ import torch
 from transformers import MarianMTModel
 
 from vaswani_hf.convert.marian import convert_marian_checkpoint, marian_to_vaswani
+from vaswani_hf.decoding_state_vaswani import DecodingState
 
 from .helpers import forget_measured_ways, paper_marian_config
 
-PAD, EOS = 1499, 0  # a vocabulary of 1,500: enough chunks for the two-stage top-k (generation_vaswani.py)
+PAD, EOS = 1499, 0  # a vocabulary of 1,500: enough chunks for the two-stage top-k (search_vaswani.py)
 
 
 def random_pair(seed: int, paper_decoding: bool = False, biases: bool = False):
@@ -83,12 +85,12 @@ def test_greedy_equals_transformers(seed):
 def test_every_output_projection_way_decodes_as_transformers(seed, way, monkeypatch):
     # `output_logits` keeps whichever way measured fastest on this machine: each must give Transformers' results,
     # whatever memory layout it hands to the searches (batch 1 exercises the one-row ways, 3 the others)
-    from vaswani_hf import generation_vaswani
+    from vaswani_hf import fast_products_vaswani as fp
 
-    forced = getattr(generation_vaswani, way)
-    monkeypatch.setattr(generation_vaswani, "_FASTEST_PRODUCT", {})
-    monkeypatch.setattr(generation_vaswani, "_fastest", lambda ways, *args: forced if forced in ways else ways[1])
-    monkeypatch.setattr(generation_vaswani, "_output_phase", lambda *args: None)  # no timing on steps either
+    forced = getattr(fp, way)
+    monkeypatch.setattr(fp, "_FASTEST_PRODUCT", {})
+    monkeypatch.setattr(fp, "_fastest", lambda ways, *args: forced if forced in ways else ways[1])
+    monkeypatch.setattr(fp, "_output_phase", lambda *args: None)  # no timing on steps either
     marian, vaswani = random_pair(seed)
     for batch in (1, 3):
         input_ids, attention_mask = padded_batch(seed, batch=batch)
@@ -97,34 +99,34 @@ def test_every_output_projection_way_decodes_as_transformers(seed, way, monkeypa
                           output_scores=True, return_dict_in_generate=True)  # fmt: skip
             ours = vaswani.generate(length_penalty_type="hf", max_length_offset=None, **kwargs)
             assert_same(ours, marian.generate(**kwargs), scores=num_beams > 1)
-    assert set(generation_vaswani._FASTEST_PRODUCT.values()) <= {forced, generation_vaswani._product_by_columns}
+    assert set(fp._FASTEST_PRODUCT.values()) <= {forced, fp._product_by_columns}
 
 
 def test_the_packed_output_weight_follows_the_weights_and_is_dropped_where_unused(monkeypatch):
     # a model evaluated between training steps (Seq2SeqTrainer's predict_with_generate) must decode with its
     # current weights, not with the layout reordered before the optimizer changed them in place
-    from vaswani_hf import generation_vaswani as gv
+    from vaswani_hf import fast_products_vaswani as fp
 
     _, vaswani = random_pair(0)
     weight, hidden = vaswani.get_output_embeddings().weight, torch.randn(4, vaswani.config.d_model)
     for _ in range(2):
-        packed = gv._product_by_packed_weight(vaswani, weight, hidden)
-        torch.testing.assert_close(packed, gv._product_by_rows(vaswani, weight, hidden))
+        packed = fp._product_by_packed_weight(vaswani, weight, hidden)
+        torch.testing.assert_close(packed, fp._product_by_rows(vaswani, weight, hidden))
         with torch.no_grad():
             weight.mul_(-2.0)  # an optimizer's in-place step
     with torch.inference_mode():  # weights made there have no version counter: never cached, still right
         frozen = weight.clone()
-        expected = gv._product_by_rows(vaswani, frozen, hidden)
-        torch.testing.assert_close(gv._product_by_packed_weight(vaswani, frozen, hidden), expected)
-        assert frozen not in gv._PACKED_WEIGHTS
+        expected = fp._product_by_rows(vaswani, frozen, hidden)
+        torch.testing.assert_close(fp._product_by_packed_weight(vaswani, frozen, hidden), expected)
+        assert frozen not in fp._PACKED_WEIGHTS
     # the reordered copy is as large as the weight: kept only while some number of rows decodes with it
-    for chosen, kept in ((gv._product_by_rows, False), (gv._product_by_packed_weight, True)):
-        monkeypatch.setattr(gv, "_FASTEST_PRODUCT", {})
+    for chosen, kept in ((fp._product_by_rows, False), (fp._product_by_packed_weight, True)):
+        monkeypatch.setattr(fp, "_FASTEST_PRODUCT", {})
         monkeypatch.setattr(
-            gv, "_fastest", lambda ways, *args, chosen=chosen: (ways[-1](*args), chosen)[1]
+            fp, "_fastest", lambda ways, *args, chosen=chosen: (ways[-1](*args), chosen)[1]
         )  # packs, then picks
-        gv.output_logits(vaswani, hidden)
-        assert (weight in gv._PACKED_WEIGHTS) is kept
+        fp.output_logits(vaswani, hidden)
+        assert (weight in fp._PACKED_WEIGHTS) is kept
 
 
 @pytest.mark.parametrize("way", ["_linear_by_columns", "_linear_by_onednn_pack", "_linear_by_mkl_pack", "measured"])
@@ -132,22 +134,22 @@ def test_every_decoder_linear_way_decodes_as_transformers_and_the_layers_get_the
     # `decoder_linears_for` binds the decoder's linear layers to whichever way measured fastest for a search's rows
     # on this machine (and the output projection may read MKL's pack, offered last): each way, forced, must keep
     # Transformers' tokens and scores, and the layers must be plain modules again afterwards
-    from vaswani_hf import generation_vaswani as gv
+    from vaswani_hf import fast_products_vaswani as fp
 
-    forced = getattr(gv, way, None)
-    if forced is not None and forced not in gv._linear_ways():
+    forced = getattr(fp, way, None)
+    if forced is not None and forced not in fp._linear_ways():
         pytest.skip(f"{way} needs a torch built with {way.split('_')[-2]}")
     if forced is not None:
-        monkeypatch.setattr(gv, "_fastest_linear_way", lambda *args: forced)
-        monkeypatch.setattr(gv, "_FASTEST_PRODUCT", {})
-        monkeypatch.setattr(gv, "_fastest", lambda ways, *args: ways[-1])
+        monkeypatch.setattr(fp, "_fastest_linear_way", lambda *args: forced)
+        monkeypatch.setattr(fp, "_FASTEST_PRODUCT", {})
+        monkeypatch.setattr(fp, "_fastest", lambda ways, *args: ways[-1])
     marian, vaswani = random_pair(3, biases=True)
-    linears = gv._step_linears(vaswani)
+    linears = fp._step_linears(vaswani)
     # per layer: self-attention's fused input and its output, cross-attention's query and output, the FFN's two
     assert len(linears) == 6 * vaswani.config.decoder_layers
     packed_rows = []
-    real_pack = gv.mkl_packed_weight
-    monkeypatch.setattr(gv, "mkl_packed_weight", lambda w, rows: (packed_rows.append(rows), real_pack(w, rows))[1])
+    real_pack = fp.mkl_packed_weight
+    monkeypatch.setattr(fp, "mkl_packed_weight", lambda w, rows: (packed_rows.append(rows), real_pack(w, rows))[1])
     for batch in (1, 3):
         input_ids, attention_mask = padded_batch(3, batch=batch)
         for num_beams in (1, 3):
@@ -156,10 +158,10 @@ def test_every_decoder_linear_way_decodes_as_transformers_and_the_layers_get_the
             ours = vaswani.generate(length_penalty_type="hf", max_length_offset=None, **kwargs)
             assert_same(ours, marian.generate(**kwargs), scores=num_beams > 1)
             assert not any("forward" in vars(m) for m in linears)
-    if forced is gv._linear_by_mkl_pack:
+    if forced is fp._linear_by_mkl_pack:
         assert {1, 3, 9} <= set(packed_rows)  # each search packed for its own rows: sentences x beams
     if forced is not None:
-        with gv.decoder_linears_for(vaswani, 2):  # a training step inside a search's lifetime still has gradients
+        with fp.decoder_linears_for(vaswani, 2):  # a training step inside a search's lifetime still has gradients
             assert all("forward" in vars(m) for m in linears)
             vaswani(input_ids=input_ids, labels=input_ids).loss.backward()
         assert all(m.weight.grad is not None for m in linears)
@@ -172,7 +174,7 @@ def test_the_linear_trial_keeps_the_way_whose_steps_were_fastest(slowed, monkeyp
     # product), and the tokens stay Transformers' while the ways change
     import time
 
-    from vaswani_hf import generation_vaswani as gv
+    from vaswani_hf import fast_products_vaswani as fp
 
     def slowed_down(way):
         def bind(module, rows):
@@ -181,20 +183,20 @@ def test_the_linear_trial_keeps_the_way_whose_steps_were_fastest(slowed, monkeyp
 
         return bind
 
-    ways = [gv._plain_linear, gv._linear_by_columns]
+    ways = [fp._plain_linear, fp._linear_by_columns]
     ways[slowed] = slowed_down(ways[slowed])
-    monkeypatch.setattr(gv, "_linear_ways", lambda: tuple(ways))
+    monkeypatch.setattr(fp, "_linear_ways", lambda: tuple(ways))
     forget_measured_ways(monkeypatch)
     marian, vaswani = random_pair(4, biases=True)
     input_ids, attention_mask = padded_batch(4, batch=1)
-    key = gv._linear_key(gv._step_linears(vaswani), 1)
-    for _ in range(2 * gv.LINEAR_TRIAL_STEPS + 2):  # sentences may end early: step times add up across searches
+    key = fp._linear_key(fp._step_linears(vaswani), 1)
+    for _ in range(2 * fp.LINEAR_TRIAL_STEPS + 2):  # sentences may end early: step times add up across searches
         kwargs = dict(input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=8)
         assert torch.equal(vaswani.generate(max_length_offset=None, **kwargs), marian.generate(**kwargs))
-        if key in gv._FASTEST_LINEAR:
+        if key in fp._FASTEST_LINEAR:
             break
-    assert gv._FASTEST_LINEAR[key] is ways[1 - slowed]
-    assert key not in gv._LINEAR_TRIALS
+    assert fp._FASTEST_LINEAR[key] is ways[1 - slowed]
+    assert key not in fp._LINEAR_TRIALS
 
 
 @pytest.mark.parametrize("slowed", [0, 1])
@@ -204,53 +206,53 @@ def test_the_output_projection_trial_keeps_the_way_whose_steps_were_fastest(slow
     # the ways change, and no trial may outlive its search
     import time
 
-    from vaswani_hf import generation_vaswani as gv
+    from vaswani_hf import fast_products_vaswani as fp
 
     def slowed_down(way):
         return lambda *args: (time.sleep(2e-3), way(*args))[1]
 
-    ways = [gv._product_by_rows, gv._product_by_columns]
+    ways = [fp._product_by_rows, fp._product_by_columns]
     ways[slowed] = slowed_down(ways[slowed])
-    monkeypatch.setattr(gv, "_output_ways", lambda weight, rows: tuple(ways))
-    monkeypatch.setattr(gv, "_fastest_linear_way", lambda *args: gv._plain_linear)
+    monkeypatch.setattr(fp, "_output_ways", lambda weight, rows: tuple(ways))
+    monkeypatch.setattr(fp, "_fastest_linear_way", lambda *args: fp._plain_linear)
     forget_measured_ways(monkeypatch)
     marian, vaswani = random_pair(5)
     input_ids, attention_mask = padded_batch(5, batch=1)
-    key = gv._output_key(vaswani.get_output_embeddings().weight, 3)
-    for _ in range(2 * gv.LINEAR_TRIAL_STEPS + 2):  # sentences may end early: step times add up across searches
+    key = fp._output_key(vaswani.get_output_embeddings().weight, 3)
+    for _ in range(2 * fp.LINEAR_TRIAL_STEPS + 2):  # sentences may end early: step times add up across searches
         kwargs = dict(input_ids=input_ids, attention_mask=attention_mask, num_beams=3, max_new_tokens=8,
                       output_scores=True, return_dict_in_generate=True)  # fmt: skip
         ours = vaswani.generate(length_penalty_type="hf", max_length_offset=None, **kwargs)
         assert_same(ours, marian.generate(**kwargs), scores=True)
-        assert vaswani not in gv._OUTPUT_UNDER_TRIAL
-        if key in gv._OUTPUT_TIMED_ON_STEPS:
+        assert vaswani not in fp._OUTPUT_UNDER_TRIAL
+        if key in fp._OUTPUT_TIMED_ON_STEPS:
             break
-    assert gv._FASTEST_PRODUCT[key] is ways[1 - slowed]
-    assert key not in gv._OUTPUT_TRIALS
+    assert fp._FASTEST_PRODUCT[key] is ways[1 - slowed]
+    assert key not in fp._OUTPUT_TRIALS
 
 
 def test_decoding_ways_settle_once_beam_search_has_timed_both_phases(monkeypatch):
     # what `precision.measure_bf16_speedup` warms up on: not settled while either phase of the step trial still
     # has ways to time at these rows; settled once both are decided, and for a model whose searches time nothing
-    from vaswani_hf import generation_vaswani as gv
+    from vaswani_hf import fast_products_vaswani as fp
 
     forget_measured_ways(monkeypatch)
     _, vaswani = random_pair(6)
     input_ids, attention_mask = padded_batch(6, batch=2)
-    linears, weight = gv._step_linears(vaswani), vaswani.get_output_embeddings().weight
+    linears, weight = fp._step_linears(vaswani), vaswani.get_output_embeddings().weight
     phases_seen = set()
     for _ in range(40):
-        settled = gv.decoding_ways_settled(vaswani, rows=6)
-        phases_seen.add((gv._fastest_linear_way(linears, 6) is not None, gv._output_key(weight, 6) in
-                         gv._OUTPUT_TIMED_ON_STEPS))  # fmt: skip
+        settled = fp.decoding_ways_settled(vaswani, rows=6)
+        phases_seen.add((fp._fastest_linear_way(linears, 6) is not None, fp._output_key(weight, 6) in
+                         fp._OUTPUT_TIMED_ON_STEPS))  # fmt: skip
         assert settled == ((True, True) in phases_seen)
         if settled:
             break
         vaswani.generate(input_ids=input_ids, attention_mask=attention_mask, num_beams=3, min_new_tokens=8,
                          max_new_tokens=8)  # fmt: skip
     assert phases_seen == {(False, False), (True, False), (True, True)}  # the linears first, then the output
-    assert not gv.decoding_ways_settled(vaswani, rows=12)  # another number of rows has its own trial
-    assert gv.decoding_ways_settled(vaswani.to(torch.bfloat16), rows=12)  # bf16 searches time no ways
+    assert not fp.decoding_ways_settled(vaswani, rows=12)  # another number of rows has its own trial
+    assert fp.decoding_ways_settled(vaswani.to(torch.bfloat16), rows=12)  # bf16 searches time no ways
 
 
 def bf16_kernels() -> bool:
@@ -266,7 +268,7 @@ def test_the_screen_computes_exactly_every_token_that_can_be_the_argmax(copy, he
     # the estimates from the logits
     from types import SimpleNamespace
 
-    from vaswani_hf import generation_vaswani as gv
+    from vaswani_hf import fast_products_vaswani as fp
 
     if copy == "bf16" and not bf16_kernels():
         pytest.skip("oneDNN has no bf16 kernels on this CPU: greedy decoding never uses the bf16 copy here")
@@ -283,9 +285,9 @@ def test_the_screen_computes_exactly_every_token_that_can_be_the_argmax(copy, he
     if held_exactly:
         hidden = hidden.bfloat16().float()
     with torch.no_grad():
-        screen = gv.bf16_screen if copy == "bf16" else gv.int8_screen
-        scores, floor = gv.screened_logits(model, output.weight, hidden, screen)
-    assert held_exactly is (_screen_residual(gv, screen, output.weight) == 0)
+        screen = fp.bf16_screen if copy == "bf16" else fp.int8_screen
+        scores, floor = fp.screened_logits(model, output.weight, hidden, screen)
+    assert held_exactly is (_screen_residual(fp, screen, output.weight) == 0)
     exact = torch.addmm(model.final_logits_bias, hidden, output.weight.detach().t())
     reach = exact >= floor
     assert bool((exact.amax(dim=1, keepdim=True) >= floor).all())
@@ -301,11 +303,11 @@ def test_the_screen_holds_where_the_hidden_state_points_along_what_the_copy_lost
     # while its logit stays below: row 0 is the argmax, and the screen must not lose it
     from types import SimpleNamespace
 
-    from vaswani_hf import generation_vaswani as gv
+    from vaswani_hf import fast_products_vaswani as fp
 
     if copy == "bf16" and not bf16_kernels():
         pytest.skip("oneDNN has no bf16 kernels on this CPU: greedy decoding never uses the bf16 copy here")
-    screen = gv.bf16_screen if copy == "bf16" else gv.int8_screen
+    screen = fp.bf16_screen if copy == "bf16" else fp.int8_screen
     torch.manual_seed(0)
     row = torch.randn(1, 64)
     kept = _held(copy, row)
@@ -318,7 +320,7 @@ def test_the_screen_holds_where_the_hidden_state_points_along_what_the_copy_lost
     exact = torch.addmm(model.final_logits_bias, hidden, weight.detach().t())
     assert int(exact.argmax()) == 0 and float(exact[0, 0] - exact[0, 1]) > 0.1 * gap > 0
     with torch.no_grad():
-        scores, floor = gv.screened_logits(model, weight, hidden, screen)
+        scores, floor = fp.screened_logits(model, weight, hidden, screen)
     assert int(scores.argmax()) == 0 and float(scores[0, 0]) == pytest.approx(float(exact[0, 0]), rel=1e-4)
 
 
@@ -330,8 +332,8 @@ def _held(copy: str, weight: torch.Tensor) -> torch.Tensor:
     return torch.round(weight / scale) * scale
 
 
-def _screen_residual(gv, screen, weight) -> float:
-    return gv._derived(gv._SCREENS[screen], weight, screen).residual
+def _screen_residual(fp, screen, weight) -> float:
+    return fp._derived(fp._SCREENS[screen], weight, screen).residual
 
 
 @pytest.mark.parametrize("way", ["_screened_in_bf16", "_screened_in_int8"])
@@ -339,18 +341,16 @@ def test_greedy_reading_a_low_precision_output_weight_decodes_as_transformers(wa
     # `greedy_output_logits` reads a bf16 or int8 copy of the weight where that measured faster; the tokens must
     # stay Marian's, also where a logits processor removes the tokens it computed exactly (the step is then decided
     # on exact logits)
-    from vaswani_hf import generation_vaswani as gv
+    from vaswani_hf import fast_products_vaswani as fp
 
     if way == "_screened_in_bf16" and not bf16_kernels():
         pytest.skip("oneDNN has no bf16 kernels on this CPU: greedy decoding never uses the bf16 copy here")
-    forced = getattr(gv, way)
-    monkeypatch.setattr(gv, "_FASTEST_GREEDY", {})
-    monkeypatch.setattr(gv, "_fastest", lambda ways, *args: forced if forced in ways else ways[0])
+    forced = getattr(fp, way)
+    monkeypatch.setattr(fp, "_FASTEST_GREEDY", {})
+    monkeypatch.setattr(fp, "_fastest", lambda ways, *args: forced if forced in ways else ways[0])
     decided_exactly = []
-    exact_logits = gv.DecodingState.exact_logits
-    monkeypatch.setattr(
-        gv.DecodingState, "exact_logits", lambda state: decided_exactly.append(1) or exact_logits(state)
-    )
+    exact_logits = DecodingState.exact_logits
+    monkeypatch.setattr(DecodingState, "exact_logits", lambda state: decided_exactly.append(1) or exact_logits(state))
     for seed in range(4):
         marian, vaswani = random_pair(seed)
         input_ids, attention_mask = padded_batch(seed, batch=5)
@@ -361,15 +361,15 @@ def test_greedy_reading_a_low_precision_output_weight_decodes_as_transformers(wa
         chosen = [token for token in plain.sequences[:, 1:4].unique().tolist() if token not in (EOS, PAD)]
         masked = dict(kwargs, suppress_tokens=chosen, min_new_tokens=6)
         assert_same(vaswani.generate(max_length_offset=None, **masked), marian.generate(**masked), scores=False)
-    assert set(gv._FASTEST_GREEDY.values()) == {forced} and decided_exactly
+    assert set(fp._FASTEST_GREEDY.values()) == {forced} and decided_exactly
     # a copy (half or a quarter of the weight's memory) is kept only while some number of rows decodes with it
     weight = vaswani.get_output_embeddings().weight
-    copy = gv.bf16_screen if forced is gv._screened_in_bf16 else gv.int8_screen
-    assert weight in gv._SCREENS[copy]
-    monkeypatch.setattr(gv, "_FASTEST_GREEDY", {})
-    monkeypatch.setattr(gv, "_fastest", lambda ways, *args: (forced(*args), ways[0])[1])  # screens, then picks
+    copy = fp.bf16_screen if forced is fp._screened_in_bf16 else fp.int8_screen
+    assert weight in fp._SCREENS[copy]
+    monkeypatch.setattr(fp, "_FASTEST_GREEDY", {})
+    monkeypatch.setattr(fp, "_fastest", lambda ways, *args: (forced(*args), ways[0])[1])  # screens, then picks
     vaswani.generate(max_length_offset=None, **kwargs)
-    assert weight not in gv._SCREENS[copy]
+    assert weight not in fp._SCREENS[copy]
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -418,7 +418,7 @@ def test_a_sentence_decodes_the_same_alone_and_in_a_batch(num_beams):
 @pytest.mark.parametrize("k", [2, 8, 16])
 @pytest.mark.parametrize("layout", ["columns", "rows"])
 def test_two_stage_top_k_equals_torch_top_k(vocab, k, layout):
-    from vaswani_hf.generation_vaswani import top_k_per_row
+    from vaswani_hf.search_vaswani import top_k_per_row
 
     generator = torch.Generator().manual_seed(vocab + k)
     columns = torch.randn(vocab, 12, generator=generator)
@@ -433,3 +433,65 @@ def test_two_stage_top_k_equals_torch_top_k(vocab, k, layout):
     finite = torch.isfinite(expected_values)
     assert torch.equal(index[finite], expected_index[finite])
     assert index[3, 0] == vocab - 1 and index[5, 0] == 7
+
+
+@pytest.mark.parametrize("num_beams", [1, 4])
+@pytest.mark.parametrize("shortlist", [False, True])
+def test_the_cpu_fast_paths_switch_gives_the_same_tokens_and_scores(num_beams, shortlist, monkeypatch):
+    # the switch's promise (fast_products_vaswani): off, the searches call the model's own layers and nothing of
+    # that file runs; on or off, the same tokens and the same scores up to float rounding
+    from vaswani_hf import fast_products_vaswani as fp
+
+    forget_measured_ways(monkeypatch)
+    monkeypatch.setattr(fp, "_FASTEST_GREEDY", {})
+    marian, vaswani = random_pair(5, paper_decoding=True, biases=True)
+    input_ids, attention_mask = padded_batch(5, batch=6)
+    kwargs = dict(input_ids=input_ids, attention_mask=attention_mask, num_beams=num_beams, max_new_tokens=8,
+                  return_dict_in_generate=True, output_sequence_scores=num_beams > 1)  # fmt: skip
+    if shortlist:
+        kwargs["vocabulary_shortlist"] = torch.arange(0, 1500, 3)
+    for forbid in ("output_logits", "greedy_output_logits", "decoder_linears_for"):
+        monkeypatch.setattr(fp.FastCpuProducts, _seam_name(forbid), _forbidden(forbid))
+    plain = vaswani.generate(cpu_fast_paths=False, **kwargs)
+    monkeypatch.setenv("VASWANI_CPU_FAST_PATHS", "0")  # the environment's spelling of the same switch
+    assert torch.equal(vaswani.generate(**kwargs).sequences, plain.sequences)
+    monkeypatch.undo()
+    forget_measured_ways(monkeypatch)
+    for _ in range(3):  # the first searches time each way in turn: every one must decode the same
+        fast = vaswani.generate(cpu_fast_paths=True, **kwargs)
+        assert torch.equal(fast.sequences, plain.sequences)
+        if num_beams > 1:
+            torch.testing.assert_close(fast.sequences_scores, plain.sequences_scores, atol=1e-5, rtol=1e-5)
+    assert fp._LINEAR_TRIALS or fp._FASTEST_LINEAR, "the fast paths did not run: the test compared nothing"
+
+
+def _seam_name(function: str) -> str:
+    return {"output_logits": "logits", "greedy_output_logits": "greedy_logits", "decoder_linears_for": "searching"}[
+        function
+    ]
+
+
+def _forbidden(name: str):
+    def called(*args, **kwargs):
+        raise AssertionError(f"cpu_fast_paths=False still called fast_products_vaswani.{name}")
+
+    return staticmethod(called)
+
+
+def test_hooks_on_the_decoders_linears_see_every_step_of_a_fast_search(monkeypatch):
+    # the fast products re-bind plain nn.Linear forwards for a search; nn.Module.__call__ still runs, so a forward
+    # hook (a profiler, an activation probe) sees the same calls with and without them
+    forget_measured_ways(monkeypatch)
+    _, vaswani = random_pair(2, paper_decoding=True)
+    input_ids, attention_mask = padded_batch(2, batch=3)
+    layer = vaswani.get_decoder().layers[0].fc1 if hasattr(vaswani.get_decoder().layers[0], "fc1") else None
+    layer = layer or next(m for m in vaswani.get_decoder().modules() if isinstance(m, torch.nn.Linear))
+    calls = []
+    layer.register_forward_hook(lambda module, inputs, output: calls.append(output.shape))
+    counts = []
+    for fast in (False, True, True):
+        calls.clear()
+        vaswani.generate(input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=6, cpu_fast_paths=fast)
+        counts.append(list(calls))
+    assert counts[0] and counts[0] == counts[1] == counts[2]
+    assert "forward" not in vars(layer)  # its own forward back after the search

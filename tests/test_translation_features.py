@@ -10,10 +10,11 @@ from huggingface_hub.errors import StrictDataclassError
 from transformers import LogitsProcessor
 
 from vaswani_hf import VaswaniConfig, VaswaniForConditionalGeneration
+from vaswani_hf.decoding_state_vaswani import DecodingState
 from vaswani_hf.ensemble import Ensemble
-from vaswani_hf.generation_vaswani import DecodingState, gnmt_length_penalty
 from vaswani_hf.inference import load_for_inference, score, translate_nbest, word_alignment
 from vaswani_hf.precision import quantize_int8
+from vaswani_hf.search_vaswani import gnmt_length_penalty
 from vaswani_hf.shortlist import Shortlist, build_shortlist
 from vaswani_hf.tasks import builtin_splits
 

@@ -9,9 +9,9 @@ pipeline task, which Transformers 5 removed, served by `VaswaniTranslationPipeli
 from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM, pipelines
 
 from .configuration_vaswani import VaswaniConfig
-from .generation_vaswani import gnmt_length_penalty
 from .modeling_vaswani import VaswaniForConditionalGeneration, VaswaniModel, VaswaniPreTrainedModel
 from .pipeline_vaswani import VaswaniTranslationPipeline
+from .search_vaswani import gnmt_length_penalty
 
 __version__ = "0.1.0"
 

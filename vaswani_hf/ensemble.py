@@ -113,8 +113,9 @@ class Ensemble(VaswaniGenerationMixin):
     def _encode(self, source: Source) -> list[torch.Tensor]:
         return [model._encode(source) for model in self.models]
 
-    def _decoding_state(self, hidden: list[torch.Tensor], mask: torch.Tensor | None, rows_per_example: int):
+    def _decoding_state(self, hidden: list[torch.Tensor], mask: torch.Tensor | None, rows_per_example: int,
+                        fast: bool = True):  # fmt: skip
         states = [
-            model._decoding_state(h, mask, rows_per_example) for model, h in zip(self.models, hidden, strict=True)
+            model._decoding_state(h, mask, rows_per_example, fast) for model, h in zip(self.models, hidden, strict=True)
         ]
         return EnsembleDecodingState(states)

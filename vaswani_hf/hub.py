@@ -28,8 +28,7 @@ FACTS_FILE = "training_facts.json"
 ATTENTION_IMAGE = "attention-cross.png"
 # What a shared model needs, and nothing of the run (checkpoints, optimizer state, logs, hypotheses).
 PUSHED_FILES = ["*.safetensors", "model.safetensors.index.json", "config.json", "generation_config.json",
-                "configuration_vaswani.py", "modeling_vaswani.py", "generation_vaswani.py", "pipeline_vaswani.py",
-                "validation_vaswani.py", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                "*_vaswani.py", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
                 "README.md", FACTS_FILE, ATTENTION_IMAGE]  # fmt: skip
 PAPER_ARXIV = "1706.03762"
 

@@ -6,8 +6,7 @@ interface, `EncoderDecoderCache`, masking utilities, output capturing); the nume
 residual blocks without a final stack norm, interleaved sinusoids, embeddings scaled by sqrt(d_model) and shared
 three ways, beam search with GNMT's length penalty and a per-example output limit of source length + 50.
 
-This file is also shipped as Hub remote code: it imports only torch, transformers and the package's other remote-code
-files (configuration, generation, pipeline, validation).
+Shipped as Hub remote code: imports only torch, transformers and the other `*_vaswani.py` files.
 """
 
 from __future__ import annotations
@@ -39,8 +38,10 @@ from transformers.utils.generic import merge_with_config_defaults
 from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 
 from .configuration_vaswani import VaswaniConfig
-from .generation_vaswani import PAPER_GENERATION_DEFAULTS, VaswaniGenerationMixin, fold_beams, unfold_beams
+from .decoding_state_vaswani import fold_beams, unfold_beams
+from .generation_vaswani import VaswaniGenerationMixin
 from .pipeline_vaswani import VaswaniRemoteCodeMixin
+from .search_vaswani import PAPER_GENERATION_DEFAULTS
 from .validation_vaswani import check_labels, check_source, check_target
 
 # Transformers 5.24 renamed the key/value cache from `past_key_values` to `cache`, in forward arguments and output
@@ -590,7 +591,7 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, VaswaniGenerationM
     |Y| ** length_penalty), at most source length + 50 output tokens per example (`max_length_offset=50`; it
     applies unless the call passes `max_length`/`max_new_tokens` or the generation config sets `max_new_tokens`;
     `None` returns to Transformers' `max_length`), and early stopping once no running beam can beat the best finished
-    hypothesis (tensor2tensor's rule). The decoder itself is `generation_vaswani.VaswaniGenerationMixin`.
+    hypothesis (tensor2tensor's rule). The search itself is `search_vaswani.py`.
     """
 
     _keys_to_ignore_on_load_missing = ["final_logits_bias"]
@@ -714,8 +715,4 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, VaswaniGenerationM
         return total / num_items_in_batch
 
 
-__all__ = [
-    "VaswaniForConditionalGeneration",
-    "VaswaniModel",
-    "VaswaniPreTrainedModel",
-]
+__all__ = ["VaswaniForConditionalGeneration", "VaswaniModel", "VaswaniPreTrainedModel"]

@@ -18,7 +18,7 @@ Decision: a decoder pair, not Optimum's `decoder_model_merged.onnx` (an If node 
 Optimum's loader also accepts, and each graph stays a plain feed-forward graph any runtime executes.
 
 `OnnxSeq2Seq` runs the graphs with onnxruntime inside this package's own greedy and beam search
-(generation_vaswani.py), so it decodes with the paper's rules (beam 4, GNMT penalty, source + 50) and gives
+(search_vaswani.py), so it decodes with the paper's rules (beam 4, GNMT penalty, source + 50) and gives
 PyTorch's sequences.
 """
 
@@ -210,7 +210,7 @@ def _quantize_int8(path: Path) -> None:
 
 
 class OnnxDecodingState:
-    """The decoding state of generation_vaswani.py's searches, stepped by the exported graphs: one encoder row per
+    """The decoding state of search_vaswani.py's searches, stepped by the exported graphs: one encoder row per
     decoder row (the graphs have no multi-query cross-attention), the caches as onnxruntime outputs."""
 
     def __init__(self, runner: OnnxSeq2Seq, hidden: torch.Tensor, mask: torch.Tensor | None, rows_per_example: int):
@@ -303,5 +303,7 @@ class OnnxSeq2Seq(VaswaniGenerationMixin):
         feed = {"input_ids": source.input_ids.long().numpy(), "attention_mask": mask.long().numpy()}
         return torch.from_numpy(self.sessions["encoder_model.onnx"].run(None, feed)[0])
 
-    def _decoding_state(self, hidden: torch.Tensor, mask: torch.Tensor | None, rows_per_example: int):
+    def _decoding_state(self, hidden: torch.Tensor, mask: torch.Tensor | None, rows_per_example: int,
+                        fast: bool = True):  # fmt: skip
+        """onnxruntime computes the products: `fast` (the CPU fast products' switch) has nothing to turn off."""
         return OnnxDecodingState(self, hidden, mask, rows_per_example)

@@ -4,7 +4,7 @@ only the target tokens likely for its source tokens plus the most frequent ones,
 The tied output projection of the base model is about as many multiply-adds per generated token as all six decoder
 layers together (37,000 x 512 against 6 x (4 x 512 x 512 + 2 x 512 x 2048)), so scoring 2,000-5,000 rows instead
 of 37,000 saves most of it. The search cannot produce a token outside the shortlist (`DecodingState.restrict` in
-generation_vaswani.py: the search runs on the shortlist's columns, or gives the other tokens -inf).
+search_vaswani.py: the search runs on the shortlist's columns, or gives the other tokens -inf).
 
     shortlist = build_shortlist(tokenizer, pairs)   # once, from the training data (`vaswani shortlist`)
     shortlist.save(model_dir)                        # shortlist.safetensors beside the model
