@@ -1,0 +1,288 @@
+"""The decoding jobs of the `vaswani` command: translate, evaluate, score and shortlist, with the argument builders
+they share (models or an ensemble, precision, engine, decoding settings). `cli.py` dispatches to them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+
+def at_least_one(text: str) -> int:
+    """argparse type of counts (beams, batch size, n-best, checkpoints): 0 or less would be silently replaced."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number of at least 1, got {text!r}")
+    return value
+
+
+def _add_precision(parser: argparse.ArgumentParser) -> None:
+    from .precision import PRECISIONS
+
+    parser.add_argument("--precision", choices=PRECISIONS, default="auto",
+                        help="auto (default): on a CPU with native bf16 (AMX-BF16 or AVX512-BF16), bf16 if it "
+                        "measured faster than fp32 on this machine (timed once, then cached); bf16 on GPUs that have "
+                        "it; else fp32. int8: dynamic quantization for CPU serving (never picked by auto); see "
+                        "vaswani_hf.precision")  # fmt: skip
+
+
+def _add_decoding(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--num-beams", type=at_least_one, default=None, help="default: the model's (paper: 4)")
+    parser.add_argument("--length-penalty", type=float, default=None,
+                        help="GNMT alpha (default: the model's; paper: 0.6; tune it on a development set)")  # fmt: skip
+
+
+def _decoding(args: argparse.Namespace) -> dict:
+    """generate() settings the user gave; the rest come from the model's generation config."""
+    return {name: value for name, value in (("num_beams", args.num_beams), ("length_penalty", args.length_penalty))
+            if value is not None}  # fmt: skip
+
+
+def _add_engine(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--engine", choices=["torch", "onnxruntime"], default="torch",
+                        help="onnxruntime: MODEL_DIR is a `vaswani export --format onnx` folder, decoded with the same "
+                        "greedy/beam search (needs the onnx extra)")  # fmt: skip
+
+
+def _add_models(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("model_dir", nargs="?", help="a saved model folder (or --models for an ensemble)")
+    parser.add_argument("--models", nargs="+", metavar="MODEL_DIR",
+                        help="an ensemble: two or more model folders of one vocabulary (one tokenizer), decoded "
+                        "together with their log-probabilities averaged at every step")  # fmt: skip
+
+
+def _model_dirs(parser: argparse.ArgumentParser, args: argparse.Namespace) -> list[str]:
+    if (args.model_dir is None) == (args.models is None):
+        parser.error("give one model folder, or an ensemble with --models A B [C ...] (not both)")
+    return [args.model_dir] if args.models is None else args.models
+
+
+def _load(args: argparse.Namespace, model_dirs: list[str]):
+    """The model (or ensemble) in the precision asked for, which is said on stderr (stdout holds the results)."""
+    from .inference import default_device, load_for_inference
+    from .precision import resolve_precision
+
+    if getattr(args, "engine", "torch") == "onnxruntime":
+        from .onnx import OnnxSeq2Seq
+
+        if args.precision != "auto":
+            raise ValueError(f"--precision {args.precision} is for the torch engine: an onnxruntime folder runs the "
+                             "weights it was exported with (export with --quantize int8 for int8).")  # fmt: skip
+        loaded = [OnnxSeq2Seq.with_tokenizer(folder) for folder in model_dirs]
+        weights = loaded[0][0].weights
+        print(f"engine: onnxruntime ({weights}); device: cpu", file=sys.stderr)
+        choice = argparse.Namespace(name=f"onnxruntime {weights}")
+    else:
+        device = default_device(args.precision)
+        choice = resolve_precision(args.precision, device)
+        print(f"precision: {choice}; device: {device}", file=sys.stderr)
+        loaded = [load_for_inference(folder, device=device, precision=choice) for folder in model_dirs]
+    model, tokenizer = loaded[0]
+    if len(loaded) == 1:
+        return model, tokenizer, choice
+    from .ensemble import Ensemble
+
+    for folder, (_, other) in zip(model_dirs[1:], loaded[1:], strict=True):
+        if other.get_vocab() != tokenizer.get_vocab():
+            raise ValueError(f"--models: {folder} has another vocabulary than {model_dirs[0]} (their tokenizers "
+                             "differ): an ensemble needs models trained with one tokenizer.")  # fmt: skip
+    print(f"ensemble of {len(loaded)} models", file=sys.stderr)
+    return Ensemble([m for m, _ in loaded]), tokenizer, choice
+
+
+def translate_command(argv: list[str]) -> int:
+    from .inference import translate_stream
+
+    parser = argparse.ArgumentParser(
+        prog="vaswani translate",
+        description="Translate lines from a file or stdin, one translation a line. With --nbest N: N lines per input "
+        "line, 'INDEX ||| TRANSLATION ||| SCORE' (Moses n-best format; INDEX counts input lines from 0, best first, "
+        "SCORE is the length-penalised log-probability beam search ranks by). --alignments adds ' ||| ALIGNMENT' to "
+        "each line (Moses 'i-j' word pairs).",
+    )
+    _add_models(parser)
+    parser.add_argument("--input", help="file with one sentence a line (default: stdin)")
+    parser.add_argument("--batch-size", type=at_least_one, default=32, help="most sentences per batch")
+    parser.add_argument(
+        "--max-tokens",
+        type=at_least_one,
+        default=4096,
+        help="most padded source tokens per batch (sentences are sorted by length first)",
+    )
+    parser.add_argument("--window", type=at_least_one, default=10_000,
+                        help="lines read, sorted and translated at a time; results are written in input order "
+                        "after each window, so a file of any size never sits in memory")  # fmt: skip
+    parser.add_argument("--nbest", type=at_least_one, default=None,
+                        help="print the N best translations with their scores")  # fmt: skip
+    parser.add_argument("--alignments", action="store_true",
+                        help="add each translation's word alignment to its source line (Moses 'i-j': source word i, "
+                        "translation word j, from 0, words split at whitespace), read from the cross-attention of the "
+                        "config's alignment_layer / alignment_heads")  # fmt: skip
+    parser.add_argument("--constraints", metavar="FILE",
+                        help="one line per input line: phrases (separated by tabs) every translation of that line "
+                        "must contain; an empty line for none (needs beam search)")  # fmt: skip
+    parser.add_argument("--shortlist", nargs="?", const="", metavar="FILE",
+                        help="score only each batch's likely target tokens (`vaswani shortlist`; default file: "
+                        "MODEL_DIR/shortlist.safetensors): faster, at a small BLEU cost")  # fmt: skip
+    parser.add_argument(
+        "--prefix",
+        metavar="FILE",
+        help="one line per input line: the text its translation starts with (an empty line for none)",
+    )
+    _add_decoding(parser)
+    _add_precision(parser)
+    _add_engine(parser)
+    args = parser.parse_args(argv)
+    model_dirs = _model_dirs(parser, args)
+    for name in ("input", "constraints", "prefix"):
+        path = getattr(args, name)
+        if path is not None and not Path(path).is_file():
+            raise FileNotFoundError(f"--{name} {path}: no such file.")
+    if args.alignments and (args.models or args.engine != "torch"):
+        raise ValueError("--alignments reads one PyTorch model's cross-attention: give a single model and the torch "
+                         "engine.")  # fmt: skip
+    progress, total = sys.stderr.isatty(), None
+    if args.input is not None and (progress or args.constraints or args.prefix):
+        with open(args.input, "rb") as counted:  # one extra pass: the bar's total, the side files' check
+            total = sum(1 for _ in counted)
+    model, tokenizer, _ = _load(args, model_dirs)
+    lexical = _lexical_files(args, tokenizer, total)
+    if args.shortlist is not None:
+        from .shortlist import Shortlist
+
+        lexical["shortlist"] = Shortlist.load(args.shortlist or model_dirs[0], tokenizer)
+    results = translate_stream(model, tokenizer, _stream_lines(args.input), window=args.window, progress=progress,
+                               total=total, nbest=args.nbest or 1, batch_size=args.batch_size,
+                               max_tokens=args.max_tokens, alignments=args.alignments, **lexical,
+                               **_decoding(args))  # fmt: skip
+    for index, candidates in enumerate(results):
+        for text, value, *alignment in candidates[: args.nbest or 1]:
+            fields = [text] if args.nbest is None else [str(index), text, f"{value:.6f}" if value is not None else ""]
+            print(" ||| ".join(fields + alignment).rstrip())
+        sys.stdout.flush()
+    return 0
+
+
+def _lexical_files(args: argparse.Namespace, tokenizer, input_lines: int | None) -> dict:
+    """--constraints / --prefix, read and checked in full before anything is translated (so a bad line stops the
+    run with nothing written), as `translate_stream`'s `constraints` / `prefixes`."""
+    from .inference import lexical_ids
+
+    lexical = {}
+    for name, kind, key in (("constraints", "constraint", "constraints"), ("prefix", "prefix", "prefixes")):
+        path = getattr(args, name)
+        if path is None:
+            continue
+        lines = _read_lines(path)
+        entries = (
+            [[p.strip() for p in line.split("\t") if p.strip()] for line in lines] if kind == "constraint" else lines
+        )
+        if input_lines is not None and len(lines) != input_lines:
+            raise ValueError(f"--{name} {path} has {len(lines)} lines but --input {args.input} has {input_lines}: "
+                             "give one line per input line (an empty line for none).")  # fmt: skip
+        lexical_ids(tokenizer, entries, kind, len(entries))
+        lexical[key] = entries
+    return lexical
+
+
+def _stream_lines(path: str | None):
+    """Lines of a file (or stdin) one at a time, without their line ends; bad UTF-8 names the line (each line is
+    decoded by itself: a text stream decodes ahead in blocks and cannot say where)."""
+    stream = sys.stdin.buffer if path is None else open(path, "rb")
+    try:
+        for number, raw in enumerate(stream, 1):
+            try:
+                yield raw.rstrip(b"\r\n").decode("utf-8")
+            except UnicodeDecodeError as err:
+                raise ValueError(f"{path or 'stdin'} is not UTF-8 text (line {number}, byte {err.start}).") from None
+    finally:
+        if path is not None:
+            stream.close()
+
+
+def score_command(argv: list[str]) -> int:
+    from .inference import load_for_inference, score_translations
+
+    parser = argparse.ArgumentParser(
+        prog="vaswani score",
+        description="Forced decoding: the log-probability of each target line given its source line, one JSON "
+        "object a line: log_prob (natural log, sum over the target tokens and EOS), tokens, mean_log_prob, "
+        "token_log_probs, token_strings. For filtering parallel data and reranking n-best lists.",
+    )
+    parser.add_argument("model_dir")
+    parser.add_argument("--source", required=True, help="file with one source sentence a line")
+    parser.add_argument("--target", required=True, help="file with the target sentences, aligned with --source")
+    parser.add_argument("--batch-size", type=at_least_one, default=32)
+    args = parser.parse_args(argv)
+    model, tokenizer = load_for_inference(args.model_dir)
+    sources, targets = _read_lines(args.source), _read_lines(args.target)
+    for result in score_translations(model, tokenizer, sources, targets, args.batch_size, sys.stderr.isatty()):
+        print(json.dumps(result, ensure_ascii=False))
+    return 0
+
+
+def _read_lines(path: str | None) -> list[str]:
+    if path is None:
+        return sys.stdin.read().splitlines()
+    try:
+        return Path(path).read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError as err:
+        raise ValueError(f"{path} is not UTF-8 text (byte {err.start}).") from None
+
+
+def evaluate_command(argv: list[str]) -> int:
+    from .data import load_split
+    from .inference import evaluate
+    from .tasks import builtin_splits
+
+    parser = argparse.ArgumentParser(prog="vaswani evaluate", description="BLEU/chrF of a model with sacrebleu.")
+    _add_models(parser)
+    parser.add_argument("--data", help="folder of {split}.{lang} files (default: the built-in task)")
+    parser.add_argument("--split", default="test")
+    parser.add_argument("--src", default="en")
+    parser.add_argument("--tgt", default="de")
+    parser.add_argument("--batch-size", type=at_least_one, default=32)
+    parser.add_argument("--hypotheses", help="also write the translations to this file, one line per source line")
+    _add_decoding(parser)
+    _add_precision(parser)
+    _add_engine(parser)
+    args = parser.parse_args(argv)
+    model, tokenizer, precision = _load(args, _model_dirs(parser, args))
+    pairs = load_split(args.data, args.split, args.src, args.tgt) if args.data else builtin_splits()[args.split]
+    result, hypotheses = evaluate(model, tokenizer, pairs, args.batch_size, **_decoding(args))
+    if args.hypotheses:
+        Path(args.hypotheses).write_text("".join(f"{line}\n" for line in hypotheses), encoding="utf-8")
+    print(json.dumps({"split": args.split, "sentences": len(pairs), "precision": precision.name, **result}, indent=2))
+    return 0
+
+
+def shortlist_command(argv: list[str]) -> int:
+    from transformers import AutoTokenizer
+
+    from .data import load_split
+    from .shortlist import build_shortlist
+
+    parser = argparse.ArgumentParser(prog="vaswani shortlist", description="Build a vocabulary shortlist from "
+                                     "training data and save it beside the model (translate --shortlist).")  # fmt: skip
+    parser.add_argument("model_dir")
+    parser.add_argument("--data", required=True, help="folder of {split}.{lang} files (the training data)")
+    parser.add_argument("--split", default="train")
+    parser.add_argument("--src", default="en")
+    parser.add_argument("--tgt", default="de")
+    parser.add_argument("--per-source", type=at_least_one, default=50, help="target tokens kept per source token")
+    parser.add_argument("--frequent", type=at_least_one, default=500, help="most frequent target tokens, always kept")
+    args = parser.parse_args(argv)
+    if not (Path(args.model_dir) / "config.json").is_file():
+        raise FileNotFoundError(f"{args.model_dir} is not a model directory (no config.json).")
+    tokenizer = AutoTokenizer.from_pretrained(args.model_dir)
+    shortlist = build_shortlist(tokenizer, load_split(args.data, args.split, args.src, args.tgt), args.per_source,
+                                args.frequent)  # fmt: skip
+    path = shortlist.save(args.model_dir)
+    print(f"shortlist of {args.per_source} targets per source token and {len(shortlist.frequent)} frequent ones "
+          f"written to {path}; translate with `vaswani translate {args.model_dir} --shortlist`")  # fmt: skip
+    return 0
