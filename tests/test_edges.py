@@ -176,6 +176,26 @@ def test_pipeline_from_a_model_object_by_task_name(translator):
         ]
 
 
+@pytest.mark.parametrize("saved_by", ["vaswani train", "save_pretrained"])
+def test_pipeline_from_a_folder_needs_no_remote_code_with_the_package_imported(saved_by, trained, translator, tmp_path):
+    # the saved config declares the pipeline for users without the package (`custom_pipelines`), which made
+    # Transformers ask for trust_remote_code even where `import vaswani_hf` serves the task itself
+    folder = trained[0]
+    if saved_by == "save_pretrained":
+        folder = tmp_path / "by-hand"
+        translator[0].save_pretrained(folder)
+        translator[1].save_pretrained(folder)
+    assert json.loads((folder / "config.json").read_text())["custom_pipelines"]["translation"]  # for remote users
+    pipe = pipeline("translation", model=str(folder))
+    assert isinstance(pipe, VaswaniTranslationPipeline)
+    expected = translator[1].batch_decode(pipe.model.generate(**pipe.tokenizer(["three"], return_tensors="pt")),
+                                          skip_special_tokens=True)  # fmt: skip
+    assert pipe("three") == [{"translation_text": expected[0].strip()}]
+    resaved = tmp_path / f"resaved-{saved_by.split()[0]}"
+    pipe.model.save_pretrained(resaved)  # loaded without the declaration, saved with it again
+    assert json.loads((resaved / "config.json").read_text())["custom_pipelines"]["translation"]
+
+
 def test_pipeline_returns_every_candidate_of_every_sentence(translator):
     pipe = pipeline("translation", model=translator[0], tokenizer=translator[1])
     result = pipe(["three", "twenty-one , five"], num_beams=4, num_return_sequences=2)

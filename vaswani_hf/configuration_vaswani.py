@@ -7,6 +7,7 @@ field against its annotation, which must be a real type, not a string.
 """
 
 import math
+import sys
 
 from huggingface_hub.dataclasses import strict
 from transformers.activations import ACT2FN
@@ -27,6 +28,19 @@ PAPER_ALIASES = {
     "P_drop": ("dropout",),
     "p_drop": ("dropout",),
 }
+
+
+def _served_without_remote_code(custom_pipelines: dict | None) -> bool:
+    """Whether Transformers' pipeline registry already serves every task of a saved config's `custom_pipelines` with
+    the class it names (so after `import vaswani_hf`; never where the model is loaded as remote code alone)."""
+    pipelines = sys.modules.get("transformers.pipelines")  # not imported: nothing can have registered the task
+    if not custom_pipelines or pipelines is None:
+        return False
+    for task, declared in custom_pipelines.items():
+        served = pipelines.PIPELINE_REGISTRY.supported_tasks.get(task) or {}
+        if getattr(served.get("impl"), "__name__", None) != str(declared.get("impl", "")).rsplit(".", 1)[-1]:
+            return False
+    return True
 
 
 @strict
@@ -138,6 +152,11 @@ class VaswaniConfig(PreTrainedConfig):
                     setattr(self, target, value)
         if self.decoder_start_token_id is None:
             self.decoder_start_token_id = self.bos_token_id
+        if _served_without_remote_code(kwargs.get("custom_pipelines")):
+            # `pipeline(task, model=DIR)` asks for trust_remote_code for any task the config declares: with the
+            # package imported, Transformers' registry serves the same class, so the declaration is dropped on load
+            # (a model's `save_pretrained` writes it again)
+            kwargs.pop("custom_pipelines")
         super().__post_init__(**kwargs)
 
     def attention_head_size(self, num_heads: int) -> int:
