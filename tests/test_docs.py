@@ -1,0 +1,141 @@
+"""Docs that run: every code block a user would paste, in README.md and docs/, runs here as written.
+
+A block is fenced as `bash` or `python` and has a marker on the line above it:
+- `<!-- docs-test: run -->`: run by the default suite;
+- `<!-- docs-test: slow -->`: run under `-m slow` (compiles, long exports);
+- `<!-- docs-test: not run (REASON) -->`: never run, and the reason stands beside the block.
+A block without a marker, or a "not run" without a reason, fails `test_every_block_says_whether_it_runs`.
+
+The blocks run in a folder laid out as a user's would be after the README's main job: `vaswani-model/` (trained by
+`vaswani train` on the built-in task, with five checkpoints), `second-model/` (a copy, for ensembles),
+`sentences.en` / `sentences.de`, `terms.tsv`, `starts.txt` and `data/train.{en,de}`. Each block gets a fresh copy,
+bash with `-e -o pipefail`, python in a new process.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from .helpers import vaswani
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+PASTED = ("bash", "python")  # what a user pastes; other fences (text, json, yaml) show output or files
+MARKER = re.compile(r"<!-- docs-test: (?:(run|slow)|not run \((.+)\)) -->")
+FENCE = re.compile(r"^```(\w*)\s*$")
+
+
+@dataclass
+class Block:
+    document: Path
+    line: int  # of the opening fence
+    language: str
+    code: str
+    mode: str | None  # "run", "slow", "not run" or None (no marker)
+    reason: str | None
+
+    @property
+    def name(self) -> str:
+        return f"{self.document.relative_to(ROOT)}:{self.line}"
+
+
+def blocks(document: Path) -> list[Block]:
+    lines = document.read_text(encoding="utf-8").splitlines()
+    found, index = [], 0
+    while index < len(lines):
+        fence = FENCE.match(lines[index])
+        if fence is None:
+            index += 1
+            continue
+        end = next(i for i in range(index + 1, len(lines)) if lines[i].startswith("```"))
+        above = next((lines[i] for i in range(index - 1, -1, -1) if lines[i].strip()), "")
+        marker = MARKER.fullmatch(above.strip())
+        mode = None if marker is None else (marker.group(1) or "not run")
+        found.append(Block(document, index + 1, fence.group(1), "\n".join(lines[index + 1 : end]), mode,
+                           marker.group(2) if marker else None))  # fmt: skip
+        index = end + 1
+    return found
+
+
+ALL_BLOCKS = [block for document in DOCUMENTS for block in blocks(document)]
+PASTED_BLOCKS = [block for block in ALL_BLOCKS if block.language in PASTED]
+
+
+def test_every_block_says_whether_it_runs():
+    assert len(PASTED_BLOCKS) >= 20, "the parser found too few blocks: is the fence syntax still ```bash?"
+    unmarked = [block.name for block in PASTED_BLOCKS if block.mode is None]
+    assert not unmarked, f"code blocks without a docs-test marker on the line above: {unmarked}"
+    unexplained = [block.name for block in PASTED_BLOCKS if block.mode == "not run" and not block.reason.strip()]
+    assert not unexplained, f"'not run' blocks need their reason beside them: {unexplained}"
+    stray = [block.name for block in ALL_BLOCKS if block.language not in PASTED and block.mode is not None]
+    assert not stray, f"a docs-test marker above a block that is neither bash nor python: {stray}"
+
+
+def test_the_marker_parser_sees_what_a_reader_sees(tmp_path):
+    page = tmp_path / "page.md"
+    page.write_text(
+        "<!-- docs-test: run -->\n```bash\necho one\n```\n\n```python\nprint(2)\n```\n"
+        "<!-- docs-test: not run (needs the Hub) -->\n\n```bash\nvaswani push\n```\n"
+    )
+    found = blocks(page)
+    assert [(b.language, b.mode, b.reason, b.code) for b in found] == [
+        ("bash", "run", None, "echo one"),
+        ("python", None, None, "print(2)"),
+        ("bash", "not run", "needs the Hub", "vaswani push"),
+    ]
+
+
+@pytest.fixture(scope="session")
+def workspace(tmp_path_factory) -> Path:
+    """The folder the blocks run in, as a user's after `vaswani train` (tiny settings)."""
+    from vaswani_hf.tasks import builtin_splits
+
+    root = tmp_path_factory.mktemp("docs") / "work"
+    root.mkdir()
+    model = root / "vaswani-model"
+    result = vaswani("train", "--preset", "tiny", "--max_steps", "300", "--warmup_steps", "50", "--vocab_size", "120",
+                     "--per_device_train_batch_size", "32", "--eval_split", "none", "--save_steps", "60",
+                     "--disable_tqdm", "true", "--output_dir", str(model))  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    shutil.copytree(model, root / "second-model", ignore=shutil.ignore_patterns("checkpoint-*"))
+    pairs = builtin_splits()["test"][:6]
+    (root / "sentences.en").write_text("".join(f"{source}\n" for source, _ in pairs), encoding="utf-8")
+    (root / "sentences.de").write_text("".join(f"{target}\n" for _, target in pairs), encoding="utf-8")
+    (root / "terms.tsv").write_text("drei\n\nsieben\tzwei\n\n\n\n", encoding="utf-8")
+    (root / "starts.txt").write_text("drei\n\n\n\n\n\n", encoding="utf-8")
+    (root / "data").mkdir()
+    train = builtin_splits()["train"][:2000]
+    (root / "data" / "train.en").write_text("".join(f"{source}\n" for source, _ in train), encoding="utf-8")
+    (root / "data" / "train.de").write_text("".join(f"{target}\n" for _, target in train), encoding="utf-8")
+    return root
+
+
+def _run(block: Block, folder: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    command = [sys.executable, "-c", block.code] if block.language == "python" else ["bash", "-e", "-o", "pipefail",
+                                                                                      "-c", block.code]  # fmt: skip
+    return subprocess.run(command, cwd=folder, env=env, capture_output=True, text=True, stdin=subprocess.DEVNULL,
+                          timeout=900)  # fmt: skip
+
+
+def _params(mode: str) -> list:
+    marks = [pytest.mark.slow] if mode == "slow" else []
+    return [pytest.param(block, id=block.name, marks=marks) for block in PASTED_BLOCKS if block.mode == mode]
+
+
+@pytest.mark.parametrize("block", _params("run") + _params("slow"))
+def test_the_block_runs_as_written(block, workspace, tmp_path):
+    folder = tmp_path / "work"
+    shutil.copytree(workspace, folder)
+    result = _run(block, folder)
+    assert result.returncode == 0, (
+        f"{block.name} failed (exit {result.returncode}):\n{block.code}\n--- stderr ---\n{result.stderr[-3000:]}"
+    )
