@@ -1,4 +1,4 @@
-"""Every bad input we know of, with the message it must produce (the README's troubleshooting table lists the
+"""Every bad input we know of, with the message it must produce (docs/troubleshooting.md lists the
 same messages). Each case ends in a clear error naming the argument or file, never a stack trace from inside
 torch and never silently changed data."""
 
