@@ -13,13 +13,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
-from transformers.generation import (
-    GenerationConfig,
-)
+from transformers.generation import GenerationConfig
+
+from .search_vaswani import DecodingSettings, apply_processors, top_k_per_row
 
 if TYPE_CHECKING:
     from .decoding_state_vaswani import DecodingState
-from .search_vaswani import DecodingSettings, apply_processors, top_k_per_row
 
 
 class PhraseConstraints:

@@ -29,9 +29,8 @@ from transformers.generation import (
     NoBadWordsLogitsProcessor,
 )
 
-if TYPE_CHECKING:  # the constrained search builds on this file, not the other way round
+if TYPE_CHECKING:
     from .decoding_state_vaswani import DecodingState
-    from .lexical_vaswani import PhraseConstraints
 
 
 # The paper's decoding (section 6.1), written into every new model's generation config.
@@ -106,7 +105,8 @@ class DecodingSettings:
     output_scores: bool
     output_logits: bool
     prefix: torch.LongTensor | None = None  # (examples, P) target prefix tokens, -1 after an example's own prefix
-    constraints: list[PhraseConstraints] | None = None  # one per example (`constrained_beam_search`)
+    # one `lexical_vaswani.PhraseConstraints` per example (`constrained_beam_search`, which builds on this file)
+    constraints: list | None = None
     sequence_scores: bool = False  # beam search's `sequences_scores` without the per-step scores
 
     @property
