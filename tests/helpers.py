@@ -73,3 +73,34 @@ def remote_code_outputs(path: Path, inputs: dict) -> dict:
                             cwd=path, stdin=subprocess.DEVNULL)  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     return torch.load(path / "remote.pt", weights_only=True)
+
+
+def broken_copy(source, target, how: str):
+    """A copy of the model folder `source` at `target`, broken one way: "no weights", "truncated weights", "no
+    config", "config not JSON", "another model type" (bert), "no tokenizer", "tokenizer larger than the model"."""
+    import json
+    import shutil
+
+    from vaswani_hf import VaswaniConfig, VaswaniForConditionalGeneration
+
+    shutil.copytree(source, target)
+    weights, config = target / "model.safetensors", target / "config.json"
+    if how == "no weights":
+        weights.unlink()
+    elif how == "truncated weights":
+        weights.write_bytes(weights.read_bytes()[:4096])
+    elif how == "no config":
+        config.unlink()
+    elif how == "config not JSON":
+        config.write_text("{oops")
+    elif how == "another model type":
+        config.write_text(json.dumps({**json.loads(config.read_text()), "model_type": "bert"}))
+    elif how == "no tokenizer":
+        for name in ("tokenizer.json", "tokenizer_config.json"):
+            (target / name).unlink(missing_ok=True)
+    elif how == "tokenizer larger than the model":
+        config.write_text(json.dumps({**json.loads(config.read_text()), "vocab_size": 50}))
+        VaswaniForConditionalGeneration(VaswaniConfig.tiny(vocab_size=50)).save_pretrained(target)
+    else:
+        raise ValueError(f"no such way to break a model folder: {how!r}")
+    return target

@@ -3,7 +3,6 @@ same messages). Each case ends in a clear error naming the argument or file, nev
 torch and never silently changed data."""
 
 import json
-import shutil
 
 import pytest
 import torch
@@ -13,7 +12,7 @@ from vaswani_hf import VaswaniConfig, VaswaniForConditionalGeneration
 from vaswani_hf.data import load_split, read_parallel
 from vaswani_hf.inference import load_for_inference
 
-from .helpers import TINY_RUN, vaswani
+from .helpers import TINY_RUN, broken_copy, vaswani
 
 IDS = torch.tensor([[5, 6, 2]])
 
@@ -75,25 +74,8 @@ def test_bad_config_on_construction_and_on_load(case, tmp_path):
         VaswaniConfig.from_pretrained(tmp_path)
 
 
-def broken_copy(trained_dir, tmp_path, how: str):
-    target = tmp_path / how
-    shutil.copytree(trained_dir, target)
-    weights, config = target / "model.safetensors", target / "config.json"
-    if how == "missing weights":
-        weights.unlink()
-    elif how == "truncated weights":
-        weights.write_bytes(weights.read_bytes()[:4096])
-    elif how == "another model type":
-        config.write_text(json.dumps({**json.loads(config.read_text()), "model_type": "bert"}))
-    elif how == "tokenizer larger than the model":
-        config.write_text(json.dumps({**json.loads(config.read_text()), "vocab_size": 50}))
-        model = VaswaniForConditionalGeneration(VaswaniConfig.tiny(vocab_size=50))
-        model.save_pretrained(target)
-    return target
-
-
 CHECKPOINTS = {
-    "missing weights": r"has config.json but no model.safetensors: the save did not finish",
+    "no weights": r"has config.json but no model.safetensors: the save did not finish",
     "truncated weights": r"cannot read model.safetensors .* truncated or corrupt",
     "another model type": r"holds a 'bert' model, not a 'vaswani' one",
     "tokenizer larger than the model": r"the tokenizer has \d+ tokens but the model only 50",
@@ -103,7 +85,9 @@ CHECKPOINTS = {
 
 @pytest.mark.parametrize("case", CHECKPOINTS)
 def test_bad_checkpoint(case, trained, tmp_path):
-    directory = tmp_path / "empty" if case == "not a model directory" else broken_copy(trained[0], tmp_path, case)
+    directory = (
+        tmp_path / "empty" if case == "not a model directory" else broken_copy(trained[0], tmp_path / case, case)
+    )
     directory.mkdir(exist_ok=True)
     with pytest.raises((ValueError, FileNotFoundError), match=CHECKPOINTS[case]):
         load_for_inference(directory)

@@ -135,7 +135,7 @@ def test_non_utf8_input_names_file_and_line(tmp_path):
 
 def test_missing_model_directory_is_a_clear_error(tmp_path):
     result = vaswani("translate", str(tmp_path / "nope"), stdin="seven\n")
-    assert result.returncode == 2 and "is not a model directory" in result.stderr
+    assert result.returncode == 2 and "nope: no such folder; give a model folder saved by" in result.stderr
 
 
 def test_translate_nbest_prints_moses_blocks_best_first(trained):

@@ -31,6 +31,23 @@ def _is_builtin(argv: list[str]) -> bool:
     return not any(a.split("=")[0] in ("--data", "--dataset_name", "--dataset-name") for a in argv)
 
 
+def _repeated_metrics_joined(argv: list[str]) -> list[str]:
+    """`--metric a --metric b` as one `--metric a b` (HfArgumentParser keeps only the last of a repeated list)."""
+    metrics, rest, index = [], [], 0
+    while index < len(argv):
+        arg = argv[index]
+        if arg == "--metric" and index + 1 < len(argv):
+            metrics.append(argv[index + 1])
+            index += 2
+            continue
+        if arg.startswith("--metric="):
+            metrics.append(arg.split("=", 1)[1])
+        else:
+            rest.append(arg)
+        index += 1
+    return rest + (["--metric", *metrics] if metrics else [])
+
+
 def train_command(argv: list[str]) -> int:
     from .recipe import DataArguments, ModelArguments, VaswaniTrainingArguments, run_training
 
@@ -38,6 +55,7 @@ def train_command(argv: list[str]) -> int:
     if argv and argv[0] in ("-h", "--help"):
         parser.print_help()
         return 0
+    argv = _repeated_metrics_joined(argv)
     builtin = _is_builtin(argv)
     given = {a.lstrip("-").replace("-", "_").split("=")[0] for a in argv if a.startswith("--")}
     # The command picks the precision by the hardware (vaswani_hf.precision); the Python class keeps fp32.
@@ -87,6 +105,7 @@ def attention_command(argv: list[str]) -> int:
 
 def average_command(argv: list[str]) -> int:
     from .averaging import average_checkpoints, last_checkpoints
+    from .inference import check_model_folder
 
     parser = argparse.ArgumentParser(prog="vaswani average", description="Average the last N checkpoints of a run.")
     parser.add_argument("run_dir", help="the --output_dir of a training run (holding checkpoint-* folders)")
@@ -94,7 +113,13 @@ def average_command(argv: list[str]) -> int:
                         help="latest checkpoints to average (paper: 5 base, 20 big)")  # fmt: skip
     parser.add_argument("--output", help="where to save the averaged model (default: RUN_DIR/averaged)")
     args = parser.parse_args(argv)
+    if not Path(args.run_dir).is_dir():
+        raise FileNotFoundError(f"{args.run_dir}: no such folder; give the --output_dir of a training run.")
     checkpoints = last_checkpoints(args.run_dir, args.last, "--last")
+    if not checkpoints:
+        raise FileNotFoundError(f"{args.run_dir} holds no complete checkpoint-N folder: train with --save_steps N so "
+                                "that the run keeps checkpoints, then average them.")  # fmt: skip
+    check_model_folder(checkpoints[-1])  # the averaged model takes its config and tokenizer from the last
     output = average_checkpoints(checkpoints, args.output or Path(args.run_dir) / "averaged")
     print(f"averaged {', '.join(c.name for c in checkpoints)} into {output}")
     return 0

@@ -43,6 +43,15 @@ def _decoding(args: argparse.Namespace) -> dict:
             if value is not None}  # fmt: skip
 
 
+def _add_long_lines(parser: argparse.ArgumentParser) -> None:
+    from .source_lines import LONG_LINES
+
+    parser.add_argument("--long-lines", choices=LONG_LINES, default="cut",
+                        help="a line longer than the model reads: cut (default: translate its first tokens, with a "
+                        "warning naming the line), split (at sentence ends, translations rejoined), or error (stop, "
+                        "naming the line)")  # fmt: skip
+
+
 def _add_engine(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--engine", choices=["torch", "onnxruntime"], default="torch",
                         help="onnxruntime: MODEL_DIR is a `vaswani export --format onnx` folder, decoded with the same "
@@ -64,7 +73,7 @@ def _model_dirs(parser: argparse.ArgumentParser, args: argparse.Namespace) -> li
 
 def _load(args: argparse.Namespace, model_dirs: list[str]):
     """The model (or ensemble) in the precision asked for, which is said on stderr (stdout holds the results)."""
-    from .inference import default_device, load_for_inference
+    from .inference import check_model_folder, default_device, is_local, load_for_inference
     from .precision import resolve_precision
 
     if getattr(args, "engine", "torch") == "onnxruntime":
@@ -78,6 +87,9 @@ def _load(args: argparse.Namespace, model_dirs: list[str]):
         print(f"engine: onnxruntime ({weights}); device: cpu", file=sys.stderr)
         choice = argparse.Namespace(name=f"onnxruntime {weights}")
     else:
+        for folder in model_dirs:  # a folder that is not a whole model stops before the precision is measured
+            if is_local(folder):
+                check_model_folder(folder)
         device = default_device(args.precision)
         choice = resolve_precision(args.precision, device)
         print(f"precision: {choice}; device: {device}", file=sys.stderr)
@@ -97,6 +109,7 @@ def _load(args: argparse.Namespace, model_dirs: list[str]):
 
 def translate_command(argv: list[str]) -> int:
     from .inference import translate_stream
+    from .source_lines import LineReport
 
     parser = argparse.ArgumentParser(
         prog="vaswani translate",
@@ -134,6 +147,7 @@ def translate_command(argv: list[str]) -> int:
         metavar="FILE",
         help="one line per input line: the text its translation starts with (an empty line for none)",
     )
+    _add_long_lines(parser)
     _add_decoding(parser)
     _add_precision(parser)
     _add_engine(parser)
@@ -156,15 +170,17 @@ def translate_command(argv: list[str]) -> int:
         from .shortlist import Shortlist
 
         lexical["shortlist"] = Shortlist.load(args.shortlist or model_dirs[0], tokenizer)
+    report = LineReport()
     results = translate_stream(model, tokenizer, _stream_lines(args.input), window=args.window, progress=progress,
                                total=total, nbest=args.nbest or 1, batch_size=args.batch_size,
-                               max_tokens=args.max_tokens, alignments=args.alignments, **lexical,
-                               **_decoding(args))  # fmt: skip
+                               max_tokens=args.max_tokens, alignments=args.alignments, long_lines=args.long_lines,
+                               report=report, **lexical, **_decoding(args))  # fmt: skip
     for index, candidates in enumerate(results):
         for text, value, *alignment in candidates[: args.nbest or 1]:
             fields = [text] if args.nbest is None else [str(index), text, f"{value:.6f}" if value is not None else ""]
             print(" ||| ".join(fields + alignment).rstrip())
         sys.stdout.flush()
+    print(report.summary(), file=sys.stderr)
     return 0
 
 
@@ -238,6 +254,8 @@ def _read_lines(path: str | None) -> list[str]:
 def evaluate_command(argv: list[str]) -> int:
     from .data import load_split
     from .inference import evaluate
+    from .metrics import load_metrics
+    from .source_lines import LineReport
     from .tasks import builtin_splits
 
     parser = argparse.ArgumentParser(prog="vaswani evaluate", description="BLEU/chrF of a model with sacrebleu.")
@@ -248,16 +266,30 @@ def evaluate_command(argv: list[str]) -> int:
     parser.add_argument("--tgt", default="de")
     parser.add_argument("--batch-size", type=at_least_one, default=32)
     parser.add_argument("--hypotheses", help="also write the translations to this file, one line per source line")
+    parser.add_argument("--metric", action="append", default=[],
+                        help="a metric reported beside BLEU and chrF (repeatable): a packaged name (bleu, chrf), a "
+                        "local 🤗 Evaluate module (a folder holding NAME.py, or the .py file), or a Hub id when "
+                        "online")  # fmt: skip
+    _add_long_lines(parser)
     _add_decoding(parser)
     _add_precision(parser)
     _add_engine(parser)
     args = parser.parse_args(argv)
-    model, tokenizer, precision = _load(args, _model_dirs(parser, args))
-    pairs = load_split(args.data, args.split, args.src, args.tgt) if args.data else builtin_splits()[args.split]
-    result, hypotheses = evaluate(model, tokenizer, pairs, args.batch_size, **_decoding(args))
+    model_dirs = _model_dirs(parser, args)
+    load_metrics(args.metric)  # a metric that does not load stops before any model is read or sentence decoded
+    model, tokenizer, precision = _load(args, model_dirs)
+    # every pair of a test set is scored, an empty source too (its hypothesis is empty), so that the hypotheses
+    # stay line by line beside the references
+    pairs = (load_split(args.data, args.split, args.src, args.tgt, keep_empty=True) if args.data
+             else builtin_splits()[args.split])  # fmt: skip
+    report = LineReport()
+    result, hypotheses = evaluate(model, tokenizer, pairs, args.batch_size, metrics=args.metric,
+                                  long_lines=args.long_lines, report=report, **_decoding(args))  # fmt: skip
     if args.hypotheses:
         Path(args.hypotheses).write_text("".join(f"{line}\n" for line in hypotheses), encoding="utf-8")
-    print(json.dumps({"split": args.split, "sentences": len(pairs), "precision": precision.name, **result}, indent=2))
+    lines = {"empty_sources": report.empty, "lines_cut": len(report.cut), "lines_split": len(report.split)}
+    print(json.dumps({"split": args.split, "sentences": len(pairs), "precision": precision.name, **result, **lines},
+                     indent=2))  # fmt: skip
     return 0
 
 

@@ -10,40 +10,60 @@ import re
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-import sacrebleu
 import torch
 from safetensors import SafetensorError
 from tqdm.auto import tqdm
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, PreTrainedTokenizerBase
 
 from .configuration_vaswani import VaswaniConfig
+from .metrics import load_metrics, score_with
 from .modeling_vaswani import VaswaniForConditionalGeneration
 from .precision import Precision, resolve_precision
+from .source_lines import LineReport, pieces_of, rejoined, source_limit
+
+
+def is_local(name_or_path: str | Path) -> bool:
+    """A local folder, not a Hub id (which is exactly "owner/name")."""
+    text = str(name_or_path)
+    return Path(name_or_path).exists() or text.startswith(("/", ".", "~")) or text.count("/") != 1
+
+
+def check_model_folder(path: str | Path, tokenizer: bool = True, weights: bool = True) -> None:
+    """One clear error naming the first missing piece of a saved model folder: the folder, `config.json` (valid
+    JSON, this model type), the weights, the tokenizer. Every command that loads a model checks it first."""
+    path = Path(path)
+    config_file = path / "config.json"
+    if not path.is_dir():
+        raise FileNotFoundError(f"{path}: no such folder; give a model folder saved by `vaswani train`.")
+    if not config_file.is_file():
+        raise FileNotFoundError(f"{path} is not a model directory (no config.json); train one with `vaswani train`")
+    try:
+        model_type = json.loads(config_file.read_text()).get("model_type")
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{config_file} is not valid JSON ({err.msg}, line {err.lineno}).") from None
+    if model_type != VaswaniConfig.model_type:
+        raise ValueError(
+            f"{path} holds a {model_type!r} model, not a {VaswaniConfig.model_type!r} one; a Marian checkpoint "
+            "converts with scripts/convert_marian_to_vaswani.py."
+        )
+    if weights and not any((path / name).is_file() for name in ("model.safetensors", "model.safetensors.index.json")):
+        raise FileNotFoundError(
+            f"{path} has config.json but no model.safetensors: the save did not finish. Use the last complete "
+            "checkpoint-N folder of the run (`vaswani train ... --resume` continues from it)."
+        )
+    if tokenizer and not any((path / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json")):
+        raise FileNotFoundError(
+            f"{path} has no tokenizer (tokenizer.json missing): save the tokenizer the model was trained with beside "
+            f'it (`tokenizer.save_pretrained("{path}")`); `vaswani train` writes it there.'
+        )
 
 
 def load_model(name_or_path: str | Path) -> VaswaniForConditionalGeneration:
     """A vaswani checkpoint from a local folder (checked first, for clear errors) or a Hub id; safetensors only,
     so loading never unpickles a file (convert `pytorch_model.bin` checkpoints in Python first)."""
     path = Path(name_or_path)
-    looks_local = path.exists() or str(name_or_path).startswith(("/", ".", "~")) or str(name_or_path).count("/") != 1
-    if looks_local:  # a Hub id is exactly "owner/name"
-        config_file = path / "config.json"
-        if not config_file.is_file():
-            raise FileNotFoundError(f"{path} is not a model directory (no config.json); train one with `vaswani train`")
-        try:
-            model_type = json.loads(config_file.read_text()).get("model_type")
-        except json.JSONDecodeError as err:
-            raise ValueError(f"{config_file} is not valid JSON ({err.msg}, line {err.lineno}).") from None
-        if model_type != VaswaniConfig.model_type:
-            raise ValueError(
-                f"{path} holds a {model_type!r} model, not a {VaswaniConfig.model_type!r} one; a Marian checkpoint "
-                "converts with scripts/convert_marian_to_vaswani.py."
-            )
-        if not any((path / name).is_file() for name in ("model.safetensors", "model.safetensors.index.json")):
-            raise FileNotFoundError(
-                f"{path} has config.json but no model.safetensors: the save did not finish. Use the last complete "
-                "checkpoint-N folder of the run (`vaswani train ... --resume` continues from it)."
-            )
+    if is_local(name_or_path):
+        check_model_folder(path, tokenizer=False)
     try:
         return AutoModelForSeq2SeqLM.from_pretrained(name_or_path, use_safetensors=True)
     except SafetensorError as err:
@@ -68,6 +88,8 @@ def default_device(precision: str | Precision = "fp32") -> str:
 def load_for_inference(model_dir: str | Path, device: str | None = None, precision: str | Precision = "fp32"):
     """Model (on the GPU when there is one) and tokenizer of a saved model directory; they must match.
     `precision` (fp32, bf16, int8 or auto; see `vaswani_hf.precision`) casts or quantizes the model for serving."""
+    if is_local(model_dir):
+        check_model_folder(model_dir)
     model = load_model(model_dir)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     if len(tokenizer) > model.config.vocab_size:
@@ -107,6 +129,9 @@ def translate_nbest(
     prefixes: list[str] | None = None,
     alignments: bool = False,
     shortlist=None,
+    long_lines: str = "cut",
+    first_line: int = 1,
+    report: LineReport | None = None,
     **generate_kwargs,
 ) -> list[list[tuple]]:
     """Batched translation with the model's generation defaults (paper: beam 4, GNMT alpha 0.6, source + 50):
@@ -115,18 +140,64 @@ def translate_nbest(
     to `nbest` when the model's is narrower. Sentences are sorted by token length and batched by at most
     `batch_size` sentences and `max_tokens` padded source tokens.
 
+    An empty sentence (or one of white space only) is not translated: its one candidate is ("", None). A sentence
+    longer than the model reads is handled as `long_lines` says (`vaswani_hf.source_lines`: "cut" with a warning,
+    "split" at sentence ends and rejoined, or "error"), naming it by its number (`first_line` numbers the first);
+    `report` counts what happened. A split sentence's constraints are refused (which piece would hold them?); its
+    prefix starts its first piece.
+
     `constraints`: per sentence, phrases every translation must contain (lexically constrained beam search);
     `prefixes`: per sentence, the text its translations start with ("" for none); `alignments`: (text, score,
     alignment) triples, the alignment in Moses' "i-j" format (source word i, translation word j, 0-based, words
     split at whitespace; `word_alignment`); `shortlist`: a `vaswani_hf.shortlist.Shortlist`, each batch scoring
     only its allowed target tokens. `model` may be an `Ensemble` or an ONNX runner (not for alignments)."""
+    limit = source_limit(model, tokenizer)
+    pieces = pieces_of(list(sentences), tokenizer, limit, long_lines, first_line, report)
+    texts = [piece for line in pieces for piece in line]
+    lexical: dict = {}
+    if constraints is not None:
+        split = [first_line + i for i, line in enumerate(pieces) if len(line) > 1 and constraints[i]]
+        if split:
+            raise ValueError(
+                f"line {split[0]} is split at sentence ends (--long-lines split) and has constraints: "
+                "a split line's phrases belong to no one piece. Shorten it, or use --long-lines cut."
+            )
+        lexical["constraints"] = [constraints[i] for i, line in enumerate(pieces) for _ in line]
+    if prefixes is not None:
+        lexical["prefixes"] = [prefixes[i] if k == 0 else "" for i, line in enumerate(pieces) for k in range(len(line))]
+    translated = (_translate_texts(model, tokenizer, texts, nbest, batch_size, progress, max_tokens, limit,
+                                   alignments=alignments, shortlist=shortlist, **lexical, **generate_kwargs)
+                  if texts else [])  # fmt: skip
+    results, start = [], 0
+    for line in pieces:
+        results.append(rejoined(line, translated[start : start + len(line)], nbest, alignments))
+        start += len(line)
+    return results
+
+
+def _translate_texts(
+    model: VaswaniForConditionalGeneration,
+    tokenizer: PreTrainedTokenizerBase,
+    sentences: list[str],
+    nbest: int,
+    batch_size: int,
+    progress: bool,
+    max_tokens: int | None,
+    limit: int,
+    constraints: list[list[str]] | None = None,
+    prefixes: list[str] | None = None,
+    alignments: bool = False,
+    shortlist=None,
+    **generate_kwargs,
+) -> list[list[tuple]]:
+    """`translate_nbest` for non-empty texts of at most `limit` tokens (a longer one is cut there)."""
     model.eval()
     beams = max(generate_kwargs.get("num_beams") or model.generation_config.num_beams or 1, nbest)
     generate_kwargs["num_beams"] = beams
     beam = beams > 1
     outputs: list[list[tuple]] = [[] for _ in sentences]
     offsets = alignments and tokenizer.is_fast
-    encoding = tokenizer(list(sentences), truncation=True, return_offsets_mapping=offsets)
+    encoding = tokenizer(list(sentences), truncation=True, max_length=limit, return_offsets_mapping=offsets)
     encoded = encoding["input_ids"]
     phrases = lexical_ids(tokenizer, constraints, "constraint", len(sentences)) if constraints is not None else None
     starts = lexical_ids(tokenizer, prefixes, "prefix", len(sentences)) if prefixes is not None else None
@@ -244,11 +315,14 @@ def translate_stream(
     lexical = {name: value for name, value in (("constraints", constraints), ("prefixes", prefixes))
                if value is not None}  # fmt: skip
     rows = _side_by_side(lines, *lexical.values(), names=["input", *lexical])
+    first_line = 1
     with tqdm(total=total, desc="translating", unit="line", disable=not progress) as bar:
         while chunk := list(itertools.islice(rows, window)):
             columns = [list(column) for column in zip(*chunk, strict=True)]
             extra = dict(zip(lexical, columns[1:], strict=True))
-            yield from translate_nbest(model, tokenizer, columns[0], progress=False, **extra, **translate_kwargs)
+            yield from translate_nbest(model, tokenizer, columns[0], progress=False, first_line=first_line, **extra,
+                                       **translate_kwargs)  # fmt: skip
+            first_line += len(chunk)
             bar.update(len(chunk))
 
 
@@ -281,11 +355,13 @@ def evaluate(
     tokenizer: PreTrainedTokenizerBase,
     pairs: list[tuple[str, str]],
     batch_size: int = 32,
+    metrics: Iterable[str] = (),
     **generate_kwargs,
 ) -> tuple[dict, list[str]]:
-    """Translate the sources of `pairs` and score them against the targets (`score`): (metrics, translations)."""
+    """Translate the sources of `pairs` and score them against the targets (`score`, with the `metrics` asked for
+    beside BLEU and chrF): (metrics, translations)."""
     hypotheses = translate(model, tokenizer, [source for source, _ in pairs], batch_size, **generate_kwargs)
-    return score(hypotheses, [target for _, target in pairs]), hypotheses
+    return score(hypotheses, [target for _, target in pairs], metrics), hypotheses
 
 
 def score_translations(
@@ -329,16 +405,7 @@ def score_translations(
     return results
 
 
-def score(hypotheses: list[str], references: list[str]) -> dict:
-    """Cased, detokenized corpus BLEU and chrF with sacrebleu (section 6.1), with their signatures."""
-    bleu = sacrebleu.metrics.BLEU()
-    chrf = sacrebleu.metrics.CHRF()
-    bleu_score = bleu.corpus_score(hypotheses, [references])
-    chrf_score = chrf.corpus_score(hypotheses, [references])
-    return {
-        "bleu": round(bleu_score.score, 2),
-        "chrf": round(chrf_score.score, 2),
-        "bleu_signature": str(bleu.get_signature()),
-        "chrf_signature": str(chrf.get_signature()),
-        "brevity_penalty": round(bleu_score.bp, 3),
-    }
+def score(hypotheses: list[str], references: list[str], metrics: Iterable[str] = ()) -> dict:
+    """Cased, detokenized corpus BLEU and chrF (section 6.1) with their signatures, and the `metrics` asked for
+    (`vaswani_hf.metrics`: packaged names, local 🤗 Evaluate modules, Hub ids when online)."""
+    return score_with(load_metrics(metrics), hypotheses, references)

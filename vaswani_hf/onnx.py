@@ -263,6 +263,9 @@ class OnnxSeq2Seq(VaswaniGenerationMixin):
         import onnxruntime
 
         folder = Path(folder)
+        if not folder.is_dir():
+            raise FileNotFoundError(f"{folder}: no such folder; export one with `vaswani export MODEL --format onnx "
+                                    "--output_dir OUT`.")  # fmt: skip
         if not (folder / "config.json").is_file():
             raise FileNotFoundError(f"{folder} is not an exported model (no config.json); export one with "
                                     "`vaswani export MODEL --format onnx --output_dir OUT`.")  # fmt: skip
@@ -284,6 +287,10 @@ class OnnxSeq2Seq(VaswaniGenerationMixin):
 
     @classmethod
     def with_tokenizer(cls, folder: str | Path, threads: int | None = None):
+        from .inference import check_model_folder
+
+        if Path(folder).is_dir():  # config and tokenizer first, then the graphs (`cls`)
+            check_model_folder(folder, weights=False)
         return cls(folder, threads), AutoTokenizer.from_pretrained(folder)
 
     def eval(self) -> OnnxSeq2Seq:

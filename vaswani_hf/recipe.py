@@ -26,7 +26,8 @@ from .averaging import average_checkpoints, last_checkpoints, list_checkpoints, 
 from .configuration_vaswani import PAPER_ALIASES, VaswaniConfig
 from .data import Pairs, load_split
 from .hub import write_training_card
-from .inference import load_model, score
+from .inference import load_model
+from .metrics import decode, load_metrics, metric_name, score_with
 from .modeling_vaswani import VaswaniForConditionalGeneration
 from .tasks import builtin_splits
 from .tokenization import BPEDropoutPairs, train_shared_bpe
@@ -73,6 +74,11 @@ class DataArguments:
         default=256, metadata={"help": "training pairs with a side longer than this many tokens are dropped"}
     )
     max_eval_samples: int | None = field(default=None, metadata={"help": "evaluate on the first N pairs only"})
+    metric: list[str] = field(
+        default_factory=list,
+        metadata={"help": "a metric reported beside BLEU and chrF (repeatable): a packaged name (bleu, chrf), a local "
+                  "🤗 Evaluate module (a folder holding NAME.py, or the .py file), or a Hub id when online"},
+    )  # fmt: skip
 
     def load(self, split: str) -> Pairs:
         hub = self.dataset_name is not None
@@ -137,14 +143,18 @@ def tokenize_pairs(
 
 
 class TranslationMetrics:
-    """`compute_metrics` for Seq2SeqTrainer with `predict_with_generate`: sacrebleu BLEU and chrF.
+    """`compute_metrics` for Seq2SeqTrainer with `predict_with_generate`: sacreBLEU's BLEU and chrF, and the
+    `metrics` asked for, through 🤗 Evaluate (`vaswani_hf.metrics`).
 
     `VaswaniTrainer` calls `expect(dataset)` before each evaluation. Rows beyond the data set (DDP pads its last
     batches by repeating examples) are cut, and the remaining rows' labels must be the data set's, in order: no
     example counts twice or goes missing."""
 
-    def __init__(self, tokenizer: PreTrainedTokenizerBase) -> None:
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, metrics: list[str] | tuple[str, ...] = ()) -> None:
         self.tokenizer = tokenizer
+        self.metrics = load_metrics(metrics)
+        # what its results are reported under ("brevity_penalty" is BLEU's)
+        self.names = (*(metric_name(spec) for spec in self.metrics), "brevity_penalty")
         self.expected_labels: list[list[int]] | None = None
         self.references: list[str] | None = None
         self.hypotheses: list[str] = []
@@ -152,10 +162,6 @@ class TranslationMetrics:
     def expect(self, dataset: Dataset) -> None:
         self.expected_labels = dataset["labels"]
         self.references = dataset["target_text"] if "target_text" in dataset.column_names else None
-
-    def _decode(self, ids) -> list[str]:
-        ids = np.where(ids != -100, ids, self.tokenizer.pad_token_id)
-        return [t.strip() for t in self.tokenizer.batch_decode(ids, skip_special_tokens=True)]
 
     def __call__(self, prediction: EvalPrediction) -> dict:
         predictions = prediction.predictions[0] if isinstance(prediction.predictions, tuple) else prediction.predictions
@@ -169,9 +175,9 @@ class TranslationMetrics:
                 # Seq2SeqTrainer pads labels with -100 or the pad id, which no real target contains.
                 if got[(got != -100) & (got != self.tokenizer.pad_token_id)].tolist() != want:
                     raise RuntimeError(f"evaluation row {row} is not example {row}: rows were duplicated or reordered.")
-        self.hypotheses = self._decode(predictions)
-        references = self.references if self.references is not None else self._decode(labels)
-        return {**score(self.hypotheses, list(references)), "samples": len(self.hypotheses)}
+        self.hypotheses = decode(self.tokenizer, predictions)
+        references = self.references if self.references is not None else decode(self.tokenizer, labels)
+        return {**score_with(self.metrics, self.hypotheses, list(references)), "samples": len(self.hypotheses)}
 
 
 def build_model(model_args: ModelArguments, tokenizer: PreTrainedTokenizerBase) -> VaswaniForConditionalGeneration:
@@ -259,7 +265,7 @@ def build_trainer(
         eval_dataset=eval_set,
         data_collator=DataCollatorForSeq2Seq(tokenizer, model=model),
         processing_class=tokenizer,
-        compute_metrics=TranslationMetrics(tokenizer),
+        compute_metrics=TranslationMetrics(tokenizer, data_args.metric),
         train_lengths=train_lengths,
         callbacks=callbacks,
     )
@@ -342,6 +348,7 @@ def run_training(
         model_config(model_args)  # a bad --preset or --config_overrides fails now, not after the data and the BPE
     if model_args.attn_implementation:  # and so does a kernel that is not installed
         set_attention_kernel(VaswaniForConditionalGeneration(VaswaniConfig.tiny()), model_args.attn_implementation)
+    load_metrics(data_args.metric)  # and a metric that does not load or fails on a toy pair
     prepare_output_dir(training_args)
     output_dir = Path(training_args.output_dir)
     if builtin:
@@ -367,8 +374,9 @@ def run_training(
     if trainer.eval_dataset is not None:
         prefix = data_args.eval_split
         result = trainer.predict(trainer.eval_dataset, metric_key_prefix=prefix)
-        metrics = {k.removeprefix(f"{prefix}_"): v for k, v in result.metrics.items() if "bleu" in k or "chrf" in k
-                   or k.endswith(("_loss", "_samples", "_brevity_penalty"))}  # fmt: skip
+        names = trainer.compute_metrics.names
+        metrics = {k.removeprefix(f"{prefix}_"): v for k, v in result.metrics.items()
+                   if k.removeprefix(f"{prefix}_").startswith(names) or k.endswith(("_loss", "_samples"))}  # fmt: skip
         if main:
             (output_dir / f"{prefix}.hyp").write_text("\n".join(trainer.compute_metrics.hypotheses) + "\n")
     if main:
