@@ -97,6 +97,14 @@ def test_cli_translates_with_onnxruntime_as_with_torch(exported):
     assert "engine: onnxruntime (float32)" in onnx_run.stderr
 
 
+def test_the_onnx_engine_leaves_blank_lines_empty(exported):
+    result = vaswani("translate", str(exported / "onnx"), "--engine", "onnxruntime", stdin="three\n \n\nfive\n")
+    assert result.returncode == 0, result.stderr[-2000:]
+    lines = result.stdout.split("\n")[:-1]
+    assert len(lines) == 4 and lines[1] == lines[2] == "" and lines[0] and lines[3]
+    assert "2 empty (left empty)" in result.stderr
+
+
 @pytest.mark.parametrize("hf_decoding", [False, True])
 def test_converted_marian_decodes_as_pytorch(tmp_path, hf_decoding):
     _, model = random_pair(4, paper_decoding=not hf_decoding)
