@@ -2,6 +2,7 @@ import os
 import tempfile
 
 import pytest
+import torch
 
 from .helpers import TINY_RUN, TRAINED_RUN, vaswani
 
@@ -12,6 +13,18 @@ os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 os.environ.setdefault("VASWANI_PRECISION_CACHE", os.path.join(tempfile.mkdtemp(prefix="vaswani-"), "precision.json"))
 
 collect_ignore_glob = ["_upstream/*"]
+
+
+# Tests that matter on a GPU take the `device` fixture: they run on the CPU everywhere and on CUDA where it is
+# visible, those runs marked `gpu` (`python -m pytest -m gpu` runs just them; docs/tests.md).
+DEVICES = [pytest.param("cpu")]
+if torch.cuda.is_available():
+    DEVICES.append(pytest.param("cuda", marks=pytest.mark.gpu))
+
+
+@pytest.fixture(params=DEVICES)
+def device(request) -> str:
+    return request.param
 
 
 @pytest.fixture(scope="session")

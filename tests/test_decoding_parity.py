@@ -53,9 +53,9 @@ def assert_same(ours, theirs, scores: bool):
 
 
 @pytest.mark.parametrize("seed", range(24))
-def test_beam_search_equals_transformers(seed):
-    marian, vaswani = random_pair(seed)
-    input_ids, attention_mask = padded_batch(seed)
+def test_beam_search_equals_transformers(seed, device):
+    marian, vaswani = (model.to(device) for model in random_pair(seed))
+    input_ids, attention_mask = (x.to(device) for x in padded_batch(seed))
     num_beams = 2 + seed % 7  # 2..8
     early_stopping = [True, False, "never"][seed % 3]
     kwargs = dict(
@@ -70,9 +70,9 @@ def test_beam_search_equals_transformers(seed):
 
 
 @pytest.mark.parametrize("seed", range(6))
-def test_greedy_equals_transformers(seed):
-    marian, vaswani = random_pair(seed)
-    input_ids, attention_mask = padded_batch(seed, batch=5)
+def test_greedy_equals_transformers(seed, device):
+    marian, vaswani = (model.to(device) for model in random_pair(seed))
+    input_ids, attention_mask = (x.to(device) for x in padded_batch(seed, batch=5))
     kwargs = dict(input_ids=input_ids, attention_mask=attention_mask, num_beams=1, max_new_tokens=4 + 3 * seed,
                   return_dict_in_generate=True)  # fmt: skip
     assert_same(vaswani.generate(max_length_offset=None, **kwargs), marian.generate(**kwargs), scores=False)

@@ -259,7 +259,8 @@ def test_trainer_smooths_training_steps_only(tmp_path):
     from vaswani_hf.trainer import VaswaniTrainer
 
     model = tiny(dropout=0.0)
-    args = VaswaniTrainingArguments(output_dir=str(tmp_path), label_smoothing_factor=0.1, report_to=[])
+    # use_cpu: the inputs below stay on the CPU (where CUDA is visible, Trainer would move the model to it)
+    args = VaswaniTrainingArguments(output_dir=str(tmp_path), label_smoothing_factor=0.1, report_to=[], use_cpu=True)
     trainer = VaswaniTrainer(model=model, args=args)
     ids, mask = batch()
     inputs = {"input_ids": ids, "attention_mask": mask, "labels": ids[:, :5]}

@@ -118,11 +118,11 @@ def test_initialisation_follows_reference_code():
 
 
 @pytest.mark.parametrize("attn", ["eager", "sdpa"])
-def test_cache_matches_full_forward(attn):
+def test_cache_matches_full_forward(attn, device):
     """Incremental decoding with EncoderDecoderCache gives the logits of one full forward pass."""
-    model = tiny_model()
+    model = tiny_model().to(device)
     model.set_attn_implementation(attn)
-    src, mask, tgt = batch()
+    src, mask, tgt = (x.to(device) for x in batch())
     with torch.no_grad():
         full = model(input_ids=src, attention_mask=mask, decoder_input_ids=tgt).logits
         encoder_outputs = model.get_encoder()(input_ids=src, attention_mask=mask)
@@ -137,9 +137,9 @@ def test_cache_matches_full_forward(attn):
     assert all(past.is_updated[i] for i in range(model.config.decoder_layers))
 
 
-def test_eager_and_sdpa_agree():
-    model = tiny_model()
-    src, mask, tgt = batch()
+def test_eager_and_sdpa_agree(device):
+    model = tiny_model().to(device)
+    src, mask, tgt = (x.to(device) for x in batch())
     with torch.no_grad():
         model.set_attn_implementation("eager")
         eager = model(input_ids=src, attention_mask=mask, decoder_input_ids=tgt).logits
@@ -222,10 +222,10 @@ def test_label_smoothing_is_a_forward_argument_not_a_model_property():
     torch.testing.assert_close(out.loss, expected)
 
 
-def test_loss_under_gradient_accumulation_matches_one_big_batch():
+def test_loss_under_gradient_accumulation_matches_one_big_batch(device):
     """Two half batches with Trainer's num_items_in_batch add up to the full batch's loss, even with padding."""
-    model = tiny_model(dropout=0.0)
-    src, mask, tgt = batch(rows=4)
+    model = tiny_model(dropout=0.0).to(device)
+    src, mask, tgt = (x.to(device) for x in batch(rows=4))
     labels = tgt.clone()
     labels[0, 2:] = -100  # halves with different token counts: averaging per half would be wrong
     with torch.no_grad():

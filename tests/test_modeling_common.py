@@ -1,13 +1,19 @@
 """Transformers' own common model and config tests (from the pinned release's sdist) run on our classes."""
 
+import os
 import unittest
 
 import pytest
 import torch
 
-from tests.upstream import ensure_upstream_tests
+from tests.upstream import UpstreamUnavailable, ensure_upstream_tests
 
-ensure_upstream_tests()
+try:
+    ensure_upstream_tests()
+except UpstreamUnavailable as err:
+    if os.environ.get("CI"):  # CI reaches the package index: there a failed fetch is a failure, not a skip
+        raise
+    pytest.skip(f"Transformers' common tests are fetched at test time: {err}", allow_module_level=True)
 
 from transformers.models.auto import modeling_auto  # noqa: E402
 

@@ -207,8 +207,8 @@ def test_int8_is_for_cpu_inference_only():
 
 
 def test_training_arguments_apply_the_choice_once(cpu, tmp_path):
-    def args(**kwargs):
-        return VaswaniTrainingArguments(output_dir=str(tmp_path), report_to=[], **kwargs)
+    def args(**kwargs):  # the CPU's choice, also where CUDA is visible
+        return VaswaniTrainingArguments(output_dir=str(tmp_path), report_to=[], use_cpu=True, **kwargs)
 
     default = args()
     assert default.precision_choice.name == "fp32" and not default.bf16_weights
@@ -230,7 +230,8 @@ def bf16_trainer(tmp_path, **settings) -> VaswaniTrainer:
     """A tiny bf16-weights run (auto, on a CPU the `cpu` fixture gives bf16) of 2 steps, a checkpoint after each."""
     model = VaswaniForConditionalGeneration(VaswaniConfig.tiny(dropout=0.0))
     data = Dataset.from_dict({"input_ids": [[5, 6, 7, 2]] * 4, "labels": [[8, 9, 2]] * 4})
-    args = VaswaniTrainingArguments(output_dir=str(tmp_path), precision="auto", max_steps=2, max_tokens=0,
+    # use_cpu: the CPU's bf16 path is what this tests (where CUDA is visible, `auto` would pick autocast there)
+    args = VaswaniTrainingArguments(output_dir=str(tmp_path), precision="auto", max_steps=2, max_tokens=0, use_cpu=True,
                                     per_device_train_batch_size=2, report_to=[], save_strategy="steps",
                                     save_steps=1, learning_rate=1e-3, warmup_steps=1, **settings)  # fmt: skip
     trainer = VaswaniTrainer(

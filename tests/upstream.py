@@ -36,6 +36,10 @@ STANDINS = {
 }
 
 
+class UpstreamUnavailable(RuntimeError):
+    """The upstream tests could not be fetched (a machine without access to the package index)."""
+
+
 def ensure_upstream_tests() -> Path:
     """Download (once per Transformers version) and unpack the upstream common tests; return their folder."""
     version = transformers.__version__
@@ -43,11 +47,14 @@ def ensure_upstream_tests() -> Path:
     if stamp.is_file() and stamp.read_text() == version:
         return UPSTREAM
     with tempfile.TemporaryDirectory() as tmp:
-        subprocess.run(
+        fetched = subprocess.run(
             [sys.executable, "-m", "pip", "download", f"transformers=={version}", "--no-binary", ":all:",
              "--no-deps", "--no-build-isolation", "-q", "-d", tmp],
-            check=True,
+            capture_output=True, text=True,
         )  # fmt: skip
+        if fetched.returncode != 0:
+            raise UpstreamUnavailable(f"pip could not fetch the sdist of transformers=={version} (no network to the "
+                                      f"package index?): {fetched.stderr.strip()[-300:]}")  # fmt: skip
         archive = next(Path(tmp).glob("transformers-*.tar.gz"))
         with tarfile.open(archive) as tar:
             for relative in FILES:
