@@ -49,7 +49,7 @@ def test_export_refuses_a_mismatched_vocabulary(tmp_path):
 def test_export_of_a_missing_model_is_a_clean_error(tmp_path):
     result = vaswani("export", str(tmp_path / "nope"), str(tmp_path / "out"))
     assert result.returncode == 2
-    assert "no config.json" in result.stderr
+    assert "nope: no such folder" in result.stderr
     assert "Traceback" not in result.stderr
 
 
