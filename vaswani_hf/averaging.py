@@ -21,7 +21,7 @@ def list_checkpoints(run_dir: str | Path) -> list[Path]:
     """The complete `checkpoint-N` folders of a training run, oldest (lowest step) first."""
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
-        raise FileNotFoundError(f"{run_dir} is not a folder: give the --output_dir of a training run.")
+        raise FileNotFoundError(f"{run_dir}: no such folder; give the --output_dir of a training run.")
     found = [(int(m.group(1)), p) for p in run_dir.iterdir() if p.is_dir() and (m := _CHECKPOINT.match(p.name))]
     return [p for _, p in sorted(found)]
 

@@ -113,8 +113,6 @@ def average_command(argv: list[str]) -> int:
                         help="latest checkpoints to average (paper: 5 base, 20 big)")  # fmt: skip
     parser.add_argument("--output", help="where to save the averaged model (default: RUN_DIR/averaged)")
     args = parser.parse_args(argv)
-    if not Path(args.run_dir).is_dir():
-        raise FileNotFoundError(f"{args.run_dir}: no such folder; give the --output_dir of a training run.")
     checkpoints = last_checkpoints(args.run_dir, args.last, "--last")
     if not checkpoints:
         raise FileNotFoundError(f"{args.run_dir} holds no complete checkpoint-N folder: train with --save_steps N so "

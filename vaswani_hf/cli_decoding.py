@@ -52,6 +52,14 @@ def _add_long_lines(parser: argparse.ArgumentParser) -> None:
                         "naming the line)")  # fmt: skip
 
 
+def _add_decoding_job_options(parser: argparse.ArgumentParser) -> None:
+    """What translate and evaluate share: long lines, the search's settings, precision and engine."""
+    _add_long_lines(parser)
+    _add_decoding(parser)
+    _add_precision(parser)
+    _add_engine(parser)
+
+
 def _add_engine(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--engine", choices=["torch", "onnxruntime"], default="torch",
                         help="onnxruntime: MODEL_DIR is a `vaswani export --format onnx` folder, decoded with the same "
@@ -147,10 +155,7 @@ def translate_command(argv: list[str]) -> int:
         metavar="FILE",
         help="one line per input line: the text its translation starts with (an empty line for none)",
     )
-    _add_long_lines(parser)
-    _add_decoding(parser)
-    _add_precision(parser)
-    _add_engine(parser)
+    _add_decoding_job_options(parser)
     args = parser.parse_args(argv)
     model_dirs = _model_dirs(parser, args)
     for name in ("input", "constraints", "prefix"):
@@ -270,10 +275,7 @@ def evaluate_command(argv: list[str]) -> int:
                         help="a metric reported beside BLEU and chrF (repeatable): a packaged name (bleu, chrf), a "
                         "local 🤗 Evaluate module (a folder holding NAME.py, or the .py file), or a Hub id when "
                         "online")  # fmt: skip
-    _add_long_lines(parser)
-    _add_decoding(parser)
-    _add_precision(parser)
-    _add_engine(parser)
+    _add_decoding_job_options(parser)
     args = parser.parse_args(argv)
     model_dirs = _model_dirs(parser, args)
     load_metrics(args.metric)  # a metric that does not load stops before any model is read or sentence decoded

@@ -58,12 +58,13 @@ def check_model_folder(path: str | Path, tokenizer: bool = True, weights: bool =
         )
 
 
-def load_model(name_or_path: str | Path) -> VaswaniForConditionalGeneration:
-    """A vaswani checkpoint from a local folder (checked first, for clear errors) or a Hub id; safetensors only,
-    so loading never unpickles a file (convert `pytorch_model.bin` checkpoints in Python first)."""
+def load_model(name_or_path: str | Path, tokenizer: bool = False) -> VaswaniForConditionalGeneration:
+    """A vaswani checkpoint from a local folder (checked first, for clear errors; with `tokenizer`, its tokenizer
+    too) or a Hub id; safetensors only, so loading never unpickles a file (convert `pytorch_model.bin` checkpoints
+    in Python first)."""
     path = Path(name_or_path)
     if is_local(name_or_path):
-        check_model_folder(path, tokenizer=False)
+        check_model_folder(path, tokenizer=tokenizer)
     try:
         return AutoModelForSeq2SeqLM.from_pretrained(name_or_path, use_safetensors=True)
     except SafetensorError as err:
@@ -88,9 +89,7 @@ def default_device(precision: str | Precision = "fp32") -> str:
 def load_for_inference(model_dir: str | Path, device: str | None = None, precision: str | Precision = "fp32"):
     """Model (on the GPU when there is one) and tokenizer of a saved model directory; they must match.
     `precision` (fp32, bf16, int8 or auto; see `vaswani_hf.precision`) casts or quantizes the model for serving."""
-    if is_local(model_dir):
-        check_model_folder(model_dir)
-    model = load_model(model_dir)
+    model = load_model(model_dir, tokenizer=True)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     if len(tokenizer) > model.config.vocab_size:
         raise ValueError(
