@@ -20,7 +20,7 @@ the files beside it.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from typing import TYPE_CHECKING
 
 import torch
@@ -257,31 +257,100 @@ def greedy_search(settings: DecodingSettings, state: DecodingState) -> dict:
     return {"sequences": output, "lengths": lengths}
 
 
+@dataclass
+class Beams:
+    """The search state of every sentence in the batch: its `num_beams` running hypotheses and their scores, and
+    its best finished hypotheses (penalised scores, lengths, which slots hold one)."""
+
+    running: torch.LongTensor  # (batch, beams, steps) tokens
+    running_scores: torch.Tensor  # (batch, beams) log-probabilities
+    finished: torch.LongTensor  # (batch, beams, steps)
+    finished_scores: torch.Tensor  # (batch, beams) log-probabilities / length penalty
+    finished_lengths: torch.LongTensor  # (batch, beams)
+    is_finished: torch.BoolTensor  # (batch, beams)
+    improvable: torch.BoolTensor  # (batch,) Transformers' heuristic (`sentence_done`)
+    limits: torch.LongTensor  # (batch,) the most tokens each sentence generates
+
+    @classmethod
+    def start(cls, settings: DecodingSettings, batch: int, device: torch.device) -> Beams:
+        beams, steps = settings.num_beams, settings.max_new_tokens
+        running = torch.full((batch, beams, steps), settings.fill, dtype=torch.long, device=device)
+        running_scores = torch.zeros(batch, beams, device=device)
+        running_scores[:, 1:] = -1e9  # the beams start identical: let only the first one propose at step 0
+        return cls(running, running_scores, running.clone(), torch.full((batch, beams), -1e9, device=device),
+                   torch.zeros(batch, beams, dtype=torch.long, device=device),
+                   torch.zeros(batch, beams, dtype=torch.bool, device=device),
+                   torch.ones(batch, dtype=torch.bool, device=device), settings.limits.to(device))  # fmt: skip
+
+    def select(self, sentences: torch.Tensor) -> Beams:
+        """Only these sentences (indices into the batch)."""
+        return Beams(*(getattr(self, f.name)[sentences] for f in fields(self)))
+
+
+@dataclass
+class BeamStep:
+    """One step of beam search: the new `beams`, each new beam's parent row, which sentences' searches are over,
+    and the indices `BeamHistory` follows (the top candidates' beams, the running and finished selections)."""
+
+    beams: Beams
+    parent_rows: torch.LongTensor  # (batch, beams) rows of batch x beams
+    done: torch.BoolTensor  # (batch,)
+    top_beams: torch.LongTensor
+    next_index: torch.LongTensor
+    merged_index: torch.LongTensor
+
+
+def advance_beams(settings: DecodingSettings, step: int, log_probs: torch.Tensor, beams: Beams) -> BeamStep:
+    """Section 6.1, one step, for (batch * num_beams, vocabulary) processed log-probabilities: every beam proposes
+    its best `candidates` continuations; the best `candidates` of a sentence's beams are kept; those ending in EOS
+    among the first `num_beams` become finished hypotheses (scored with the length penalty), the best `num_beams`
+    others go on. Tensor work only (no value goes to the host), so a static-shape search (`graph_search_vaswani`)
+    runs it as it is."""
+    k, candidates, steps = settings.num_beams, settings.candidates, settings.max_new_tokens
+    batch, device = beams.running.shape[0], log_probs.device
+    values, token_ids = top_k_per_row(log_probs, candidates)
+    totals = (values + beams.running_scores.view(-1, 1)).reshape(batch, k * candidates)
+    top_scores, top_index = totals.topk(candidates, dim=-1)
+    top_beams = top_index // candidates
+    top_tokens = token_ids.reshape(batch, k * candidates).gather(1, top_index)
+    top_sequences = beams.running.gather(1, top_beams[..., None].expand(-1, -1, steps))  # a new tensor
+    top_sequences[:, :, step] = top_tokens
+    ends = torch.isin(top_tokens, settings.eos) | (step + 2 > steps)
+
+    # the best beams that go on
+    running_scores, next_index = (top_scores + ends.float() * -1e9).topk(k, dim=-1)
+    running = top_sequences.gather(1, next_index[..., None].expand(-1, -1, steps))
+    parent_rows = top_beams.gather(1, next_index) + torch.arange(batch, device=device)[:, None] * k
+
+    # the hypotheses that end here, if among the first `beams` candidates and good enough
+    just_finished = ends & (torch.arange(candidates, device=device) < k)
+    scored = top_scores / settings.penalty(step + 1) + (~just_finished).float() * -1e9
+    finished_scores, merged_index = torch.cat([beams.finished_scores, scored], dim=1).topk(k, dim=-1)
+    merged = torch.cat([beams.finished, top_sequences], dim=1)
+    finished = merged.gather(1, merged_index[..., None].expand(-1, -1, steps))
+    lengths = torch.cat([beams.finished_lengths, torch.full_like(top_scores, step + 1, dtype=torch.long)], dim=1)
+    is_finished = torch.cat([beams.is_finished, just_finished], dim=1).gather(1, merged_index)
+
+    done, improvable = sentence_done(settings, step, running_scores, finished_scores, is_finished,
+                                     beams.improvable, beams.limits)  # fmt: skip
+    done |= ends.all(dim=1) | (step + 1 >= beams.limits)
+    new = Beams(running, running_scores, finished, finished_scores, lengths.gather(1, merged_index), is_finished,
+                improvable, beams.limits)  # fmt: skip
+    return BeamStep(new, parent_rows, done, top_beams, next_index, merged_index)
+
+
 def beam_search(settings: DecodingSettings, state: DecodingState) -> dict:
-    """Beam search (section 6.1) with Transformers' candidate and finished-hypothesis rules.
+    """Beam search (section 6.1) with Transformers' candidate and finished-hypothesis rules (`advance_beams`).
 
-    At each step every beam proposes its best `candidates` continuations; the best `candidates` of all a
-    sentence's beams are kept; those ending in EOS among the first `num_beams` become finished hypotheses (scored
-    with the length penalty), the best `num_beams` others go on. A sentence is done when its search can no longer
-    change its result (`sentence_done`); it then leaves the batch.
+    A sentence is done when its search can no longer change its result (`sentence_done`); it then leaves the
+    batch.
     """
-    beams, eos = settings.num_beams, settings.eos
+    beams = settings.num_beams
     device = state.encoder_hidden.device
-    eos = eos.to(device)
+    settings = replace(settings, eos=settings.eos.to(device))
     batch = int(state.example_ids.shape[0])
-    candidates = settings.candidates
     steps = settings.max_new_tokens
-    limits = settings.limits.to(device)
-
-    running = torch.full((batch, beams, steps), settings.fill, dtype=torch.long, device=device)
-    running_scores = torch.zeros(batch, beams, device=device)
-    running_scores[:, 1:] = -1e9  # the beams start identical: let only the first one propose at step 0
-    finished = running.clone()
-    finished_scores = torch.full((batch, beams), -1e9, device=device)
-    finished_lengths = torch.zeros(batch, beams, dtype=torch.long, device=device)
-    is_finished = torch.zeros(batch, beams, dtype=torch.bool, device=device)
-    improvable = torch.ones(batch, dtype=torch.bool, device=device)
-    first_beams = torch.arange(candidates, device=device) < beams
+    search = Beams.start(settings, batch, device)
 
     n_return = settings.num_return_sequences
     out_sequences = torch.full((state.example_ids.shape[0] * n_return, steps), settings.fill, dtype=torch.long,
@@ -294,7 +363,7 @@ def beam_search(settings: DecodingSettings, state: DecodingState) -> dict:
     history = BeamHistory(settings, batch, steps, device) if settings.per_step_outputs else None
 
     for step in range(steps):
-        batch = running.shape[0]
+        batch = search.running.shape[0]
         if step == 0 and getattr(state, "fold", False):
             # the beams of a sentence are identical before the first step: run one row per sentence, and let the
             # self-attention cache's next copy give each beam its own (reorderings are applied lazily)
@@ -304,68 +373,29 @@ def beam_search(settings: DecodingSettings, state: DecodingState) -> dict:
             columns = state.logits(tokens)  # (vocabulary, rows)
         if history is not None and settings.output_logits:
             history.record(history.logits, columns.t(), state.example_ids)
-        log_probs = columns.t()
-        if columns.is_contiguous():
-            torch.log_softmax(columns, dim=0, out=columns)  # in place: the logits are ours alone
-        elif log_probs.is_contiguous():
-            torch.log_softmax(log_probs, dim=-1, out=log_probs)
-        else:
-            log_probs = torch.log_softmax(log_probs, dim=-1)
+        log_probs = log_softmax_in_place(columns)
 
-        def input_ids(step=step, running=running):
+        def input_ids(step=step, running=search.running):
             start = torch.full((running.shape[0] * beams, 1), settings.start, dtype=torch.long, device=device)
             return torch.cat([start, running[..., :step].flatten(0, 1)], dim=1)
 
-        row_limits = limits.repeat_interleave(beams)
+        row_limits = search.limits.repeat_interleave(beams)
         # only a target prefix reads which example a row decodes
         row_examples = state.example_ids.repeat_interleave(beams) if settings.prefix is not None else None
         log_probs = apply_processors(settings, log_probs, step, row_limits, input_ids, row_examples)
         if history is not None and settings.output_scores:
             history.record(history.scores, log_probs, state.example_ids)
-        values, token_ids = top_k_per_row(log_probs, candidates)
-        totals = (values + running_scores.view(-1, 1)).reshape(batch, beams * candidates)
-        top_scores, top_index = totals.topk(candidates, dim=-1)
-        top_beams = top_index // candidates
-        top_tokens = token_ids.reshape(batch, beams * candidates).gather(1, top_index)
-        top_sequences = running.gather(1, top_beams[..., None].expand(-1, -1, steps))  # a new tensor
-        top_sequences[:, :, step] = top_tokens
-        ends = torch.isin(top_tokens, eos) | (step + 2 > steps)
-
+        advanced = advance_beams(settings, step, log_probs, search)
+        search, parent_rows, done = advanced.beams, advanced.parent_rows, advanced.done
         if history is not None:
-            top_origins = history.top_origins(top_beams, state.example_ids, step)
-
-        # the best beams that go on
-        next_scores, next_index = (top_scores + ends.float() * -1e9).topk(beams, dim=-1)
-        running = top_sequences.gather(1, next_index[..., None].expand(-1, -1, steps))
-        if history is not None:
-            history.running = top_origins.gather(1, next_index[..., None].expand(-1, -1, steps))
-        running_scores = next_scores
-        parent_rows = top_beams.gather(1, next_index) + torch.arange(batch, device=device)[:, None] * beams
-
-        # the hypotheses that end here, if among the first `beams` candidates and good enough
-        just_finished = ends & first_beams
-        scored = top_scores / settings.penalty(step + 1) + (~just_finished).float() * -1e9
-        merged_scores, merged_index = torch.cat([finished_scores, scored], dim=1).topk(beams, dim=-1)
-        merged = torch.cat([finished, top_sequences], dim=1)
-        finished = merged.gather(1, merged_index[..., None].expand(-1, -1, steps))
-        if history is not None:
-            merged = torch.cat([history.finished, top_origins], dim=1)
-            history.finished = merged.gather(1, merged_index[..., None].expand(-1, -1, steps))
-        finished_scores = merged_scores
-        finished_lengths = torch.cat([finished_lengths, torch.full_like(top_scores, step + 1, dtype=torch.long)],
-                                     dim=1).gather(1, merged_index)  # fmt: skip
-        is_finished = torch.cat([is_finished, just_finished], dim=1).gather(1, merged_index)
-
-        done, improvable = sentence_done(settings, step, running_scores, finished_scores, is_finished, improvable,
-                                         limits)  # fmt: skip
-        done |= ends.all(dim=1) | (step + 1 >= limits)
+            history.follow(advanced, state.example_ids, step)
         if bool(done.any()):
             leaving = done.nonzero().flatten()
             ids = state.example_ids[leaving.cpu()].to(device)
             rows = (ids[:, None] * n_return + torch.arange(n_return, device=device)).flatten()
-            out_sequences[rows] = finished[leaving, :n_return].flatten(0, 1)
-            out_scores[rows] = finished_scores[leaving, :n_return].flatten()
-            out_lengths[rows] = finished_lengths[leaving, :n_return].flatten()
+            out_sequences[rows] = search.finished[leaving, :n_return].flatten(0, 1)
+            out_scores[rows] = search.finished_scores[leaving, :n_return].flatten()
+            out_lengths[rows] = search.finished_lengths[leaving, :n_return].flatten()
             if history is not None:
                 history.out[rows] = history.finished[leaving, :n_return].flatten(0, 1)
             stay = (~done).nonzero().flatten()
@@ -377,17 +407,28 @@ def beam_search(settings: DecodingSettings, state: DecodingState) -> dict:
             position[row_stay] = torch.arange(row_stay.numel(), device=device)
             state.keep(stay)
             parent_rows = position[parent_rows[stay]]
-            running, running_scores, finished = running[stay], running_scores[stay], finished[stay]
-            finished_scores, finished_lengths = finished_scores[stay], finished_lengths[stay]
-            is_finished, improvable, limits = is_finished[stay], improvable[stay], limits[stay]
+            search = search.select(stay)
             if history is not None:
                 history.running, history.finished = history.running[stay], history.finished[stay]
         state.reorder(parent_rows.flatten())
-        tokens = running[:, :, step].flatten()
+        tokens = search.running[:, :, step].flatten()
     result = {"sequences": out_sequences, "scores": out_scores, "lengths": out_lengths}
     if history is not None:
         result.update(history.outputs())
     return result
+
+
+def log_softmax_in_place(columns: torch.Tensor) -> torch.Tensor:
+    """(vocabulary, rows) logits -> (rows, vocabulary) log-probabilities, in place where the layout allows (the
+    logits are the search's alone)."""
+    log_probs = columns.t()
+    if columns.is_contiguous():
+        torch.log_softmax(columns, dim=0, out=columns)
+    elif log_probs.is_contiguous():
+        torch.log_softmax(log_probs, dim=-1, out=log_probs)
+    else:
+        log_probs = torch.log_softmax(log_probs, dim=-1)
+    return log_probs
 
 
 class BeamHistory:
@@ -425,6 +466,14 @@ class BeamHistory:
         parent_rows = example_ids.to(top_beams.device)[:, None] * self.beams + top_beams
         origins[:, :, step] = parent_rows.to(origins.dtype)
         return origins
+
+    def follow(self, advanced: BeamStep, example_ids: torch.Tensor, step: int) -> None:
+        """The beam indices of a step's new running and finished hypotheses."""
+        steps = self.running.shape[-1]
+        top_origins = self.top_origins(advanced.top_beams, example_ids, step)
+        self.running = top_origins.gather(1, advanced.next_index[..., None].expand(-1, -1, steps))
+        merged = torch.cat([self.finished, top_origins], dim=1)
+        self.finished = merged.gather(1, advanced.merged_index[..., None].expand(-1, -1, steps))
 
     def outputs(self) -> dict:
         return {
