@@ -11,7 +11,8 @@ tests/test_generation_contract.py holds every mode and option to Marian's `gener
 
 The rooms: `search_vaswani.py` (greedy and beam search), `lexical_vaswani.py` (prefixes and constraints),
 `decoding_state_vaswani.py` (caches and the decoding step), `fast_products_vaswani.py` (CPU fast products, behind
-the `cpu_fast_paths` switch), `alignment_vaswani.py` (alignments). Shipped as Hub remote code beside the modeling
+the `cpu_fast_paths` switch), `graph_search_vaswani.py` (the same searches with static shapes, for CUDA graphs,
+behind the `graph_decoding` switch), `alignment_vaswani.py` (alignments). Shipped as Hub remote code beside the modeling
 file: imports only torch, transformers and the files beside it.
 """
 
@@ -40,6 +41,7 @@ from transformers.utils import logging
 from .alignment_vaswani import with_alignments
 from .decoding_state_vaswani import DecodingState, ModelProducts
 from .fast_products_vaswani import FastCpuProducts
+from .graph_search_vaswani import StaticDecodingState, fits, graph_decoding, static_beam_search, static_greedy_search
 from .lexical_vaswani import LexicalRequests, constrained_beam_search
 from .search_vaswani import LENGTH_PENALTY_TYPES, DecodingSettings, beam_search, greedy_search
 
@@ -125,7 +127,8 @@ class VaswaniGenerationMixin:
     `output_sequence_scores=True` (beam search's `sequences_scores` alone; Transformers' `output_scores` also keeps
     every step's (rows x vocabulary) scores), `return_alignments`, `force_words`, `target_prefix`, `word_start_ids`,
     `cpu_fast_paths` (False: the model's own products, without `fast_products_vaswani`; default: on unless the
-    environment sets `VASWANI_CPU_FAST_PATHS=0`).
+    environment sets `VASWANI_CPU_FAST_PATHS=0`), `graph_decoding` (the static-shape search of
+    `graph_search_vaswani`, its step a CUDA graph on CUDA; default: on for CUDA unless `VASWANI_GRAPH_DECODING=0`).
     """
 
     @torch.no_grad()
@@ -154,6 +157,7 @@ class VaswaniGenerationMixin:
         shortlist = kwargs.pop("vocabulary_shortlist", None)
         sequence_scores = kwargs.pop("output_sequence_scores", False)
         fast = cpu_fast_paths(kwargs.pop("cpu_fast_paths", None))
+        graphs = kwargs.pop("graph_decoding", None)
         if sequence_scores:
             kwargs["return_dict_in_generate"] = True
         model_kwargs = config.update(**kwargs)
@@ -182,7 +186,7 @@ class VaswaniGenerationMixin:
             )
         if reason is None:
             output = self._decode(config, model_kwargs, source, limits, penalty_type, logits_processor, lexical,
-                                  shortlist, sequence_scores, fast)  # fmt: skip
+                                  shortlist, sequence_scores, fast, graphs)  # fmt: skip
             return with_alignments(self, output, source) if return_alignments else output
         if penalty_type == "gnmt" and config.num_beams > 1 and config.length_penalty != 0:
             logger.warning_once(
@@ -336,12 +340,17 @@ class VaswaniGenerationMixin:
         return DecodingState(self, hidden, mask, rows_per_example, products)
 
     def _decode(self, config, model_kwargs, source, limits, penalty_type, logits_processor, lexical, shortlist=None,
-                sequence_scores=False, fast=True):  # fmt: skip
+                sequence_scores=False, fast=True, graphs=None):  # fmt: skip
         settings = self._settings(config, limits, penalty_type, logits_processor, batch=source.lengths.shape[0])
         settings.sequence_scores = sequence_scores
         lexical.apply(settings)
         hidden = self._encode(source)
         mask = source.attention_mask.to(self.device) if source.attention_mask is not None else None
+        if (isinstance(self, torch.nn.Module) and shortlist is None and graph_decoding(graphs, hidden.device)
+                and fits(settings, self)):  # fmt: skip
+            state = StaticDecodingState(self, hidden, mask, settings.num_beams, settings.max_new_tokens)
+            search = static_beam_search if settings.num_beams > 1 else static_greedy_search
+            return self._output(settings, search(settings, state))
         state = self._decoding_state(hidden, mask, settings.num_beams, fast)
         if settings.constraints is not None:
             search = constrained_beam_search
@@ -361,6 +370,10 @@ class VaswaniGenerationMixin:
         if searched is not settings:  # columns of the shortlist back to token ids (-1, "no fill", stays)
             columns = result["sequences"]
             result["sequences"] = torch.where(columns >= 0, state.shortlist[columns.clamp(min=0)], columns)
+        return self._output(settings, result)
+
+    def _output(self, settings: DecodingSettings, result: dict):
+        """A search's result as generate() returns it: the start token, then each row's tokens."""
         length = max(int(result["lengths"].max()), 1)
         start = torch.full((result["sequences"].shape[0], 1), settings.start, dtype=torch.long, device=self.device)
         sequences = torch.cat([start, result["sequences"][:, :length]], dim=1)

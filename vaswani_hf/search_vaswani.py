@@ -161,14 +161,15 @@ class DecodingSettings:
         return length**self.length_penalty
 
 
-def apply_processors(settings: DecodingSettings, scores: torch.Tensor, step: int, limits: torch.Tensor,
-                     input_ids, row_examples: torch.Tensor | None) -> torch.Tensor:  # fmt: skip
+def apply_processors(settings: DecodingSettings, scores: torch.Tensor, step: int, limits: torch.Tensor, input_ids,
+                     row_examples: torch.Tensor | None, sync_free: bool = False) -> torch.Tensor:  # fmt: skip
     """The logits processors of Transformers' loop for the supported settings, in its order, in place where it can,
     then a target prefix's tokens.
 
     `scores` are (rows, vocabulary); `step` tokens were generated before this one; `limits` are each row's most
     generated tokens; `input_ids()` builds the decoder input so far, only for the processors that read it;
-    `row_examples` is the example each row decodes (on the CPU; needed with a target prefix).
+    `row_examples` is the example each row decodes (on the CPU; needed with a target prefix); `sync_free` never
+    reads a device value on the host (a static-shape search), at the price of a masked copy every step.
     """
     if settings.bad_words is not None:
         scores = settings.bad_words(input_ids(), scores)
@@ -182,7 +183,7 @@ def apply_processors(settings: DecodingSettings, scores: torch.Tensor, step: int
         scores[:, settings.suppress] = -math.inf
     if settings.limit_eos is not None:
         at_limit = step + 1 >= limits
-        if bool(at_limit.any()):
+        if sync_free or bool(at_limit.any()):
             force(scores, at_limit, settings.limit_eos)
     if settings.user_processors:
         scores = settings.user_processors(input_ids(), scores)
@@ -285,6 +286,15 @@ class Beams:
     def select(self, sentences: torch.Tensor) -> Beams:
         """Only these sentences (indices into the batch)."""
         return Beams(*(getattr(self, f.name)[sentences] for f in fields(self)))
+
+    def keep_where(self, done: torch.BoolTensor, before: Beams) -> Beams:
+        """These beams, except for the sentences already `done`, which keep their state `before` (a static-shape
+        search keeps finished sentences in the batch)."""
+
+        def pick(new: torch.Tensor, old: torch.Tensor) -> torch.Tensor:
+            return torch.where(done.view(-1, *[1] * (new.dim() - 1)), old, new)
+
+        return Beams(*(pick(getattr(self, f.name), getattr(before, f.name)) for f in fields(self)))
 
 
 @dataclass

@@ -15,8 +15,13 @@ if TYPE_CHECKING:
 
 
 def _tracing() -> bool:
-    # torch.compile / export cannot branch on tensor values; the eager call before them has checked.
-    return torch.compiler.is_compiling() or torch.compiler.is_exporting()
+    # torch.compile / export cannot branch on tensor values, nor can a CUDA graph being captured (graph decoding);
+    # the eager call before them has checked.
+    return torch.compiler.is_compiling() or torch.compiler.is_exporting() or _capturing()
+
+
+def _capturing() -> bool:
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 
 
 def check_source(

@@ -1,0 +1,176 @@
+"""The static-shape searches of graph_search_vaswani.py (a CUDA graph per decoder step on CUDA) against the eager
+searches: the same tokens and scores, no device value read on the host per step, and the eager search wherever a
+feature needs it.
+
+On CPU the static search runs without a graph (`graph_decoding=True`), which covers its bookkeeping; where CUDA is
+visible the `device` fixture also runs the parity tests on CUDA, where the step is captured and replayed.
+"""
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from vaswani_hf import generation_vaswani, validation_vaswani
+from vaswani_hf.graph_search_vaswani import (
+    DONE_CHECK_EVERY,
+    StaticBeamCacheLayer,
+    StaticDecodingState,
+    graph_decoding,
+)
+
+from .test_decoding_parity import EOS, padded_batch, random_pair
+
+# the ops that hand a device value to the host (`bool(t)`, `t.item()`, `int(t)`, `t.nonzero()`): each is a wait for
+# the GPU, and none can be captured in a CUDA graph
+HOST_READS = ("aten::_local_scalar_dense", "aten::nonzero", "aten::item", "aten::is_nonzero")
+
+
+class HostReads(TorchDispatchMode):
+    """Counts the ops that read a device value on the host, except while `paused`."""
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+        self.paused = False
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if not self.paused and func._schema.name in HOST_READS:
+            self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+def settings_for(seed: int) -> dict:
+    num_beams = [1, 2, 4, 5][seed % 4]
+    return dict(
+        num_beams=num_beams, num_return_sequences=1 + seed % num_beams,
+        early_stopping=[True, False, "never"][seed % 3], length_penalty=[0.6, 1.0, -0.5][seed % 3],
+        length_penalty_type=["gnmt", "hf"][seed // 4 % 2], min_new_tokens=seed % 3,
+        return_dict_in_generate=True, output_sequence_scores=num_beams > 1,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("seed", range(16))
+def test_the_static_search_gives_the_eager_searchs_tokens_and_scores(seed, device):
+    _, model = random_pair(seed, paper_decoding=seed % 2 == 0)  # the paper's source + 50, or max_new_tokens
+    model.to(device)
+    input_ids, attention_mask = (x.to(device) for x in padded_batch(seed, batch=5))
+    kwargs = dict(input_ids=input_ids, attention_mask=attention_mask, **settings_for(seed))
+    if seed % 2:
+        kwargs.update(max_length_offset=None, max_new_tokens=4 + 2 * seed)
+    eager = model.generate(graph_decoding=False, cpu_fast_paths=False, **kwargs)
+    static = model.generate(graph_decoding=True, **kwargs)
+    assert torch.equal(static.sequences, eager.sequences)
+    if kwargs["num_beams"] > 1:
+        torch.testing.assert_close(static.sequences_scores, eager.sequences_scores, atol=1e-5, rtol=1e-5)
+
+
+def test_the_parity_seeds_finish_sentences_at_many_lengths():
+    """The parity test above means something only where sentences end at different steps, so that finished
+    sentences' results stay frozen while others go on: random_pair's EOS bias makes most seeds do so."""
+    ending_early = 0
+    for seed in range(16):
+        _, model = random_pair(seed, paper_decoding=seed % 2 == 0)
+        input_ids, attention_mask = padded_batch(seed, batch=5)
+        sequences = model.generate(input_ids=input_ids, attention_mask=attention_mask, graph_decoding=True,
+                                   **settings_for(seed)).sequences  # fmt: skip
+        ends = (sequences == EOS).int().argmax(dim=1)
+        ending_early += bool(((ends > 0) & (ends < sequences.shape[1] - 1)).any() and len(set(ends.tolist())) > 1)
+    assert ending_early >= 8
+
+
+def test_the_static_search_reads_the_device_only_every_few_steps(monkeypatch):
+    """The steps themselves (a graph's replay on CUDA) are left out; what is counted is the search's bookkeeping.
+    The eager search, which drops finished sentences, reads at every step: the counter can tell."""
+    _, model = random_pair(1)
+    input_ids, attention_mask = padded_batch(1)
+    counter = HostReads()
+    step = StaticDecodingState.step
+
+    def uncounted_step(self, tokens):
+        counter.paused = True
+        try:
+            return step(self, tokens)
+        finally:
+            counter.paused = False
+
+    monkeypatch.setattr(StaticDecodingState, "step", uncounted_step)
+
+    def reads(new_tokens: int, num_beams: int, graphs: bool) -> int:
+        counter.count = 0
+        with counter:
+            model.generate(input_ids=input_ids, attention_mask=attention_mask, num_beams=num_beams,
+                           max_length_offset=None, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+                           graph_decoding=graphs, cpu_fast_paths=False)  # fmt: skip
+        return counter.count
+
+    for num_beams in (1, 4):
+        # 32 more steps: one read per DONE_CHECK_EVERY steps
+        assert reads(64, num_beams, True) - reads(32, num_beams, True) == 32 // DONE_CHECK_EVERY
+        assert reads(64, num_beams, False) - reads(32, num_beams, False) >= 32
+
+
+def test_the_captured_step_reads_nothing_from_the_device(monkeypatch):
+    """What a CUDA graph captures (cache reordering, decoder step, output projection) with the model's checks in
+    their capture mode: no op may read a device value, or the capture would fail on a GPU."""
+    _, model = random_pair(2)
+    input_ids, attention_mask = padded_batch(2)
+    with torch.no_grad():
+        hidden = model.get_encoder()(input_ids=input_ids, attention_mask=attention_mask)[0]
+        state = StaticDecodingState(model, hidden, attention_mask, rows_per_example=4, steps=6)
+        tokens = torch.full((hidden.shape[0] * 4,), model.config.decoder_start_token_id)
+        state.logits(tokens)  # the eager first step, which fills the cross-attention cache
+        state.reorder(torch.arange(tokens.shape[0]).flip(0))
+        monkeypatch.setattr(validation_vaswani, "_capturing", lambda: True)
+        counter = HostReads()
+        with counter:
+            state.step(tokens)
+    assert counter.count == 0
+
+
+def test_the_static_cache_reorders_beams_in_place():
+    layer = StaticBeamCacheLayer(max_cache_len=4)
+    keys = torch.arange(3 * 2 * 1 * 2, dtype=torch.float).view(3, 2, 1, 2)
+    layer.update(keys, -keys)
+    address = layer.keys.data_ptr()
+    layer.reorder_cache(torch.tensor([2, 0, 0]))
+    assert layer.keys.data_ptr() == address
+    assert torch.equal(layer.keys[:, :, 0], keys[[2, 0, 0], :, 0])
+    assert torch.equal(layer.values[:, :, 0], -keys[[2, 0, 0], :, 0])
+
+
+@pytest.mark.parametrize(
+    "feature",
+    [
+        dict(target_prefix=[[5, 6]]),
+        dict(force_words_ids=[[7]]),
+        dict(vocabulary_shortlist=list(range(200))),
+        dict(bad_words_ids=[[9]]),
+        dict(output_scores=True, return_dict_in_generate=True),
+    ],
+    ids=["prefix", "constraints", "shortlist", "bad_words", "per_step_scores"],
+)
+def test_features_that_need_the_eager_search_get_it(feature, monkeypatch):
+    _, model = random_pair(3)
+    input_ids, attention_mask = padded_batch(3, batch=1)
+    kwargs = dict(input_ids=input_ids, attention_mask=attention_mask, num_beams=4, max_new_tokens=6,
+                  max_length_offset=None, cpu_fast_paths=False, **feature)  # fmt: skip
+    eager = model.generate(graph_decoding=False, **kwargs)
+
+    def refuse(*args):
+        raise AssertionError("the static search ran")
+
+    monkeypatch.setattr(generation_vaswani, "StaticDecodingState", refuse)
+    same = model.generate(graph_decoding=True, **kwargs)
+    sequences = same.sequences if hasattr(same, "sequences") else same
+    assert torch.equal(sequences, eager.sequences if hasattr(eager, "sequences") else eager)
+
+
+def test_graph_decoding_is_on_for_cuda_unless_switched_off(monkeypatch):
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    monkeypatch.delenv("VASWANI_GRAPH_DECODING", raising=False)
+    assert (graph_decoding(None, cpu), graph_decoding(None, cuda)) == (False, True)
+    assert graph_decoding(False, cuda) is False and graph_decoding(True, cpu) is True
+    monkeypatch.setenv("VASWANI_GRAPH_DECODING", "0")
+    assert graph_decoding(None, cuda) is False
+    monkeypatch.setenv("VASWANI_GRAPH_DECODING", "1")
+    assert graph_decoding(None, cpu) is True
