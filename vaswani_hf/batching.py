@@ -17,6 +17,10 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
     `seed + epoch` only, so a run resumed at any step sees the same batches in the same order. The batch
     boundaries depend only on the sorted lengths, so `len()` is the same every epoch. Under DDP, Accelerate's
     `BatchSamplerShard` deals the batches round-robin to the processes; this sampler knows nothing of ranks.
+
+    With `buckets` (padded lengths, `training_speed.length_buckets`) a batch holds pairs of one bucket only, at most
+    `max_tokens // bucket` of them, so `training_speed.BucketPadding` can pad every batch to one of a few shapes
+    (compiled training).
     """
 
     def __init__(
@@ -26,6 +30,7 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
         max_tokens: int,
         seed: int = 0,
         shuffle: bool = True,
+        buckets: Sequence[int] | None = None,
     ) -> None:
         self.source_lengths = np.asarray(source_lengths, dtype=np.int64)
         self.target_lengths = np.asarray(target_lengths, dtype=np.int64)
@@ -46,14 +51,21 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
         self.shuffle = shuffle
         self.epoch = 0
         sorted_lengths = np.maximum(self.source_lengths, self.target_lengths)[self._length_order(None)]
-        self.bounds = self._pack(sorted_lengths, max_tokens)
+        if buckets is not None and int(sorted_lengths[-1]) > max(buckets):
+            raise ValueError(f"the longest training pair has {int(sorted_lengths[-1])} tokens, more than the longest "
+                             f"bucket ({max(buckets)}): give buckets up to the longest pair.")  # fmt: skip
+        self.buckets = sorted(buckets) if buckets is not None else None
+        self.bounds = self._pack(sorted_lengths, max_tokens, self.buckets)
 
     @staticmethod
-    def _pack(sorted_lengths: np.ndarray, max_tokens: int) -> list[tuple[int, int]]:
-        # Lengths are ascending, so the last pair added is the longest: padded size = count x current length.
+    def _pack(sorted_lengths: np.ndarray, max_tokens: int, buckets: list[int] | None) -> list[tuple[int, int]]:
+        # Lengths are ascending, so the last pair added is the longest: padded size = count x current length
+        # (x its bucket's length, with buckets; a new bucket starts a new batch).
         bounds, start = [], 0
-        for end, length in enumerate(sorted_lengths.tolist()):
-            if (end - start + 1) * length > max_tokens:
+        padded = sorted_lengths if buckets is None else np.asarray(buckets)[np.searchsorted(buckets, sorted_lengths)]
+        for end, length in enumerate(padded.tolist()):
+            new_bucket = buckets is not None and length != padded[start]
+            if end > start and ((end - start + 1) * length > max_tokens or new_bucket):
                 bounds.append((start, end))
                 start = end
         bounds.append((start, len(sorted_lengths)))

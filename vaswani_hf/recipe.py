@@ -38,6 +38,7 @@ from .trainer import (
     WallClockCallback,
     noam_learning_rate,
 )
+from .training_speed import speedups_for_training
 
 logger = logging.getLogger(__name__)
 
@@ -250,6 +251,16 @@ def build_trainer(
     # Batches are packed by the deterministic segmentation's lengths: with BPE-dropout a batch holds the same
     # pairs, spelled in about 14% more tokens at 0.1 (Multi30k).
     train_lengths = tuple(train_set.with_format("numpy")[c] for c in ("source_length", "target_length"))
+    planned = training_args.max_steps if training_args.max_steps > 0 else None
+    training_args.speedups_choice = speedups_for_training(
+        training_args.speedups,
+        model,
+        training_args.device,
+        training_args.max_tokens,
+        train_lengths,
+        planned,
+        training_args.precision_choice.name,
+    )
     if data_args.bpe_dropout:
         train_set = BPEDropoutPairs([train_pairs[i] for i in train_set["pair"]], tokenizer, data_args.bpe_dropout)
     eval_pairs = pairs.get(data_args.eval_split)
@@ -299,7 +310,8 @@ def train(trainer: VaswaniTrainer, resume: bool = False) -> dict:
             "target_tokens_per_s": round(int(tokens) / max(seconds, 1e-9)),
             "train_loss": round(result.training_loss, 4),
             "resumed_from": checkpoint, "averaged": [p.name for p in averaged],
-            "precision": str(args.precision_choice), **peak_accelerator_memory(args.device)}  # fmt: skip
+            "precision": str(args.precision_choice), "speedups": str(trainer.speedups),
+            **peak_accelerator_memory(args.device)}  # fmt: skip
 
 
 def peak_accelerator_memory(device: torch.device) -> dict:
@@ -363,7 +375,7 @@ def run_training(
     main = trainer.is_world_process_zero()
     if main:
         print(f"task: {task}; {len(trainer.train_dataset)} training pairs; world size {training_args.world_size}; "
-              f"precision {training_args.precision_choice}", flush=True)  # fmt: skip
+              f"precision {training_args.precision_choice}; speed-ups {trainer.speedups}", flush=True)  # fmt: skip
     stats = train(trainer, resume=training_args.resume)
     if stop.signal is not None:
         if main:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import logging
@@ -24,6 +25,7 @@ from transformers.utils import CONFIG_NAME
 
 from .batching import TokenBudgetBatchSampler
 from .precision import MasterWeightAdamW, Precision, resolve_precision
+from .training_speed import BucketPadding, Speedups, compile_in_place, length_buckets, tf32_products, uncompiled
 
 logger = logging.getLogger(__name__)
 
@@ -70,6 +72,12 @@ class VaswaniTrainingArguments(Seq2SeqTrainingArguments):
                   "fp32 (`vaswani train`: auto)", "choices": ["auto", "fp32", "bf16"]},
     )  # fmt: skip
     bf16_weights: bool = field(default=False, metadata={"help": "alias of --precision bf16 (older name)"})
+    speedups: str = field(
+        default="auto",
+        metadata={"help": "auto: on a GPU, measure a few steps and keep what is faster (torch.compile with bucketed "
+                  "batches, fused Adam, TF32 for fp32; none on a CPU); off; or a comma list of compile, fused_adam, "
+                  "tf32 (vaswani_hf.training_speed)"},
+    )  # fmt: skip
     label_smoothing_factor: float = field(
         default=0.1,
         metadata={"help": "label smoothing of the training loss (paper: 0.1); not saved with the model, and the "
@@ -172,6 +180,14 @@ class VaswaniTrainer(Seq2SeqTrainer):
         self.train_lengths = train_lengths
         self.token_sampler: TokenBudgetBatchSampler | None = None
         self.target_tokens_seen = 0
+        # the speed-ups `build_trainer` chose (vaswani_hf.training_speed); none when the trainer is built by hand
+        self.speedups: Speedups = getattr(args, "speedups_choice", None) or Speedups(decided=False)
+        self.buckets: list[int] | None = None
+        if self.speedups.decided:
+            self.args.optim = "adamw_torch_fused" if self.speedups.fused_adam else "adamw_torch"
+        if self.speedups.compile:
+            self.buckets = length_buckets(int(max(max(train_lengths[0]), max(train_lengths[1]))))
+            compile_in_place(self.model, len(self.buckets))
 
     def get_train_dataloader(self) -> DataLoader:
         max_tokens = self.args.max_tokens
@@ -179,14 +195,18 @@ class VaswaniTrainer(Seq2SeqTrainer):
             return super().get_train_dataloader()
         if self.train_lengths is None:
             raise ValueError("max_tokens needs the training pairs' lengths: pass train_lengths=(sources, targets).")
-        self.token_sampler = TokenBudgetBatchSampler(*self.train_lengths, max_tokens=max_tokens, seed=self.args.seed)
+        self.token_sampler = TokenBudgetBatchSampler(*self.train_lengths, max_tokens=max_tokens, seed=self.args.seed,
+                                                     buckets=self.buckets)  # fmt: skip
+        collator = self.data_collator
+        if self.buckets is not None:  # compiled: every batch padded to one of a few shapes
+            collator = BucketPadding(collator, self.buckets, max_tokens, self.model.config.pad_token_id)
         dataset = self.train_dataset  # a `datasets.Dataset`, or BPEDropoutPairs whose items are model inputs
         if isinstance(dataset, datasets.Dataset):
             dataset = self._remove_unused_columns(dataset, description="training")
         loader = DataLoader(
             dataset,
             batch_sampler=self.token_sampler,
-            collate_fn=self.data_collator,
+            collate_fn=collator,
             num_workers=self.args.dataloader_num_workers,
             pin_memory=self.args.dataloader_pin_memory,
         )
@@ -216,7 +236,9 @@ class VaswaniTrainer(Seq2SeqTrainer):
         # batch; the paper's source + 50 limit would then be overridden in the saved config. Keep ours.
         generation_config = copy.deepcopy(self.model.generation_config)
         try:
-            return super().prediction_step(model, inputs, prediction_loss_only, ignore_keys, **gen_kwargs)
+            # evaluation batches have shapes of their own: a compiled forward would compile each anew
+            with uncompiled(self.model) if self.speedups.compile else contextlib.nullcontext():
+                return super().prediction_step(model, inputs, prediction_loss_only, ignore_keys, **gen_kwargs)
         finally:
             self.model.generation_config = generation_config
 
@@ -247,7 +269,8 @@ class VaswaniTrainer(Seq2SeqTrainer):
         return optimizer if bf16_copy and isinstance(optimizer, MasterWeightAdamW) else None
 
     def train(self, *args, **kwargs):
-        result = super().train(*args, **kwargs)
+        with tf32_products(self.speedups.tf32):
+            result = super().train(*args, **kwargs)
         if optimizer := self._master_weights():  # save and evaluate the fp32 masters, not their bf16 copy
             optimizer.copy_master_weights_to(self.model.float())
         return result
