@@ -6,6 +6,10 @@ On CPU the static search runs without a graph (`graph_decoding=True`), which cov
 visible the `device` fixture also runs the parity tests on CUDA, where the step is captured and replayed.
 """
 
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -174,3 +178,16 @@ def test_graph_decoding_is_on_for_cuda_unless_switched_off(monkeypatch):
     assert graph_decoding(None, cuda) is False
     monkeypatch.setenv("VASWANI_GRAPH_DECODING", "1")
     assert graph_decoding(None, cpu) is True
+
+
+def test_the_gpu_benchmark_runs_and_its_checks_hold(tmp_path):
+    """benchmarks/gpu.py's smoke run (tiny sizes, CPU): every case is timed, and the graphed search's outputs are
+    checked against the eager search's before any timing."""
+    out = tmp_path / "gpu.md"
+    script = Path(__file__).parents[1] / "benchmarks" / "gpu.py"
+    subprocess.run([sys.executable, str(script), "--quick", "--device", "cpu", "--out", str(out)], check=True,
+                   capture_output=True)  # fmt: skip
+    text = out.read_text()
+    assert text.count("graphed tokens equal") == 2 and "DIFFER" not in text
+    for case in ("train", "greedy-b1", "beam4-b1", "beam4-b64", "beam4-b64-bf16", "greedy-b256-bf16"):
+        assert f"## {case}\n" in text
