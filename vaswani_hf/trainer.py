@@ -25,6 +25,7 @@ from transformers.utils import CONFIG_NAME
 
 from .batching import TokenBudgetBatchSampler
 from .precision import MasterWeightAdamW, Precision, resolve_precision
+from .regularization import with_r_drop
 from .training_speed import BucketPadding, Speedups, compile_in_place, length_buckets, tf32_products, uncompiled
 
 logger = logging.getLogger(__name__)
@@ -72,6 +73,12 @@ class VaswaniTrainingArguments(Seq2SeqTrainingArguments):
                   "fp32 (`vaswani train`: auto)", "choices": ["auto", "fp32", "bf16"]},
     )  # fmt: skip
     bf16_weights: bool = field(default=False, metadata={"help": "alias of --precision bf16 (older name)"})
+    r_drop_alpha: float = field(
+        default=0.0,
+        metadata={"help": "R-Drop (Liang et al., 2021): run each batch twice with independent dropout and add alpha "
+                  "times the symmetric KL divergence of the two predictions to the loss (vaswani_hf.regularization); "
+                  "0 = off, the paper's recipe. Costs a second forward and backward of every batch"},
+    )  # fmt: skip
     speedups: str = field(
         default="auto",
         metadata={"help": "auto: on a GPU, measure a few steps and keep what is faster (torch.compile with bucketed "
@@ -115,6 +122,9 @@ class VaswaniTrainingArguments(Seq2SeqTrainingArguments):
         self.precision_choice = self._resolve_precision()
         super().__post_init__()
         self._check_averaging()
+        if self.r_drop_alpha < 0:
+            raise ValueError(f"--r_drop_alpha must be 0 (off) or positive (the KL term's weight), got "
+                             f"{self.r_drop_alpha}.")  # fmt: skip
 
     def _check_averaging(self) -> None:
         """`average_last` averages saved checkpoints: refuse settings under which it would silently average none."""
@@ -301,7 +311,10 @@ class VaswaniTrainer(Seq2SeqTrainer):
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         if model.training and self.args.label_smoothing_factor and "labels" in inputs:
             inputs = {**inputs, "label_smoothing": self.args.label_smoothing_factor}
-        result = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+        runner = model
+        if model.training and self.args.r_drop_alpha and "labels" in inputs:
+            runner = with_r_drop(model, self.args.r_drop_alpha)
+        result = super().compute_loss(runner, inputs, return_outputs, num_items_in_batch)
         if model.training:
             loss = result[0] if return_outputs else result
             if not torch.isfinite(loss.detach()).all():

@@ -1,0 +1,53 @@
+"""Regularizers beyond the paper's (section 5.4 has dropout and label smoothing), opt-in training options for small
+data. The paper's recipe is the default: each option here is off unless asked for.
+
+R-Drop (Liang et al., 2021, "R-Drop: Regularized Dropout for Neural Networks"): every pair is run twice through
+the model with independent dropout, and the loss adds the symmetric KL divergence between the two predicted
+distributions to the two cross-entropies. Per target token, the paper's loss is
+    NLL_1 + NLL_2 + (alpha / 2) * (KL(P_1 || P_2) + KL(P_2 || P_1)).
+`r_drop_loss` returns half of it (the mean of the two cross-entropies plus alpha / 4 times the two KL terms), so a
+run's loss keeps the scale of a plain run's while alpha means what it means in the paper.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from transformers.utils import ModelOutput
+
+BATCHED = ("input_ids", "attention_mask", "labels", "decoder_input_ids", "decoder_attention_mask")
+
+
+def r_drop_loss(model: torch.nn.Module, inputs: dict, alpha: float, num_items_in_batch=None):
+    """R-Drop's loss for one batch (halved, see the module docstring) and the model's outputs on the doubled batch.
+
+    The two passes run as one forward of the batch stacked twice (independent dropout per row, one call);
+    `inputs` may carry `label_smoothing`, which smooths both cross-entropies; `num_items_in_batch` counts one
+    pass's target tokens (Trainer's count under gradient accumulation)."""
+    doubled = {name: torch.cat([value, value]) if name in BATCHED and value is not None else value
+               for name, value in inputs.items()}  # fmt: skip
+    labels = inputs["labels"]
+    tokens = num_items_in_batch if num_items_in_batch is not None else (labels != -100).sum().clamp(min=1)
+    outputs = model(**doubled, num_items_in_batch=2 * tokens)
+    first, second = outputs.logits.float().chunk(2)
+    log_p, log_q = first.log_softmax(-1), second.log_softmax(-1)
+    # KL(P || Q) + KL(Q || P) = sum over the vocabulary of (P - Q)(log P - log Q), per target token
+    symmetric = ((log_p.exp() - log_q.exp()) * (log_p - log_q)).sum(-1)
+    symmetric = symmetric.masked_fill(labels.to(symmetric.device) == -100, 0.0).sum()
+    if isinstance(tokens, torch.Tensor):
+        tokens = tokens.to(symmetric.device)
+    return outputs.loss + alpha / 4 * symmetric / tokens, outputs
+
+
+def with_r_drop(model: torch.nn.Module, alpha: float) -> Callable[..., ModelOutput]:
+    """`model`'s call as Trainer's `compute_loss` makes it (keyword inputs, `num_items_in_batch` among them), with
+    R-Drop's loss as the outputs' `loss`."""
+
+    def call(**inputs) -> ModelOutput:
+        num_items_in_batch = inputs.pop("num_items_in_batch", None)
+        loss, outputs = r_drop_loss(model, inputs, alpha, num_items_in_batch)
+        outputs.loss = loss
+        return outputs
+
+    return call
