@@ -154,6 +154,18 @@ def test_a_measured_step_leaves_the_model_as_it_was(tokenizer, tmp_path):  # noq
     assert not choice.decided  # a CPU: nothing measured, Trainer's defaults stay
 
 
+@pytest.mark.parametrize("sharded", [False, True])
+def test_auto_leaves_compile_out_for_a_sharded_model(sharded, monkeypatch, tokenizer, tmp_path):  # noqa: F811
+    from vaswani_hf import training_speed
+
+    measure, asked = timings(compile=0.5, fused_adam=0.9)
+    monkeypatch.setattr(training_speed, "step_seconds", lambda model, device, rows, length, precision, s: measure(s))
+    model = make_trainer(tokenizer, tmp_path).model
+    choice = speedups_for_training("auto", model, CUDA, 160, ([3, 5, 7], [4, 6, 9]), None, "bf16", sharded=sharded)
+    assert (choice.compile, choice.fused_adam) == (not sharded, True)
+    assert (("compile",) in asked) is not sharded
+
+
 def test_the_trainer_takes_the_optimizer_chosen_and_the_run_summary_names_it(tokenizer, tmp_path):  # noqa: F811
     fused = make_trainer(tokenizer, tmp_path / "a", speedups="fused_adam")
     assert fused.args.optim == "adamw_torch_fused" and str(fused.speedups).startswith("fused_adam")

@@ -260,6 +260,7 @@ def build_trainer(
         train_lengths,
         planned,
         training_args.precision_choice.name,
+        sharded=training_args.sharded,
     )
     if data_args.bpe_dropout:
         train_set = BPEDropoutPairs([train_pairs[i] for i in train_set["pair"]], tokenizer, data_args.bpe_dropout)

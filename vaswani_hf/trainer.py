@@ -126,6 +126,13 @@ class VaswaniTrainingArguments(Seq2SeqTrainingArguments):
             raise ValueError(f"--r_drop_alpha must be 0 (off) or positive (the KL term's weight), got "
                              f"{self.r_drop_alpha}.")  # fmt: skip
 
+    @property
+    def sharded(self) -> bool:
+        """FSDP or DeepSpeed, asked for here or by `accelerate launch`'s config."""
+        launched = any(os.environ.get(f"ACCELERATE_USE_{name}", "false").lower() == "true"
+                       for name in ("FSDP", "DEEPSPEED"))  # fmt: skip
+        return bool(self.fsdp or self.deepspeed or launched)
+
     def _check_averaging(self) -> None:
         """`average_last` averages saved checkpoints: refuse settings under which it would silently average none."""
         n = self.average_last

@@ -25,6 +25,9 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
+from transformers.utils import logging
+
+logger = logging.get_logger(__name__)
 
 SWITCHES = ("fused_adam", "tf32", "compile")
 MARGIN = 0.03  # a speed-up must make steps this much faster to be kept: less is within the noise of a short trial
@@ -86,7 +89,8 @@ def choose_speedups(measure: Callable[[Speedups], float], precision: str,
 def resolve_speedups(asked: str, device: torch.device, planned_steps: int | None, measure: Callable[[Speedups], float],
                      precision: str, token_batches: bool = True) -> Speedups:  # fmt: skip
     """`--speedups` for a run on `device`: as asked, or for `auto` measured where it can pay off. `compile` needs
-    `token_batches` (bucketed token-budget batches), whose shapes repeat."""
+    `token_batches` (bucketed token-budget batches, whose shapes repeat): asked for without them it is an error,
+    and `auto` does not try it."""
     given = Speedups.parse(asked)
     if given is not None:
         if given.tf32 and device.type != "cuda":
@@ -105,8 +109,13 @@ def resolve_speedups(asked: str, device: torch.device, planned_steps: int | None
 
 
 def speedups_for_training(asked: str, model: torch.nn.Module, device: torch.device, max_tokens: int,
-                          train_lengths: tuple, planned_steps: int | None, precision: str) -> Speedups:  # fmt: skip
-    """`resolve_speedups` for a training run: the trial batch is a full batch of the bucket of the median pair."""
+                          train_lengths: tuple, planned_steps: int | None, precision: str,
+                          sharded: bool = False) -> Speedups:  # fmt: skip
+    """`resolve_speedups` for a training run: the trial batch is a full batch of the bucket of the median pair.
+
+    `auto` does not try `compile` for fixed-size batches (`max_tokens` 0) or a `sharded` model (FSDP, DeepSpeed),
+    whose wrapping it has not been measured with. Under DDP every process measures, and rank 0's choice is taken by
+    all, so that every process batches alike."""
     lengths = np.maximum(np.asarray(train_lengths[0]), np.asarray(train_lengths[1]))
     length = bucket_of(int(np.median(lengths)), length_buckets(int(lengths.max())))
     rows = max(max_tokens // length, 1) if max_tokens else 64
@@ -114,7 +123,16 @@ def speedups_for_training(asked: str, model: torch.nn.Module, device: torch.devi
     def measure(speedups: Speedups) -> float:
         return step_seconds(model, device, rows, length, precision, speedups)
 
-    return resolve_speedups(asked, device, planned_steps, measure, precision, token_batches=max_tokens > 0)
+    given = Speedups.parse(asked)
+    if given is not None and given.compile and sharded:
+        logger.warning("--speedups compile with FSDP or DeepSpeed: this pairing has not been measured here")
+    choice = resolve_speedups(asked, device, planned_steps, measure, precision,
+                              token_batches=max_tokens > 0 and (given is not None or not sharded))  # fmt: skip
+    if given is None and choice.decided and torch.distributed.is_available() and torch.distributed.is_initialized():
+        shared = [choice]
+        torch.distributed.broadcast_object_list(shared, src=0)
+        choice = shared[0]
+    return choice
 
 
 def length_buckets(longest: int, granularity: int = 8, growth: float = 1.125) -> list[int]:
