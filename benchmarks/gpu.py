@@ -49,7 +49,13 @@ from compare_marian import (  # noqa: E402 (a script beside this one)
 )
 
 from vaswani_hf.convert import marian_to_vaswani  # noqa: E402
-from vaswani_hf.training_speed import choose_speedups, compile_in_place, step_seconds, tf32_products  # noqa: E402
+from vaswani_hf.training_speed import (  # noqa: E402
+    adam_for,
+    choose_speedups,
+    compile_in_place,
+    step_seconds,
+    tf32_products,
+)
 
 # a size for the smoke run (compare_marian's table, which its `build_marian` and `batch` read)
 PRESETS.setdefault("tiny", dict(vocab_size=500, d_model=32, layers=2, heads=4, ffn=64))
@@ -113,9 +119,7 @@ def training_contenders(args, marian, ours, device) -> list[Contender]:
         chosen = marian_to_vaswani(marian).to(device)
         if choice.compile:
             compile_in_place(chosen, 1)
-        optimizer = torch.optim.AdamW(chosen.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9, weight_decay=0.0,
-                                      **({"fused": True} if choice.fused_adam else {"foreach": True}))  # fmt: skip
-        run = step(chosen, vaswani_loss, optimizer)
+        run = step(chosen, vaswani_loss, adam_for(chosen.parameters(), choice, lr=1e-4))
 
         def with_tf32(run=run, tf32=choice.tf32) -> int:
             with tf32_products(tf32):

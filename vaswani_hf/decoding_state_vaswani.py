@@ -155,13 +155,18 @@ class DecodingState:
         self.encoder_hidden = encoder_hidden
         self.source_mask = source_mask
         self.encoder_mask = self._encoder_mask()
-        self_cache = DynamicCache(config=model.config)
-        if rows_per_example > 1:
-            self_cache.layers[:] = [VaswaniBeamSearchCacheLayer() for _ in self_cache.layers]
-        self.cache = EncoderDecoderCache(self_cache, DynamicCache(config=model.config))
+        self.cache = EncoderDecoderCache(self._self_attention_cache(), DynamicCache(config=model.config))
         self.example_ids = torch.arange(encoder_hidden.shape[0] // (1 if self.fold else rows_per_example))
         self.shortlist: torch.LongTensor | None = None
         self.within = False
+
+    def _self_attention_cache(self) -> DynamicCache:
+        """The decoder self-attention cache: Transformers' own, whose layers follow beam search's survivors in one
+        copy a step (`VaswaniBeamSearchCacheLayer`) when there are beams."""
+        cache = DynamicCache(config=self.model.config)
+        if self.rows_per_example > 1:
+            cache.layers[:] = [VaswaniBeamSearchCacheLayer() for _ in cache.layers]
+        return cache
 
     def restrict(self, allowed: torch.LongTensor, within: bool = False) -> None:
         """Score only the `allowed` target ids (sorted; a vocabulary shortlist): the output projection multiplies

@@ -22,10 +22,9 @@ Shipped as Hub remote code: imports only torch, transformers and the files besid
 from __future__ import annotations
 
 import os
-from dataclasses import replace
 
 import torch
-from transformers.cache_utils import Cache, DynamicCache, EncoderDecoderCache, StaticLayer
+from transformers.cache_utils import Cache, StaticLayer
 
 from .decoding_state_vaswani import DecodingState, ModelProducts
 from .search_vaswani import Beams, DecodingSettings, advance_beams, apply_processors, log_softmax_in_place
@@ -81,14 +80,20 @@ class StaticDecodingState(DecodingState):
 
     def __init__(self, model, encoder_hidden: torch.Tensor, source_mask: torch.Tensor | None, rows_per_example: int,
                  steps: int, capture: bool | None = None):  # fmt: skip
+        self.steps = steps
         super().__init__(model, encoder_hidden, source_mask, rows_per_example, ModelProducts)
-        layers = [StaticBeamCacheLayer(max_cache_len=steps) for _ in range(model.config.decoder_layers)]
-        self.cache = EncoderDecoderCache(Cache(layers=layers), DynamicCache(config=model.config))
-        self.layers = layers
         self.capture = encoder_hidden.device.type == "cuda" if capture is None else capture
         self.parents: torch.LongTensor | None = None
         self.graph: torch.cuda.CUDAGraph | None = None
         self.steps_run = 0
+
+    def _self_attention_cache(self) -> Cache:
+        layers = self.model.config.decoder_layers
+        return Cache(layers=[StaticBeamCacheLayer(max_cache_len=self.steps) for _ in range(layers)])
+
+    @property
+    def layers(self) -> list[StaticBeamCacheLayer]:
+        return self.cache.self_attention_cache.layers
 
     def reorder(self, row_idx: torch.LongTensor) -> None:
         if self.parents is None:
@@ -144,11 +149,6 @@ class StaticDecodingState(DecodingState):
         return self.output
 
 
-def on_device(settings: DecodingSettings, device: torch.device) -> DecodingSettings:
-    """The settings' tensors moved once, so no step copies them from the host."""
-    return replace(settings, eos=settings.eos.to(device), limits=settings.limits.to(device))
-
-
 def all_done(step: int, done: torch.BoolTensor) -> bool:
     """Every `DONE_CHECK_EVERY` steps, whether every sentence's search is over (the one wait for the device)."""
     return (step + 1) % DONE_CHECK_EVERY == 0 and bool(done.all())
@@ -158,7 +158,7 @@ def static_greedy_search(settings: DecodingSettings, state: StaticDecodingState)
     """`search_vaswani.greedy_search` with every row kept: a finished row's later tokens are not recorded."""
     rows = state.encoder_hidden.shape[0]
     device = state.encoder_hidden.device
-    settings = on_device(settings, device)
+    settings = settings.on(device)
     generated = torch.full((rows, settings.max_new_tokens), settings.fill, dtype=torch.long, device=device)
     lengths = torch.zeros(rows, dtype=torch.long, device=device)
     done = torch.zeros(rows, dtype=torch.bool, device=device)
@@ -180,7 +180,7 @@ def static_beam_search(settings: DecodingSettings, state: StaticDecodingState) -
     """`search_vaswani.beam_search` with every sentence kept: a sentence whose search is over keeps the results
     it had then (`Beams.keep_where`), and its rows go on computing what nobody reads."""
     device = state.encoder_hidden.device
-    settings = on_device(settings, device)
+    settings = settings.on(device)
     batch, k = state.encoder_hidden.shape[0], settings.num_beams
     search = Beams.start(settings, batch, device)
     done = torch.zeros(batch, dtype=torch.bool, device=device)

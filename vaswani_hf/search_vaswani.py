@@ -155,6 +155,11 @@ class DecodingSettings:
                        limit_eos=column(self.limit_eos), forced_bos=column(self.forced_bos), start=column(self.start),
                        fill=column(self.fill), prefix=prefix, suppress=suppress)  # fmt: skip
 
+    def on(self, device: torch.device) -> DecodingSettings:
+        """These settings with their per-token and per-example tensors on `device`, moved once rather than at
+        every step."""
+        return replace(self, eos=self.eos.to(device), limits=self.limits.to(device))
+
     def penalty(self, length: int | torch.Tensor) -> float | torch.Tensor:
         if self.gnmt:
             return gnmt_length_penalty(length, self.length_penalty)
@@ -220,12 +225,12 @@ def greedy_search(settings: DecodingSettings, state: DecodingState) -> dict:
     """Greedy decoding: the most probable token at each step, from the raw logits (no softmax needed)."""
     batch = int(state.example_ids.shape[0])
     device = state.encoder_hidden.device
+    settings = settings.on(device)
     output = torch.full((batch, settings.max_new_tokens), settings.fill, dtype=torch.long, device=device)
     lengths = torch.zeros(batch, dtype=torch.long, device=device)
     tokens = torch.full((batch,), settings.start, dtype=torch.long, device=device)
     generated = torch.full((batch, settings.max_new_tokens), settings.fill, dtype=torch.long, device=device)
-    limits = settings.limits.to(device)
-    eos = settings.eos.to(device)
+    limits, eos = settings.limits, settings.eos
     # the screened projection's upper bounds stay upper bounds under the built-in processors (they mask or force
     # tokens); a caller's processor may do anything with them
     screened = not settings.user_processors and hasattr(state, "greedy_logits")
@@ -281,7 +286,7 @@ class Beams:
         return cls(running, running_scores, running.clone(), torch.full((batch, beams), -1e9, device=device),
                    torch.zeros(batch, beams, dtype=torch.long, device=device),
                    torch.zeros(batch, beams, dtype=torch.bool, device=device),
-                   torch.ones(batch, dtype=torch.bool, device=device), settings.limits.to(device))  # fmt: skip
+                   torch.ones(batch, dtype=torch.bool, device=device), settings.limits)  # fmt: skip
 
     def select(self, sentences: torch.Tensor) -> Beams:
         """Only these sentences (indices into the batch)."""
@@ -357,7 +362,7 @@ def beam_search(settings: DecodingSettings, state: DecodingState) -> dict:
     """
     beams = settings.num_beams
     device = state.encoder_hidden.device
-    settings = replace(settings, eos=settings.eos.to(device))
+    settings = settings.on(device)
     batch = int(state.example_ids.shape[0])
     steps = settings.max_new_tokens
     search = Beams.start(settings, batch, device)

@@ -229,9 +229,7 @@ def step_seconds(model: torch.nn.Module, device: torch.device, rows: int, length
     trial = copy.deepcopy(model).to(device).train()
     ids = torch.randint(4, trial.config.vocab_size, (rows, length), device=device)
     batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids.roll(1, dims=1)}
-    fused = {"fused": True} if speedups.fused_adam else {"foreach": True}
-    optimizer = torch.optim.AdamW(trial.parameters(), lr=1e-5, betas=(0.9, 0.98), eps=1e-9, weight_decay=0.0,
-                                  **fused)  # fmt: skip
+    optimizer = adam_for(trial.parameters(), speedups)
     if speedups.compile:
         compile_in_place(trial, 1)
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16")
@@ -248,6 +246,13 @@ def step_seconds(model: torch.nn.Module, device: torch.device, rows: int, length
             synchronize(device)
             times.append(time.perf_counter() - start)
     return statistics.median(times[warmup:])
+
+
+def adam_for(parameters, speedups: Speedups, lr: float = 1e-5) -> torch.optim.AdamW:
+    """The paper's Adam (0.9, 0.98, 1e-9; no weight decay) with the fused kernel or the multi-tensor one, as
+    `speedups` says: what a trial (and benchmarks/gpu.py) steps."""
+    kernel = {"fused": True} if speedups.fused_adam else {"foreach": True}
+    return torch.optim.AdamW(parameters, lr=lr, betas=(0.9, 0.98), eps=1e-9, weight_decay=0.0, **kernel)
 
 
 def synchronize(device: torch.device) -> None:
