@@ -1,0 +1,107 @@
+"""benchmarks/multi30k_recipe.py, the Multi30k recipe as one command: its seed table against the committed one, the
+order it trains and scores in (once, resumable), and the flags a candidate hands to `vaswani train`. Training
+itself is faked here; `vaswani train` and `vaswani evaluate` have their own tests."""
+
+import json
+
+import pytest
+from transformers import HfArgumentParser
+
+from benchmarks import multi30k_recipe as recipe
+from vaswani_hf.recipe import DataArguments, ModelArguments, VaswaniTrainingArguments, parse_overrides
+
+# benchmarks/results/multi30k/README.md, seed table: BLEU (chrF) of seeds 1-3 on val and test2016
+COMMITTED = {
+    1: {"val": (38.09, 61.32), "test2016": (38.42, 62.49)},
+    2: {"val": (38.65, 61.91), "test2016": (37.61, 62.11)},
+    3: {"val": (37.89, 61.23), "test2016": (37.81, 62.15)},
+}
+
+
+def as_scores(table):
+    return {seed: {split: {"bleu": b, "chrf": c} for split, (b, c) in row.items()} for seed, row in table.items()}
+
+
+def test_seed_table_reproduces_the_committed_mean_and_spread():
+    table = recipe.seed_table(as_scores(COMMITTED), ["val", "test2016"])
+    rows = {line.split(" | ")[0].strip("| "): line for line in table.splitlines()}
+    assert rows["3"] == "| 3 | 37.89 (61.23) | 37.81 (62.15) |"
+    assert rows["mean"] == "| mean | **38.21** | **37.95** |"
+    assert rows["standard deviation"] == "| standard deviation | 0.39 | 0.42 |"  # sample (n - 1), as committed
+    assert rows["min-max"] == "| min-max | 37.89-38.65 | 37.61-38.42 |"
+    # the committed translations are seed 3's: 37.81 is nearest test2016's mean (37.95), though not val's
+    assert recipe.closest_to_mean(as_scores(COMMITTED), "test2016") == 3
+    assert recipe.closest_to_mean(as_scores(COMMITTED), "val") == 1
+
+
+def test_one_seed_has_a_mean_and_no_spread():
+    table = recipe.seed_table(as_scores({4: COMMITTED[1]}), ["val"])
+    assert "| mean | **38.09** |" in table and "standard deviation" not in table
+
+
+class FakeVaswani:
+    """Stands in for the `vaswani` command: `train` saves a model folder, `evaluate` writes translations and prints
+    its JSON after other output; every call is recorded."""
+
+    def __init__(self, bleu):
+        self.bleu, self.calls = bleu, []
+
+    def __call__(self, args):
+        self.calls.append(args)
+        if args[0] == "train":
+            run_dir = recipe.Path(args[args.index("--output_dir") + 1])
+            run_dir.mkdir(parents=True, exist_ok=True)
+            for name in ("config.json", "model.safetensors"):
+                (run_dir / name).write_text("{}")
+            return "training summary\n"
+        run_dir, split = recipe.Path(args[1]), args[args.index("--split") + 1]
+        seed = int(run_dir.name.rsplit("-s", 1)[1])
+        recipe.Path(args[args.index("--hypotheses") + 1]).write_text(f"seed {seed} {split}\n")
+        result = {"split": split, "bleu": self.bleu[seed][split], "chrf": 50.0, "bleu_signature": "nrefs:1|sig"}
+        return "a warning\n" + json.dumps(result, indent=2) + "\n"
+
+
+def test_one_command_trains_and_scores_each_seed_once_then_resumes(tmp_path):
+    data, runs, results = tmp_path / "data", tmp_path / "runs", tmp_path / "results"
+    data.mkdir()
+    bleu = {seed: {split: b for split, (b, _) in row.items()} for seed, row in COMMITTED.items()}
+    (runs / "recipe-s2" / "checkpoint-300").mkdir(parents=True)  # seed 2 stopped midway
+    fake = FakeVaswani(bleu)
+    argv = ["--data", str(data), "--runs", str(runs), "--splits", "val", "test2016", "--results", str(results)]
+    assert recipe.main(argv, runner=fake) == 0
+
+    trains = [call for call in fake.calls if call[0] == "train"]
+    assert [call[call.index("--seed") + 1] for call in trains] == ["1", "2", "3"]
+    assert "--resume" not in trains[0] and trains[1][-2:] == ["--resume", "true"]
+    evaluations = [(call[1], call[call.index("--split") + 1]) for call in fake.calls if call[0] == "evaluate"]
+    assert evaluations == [(str(runs / f"recipe-s{s}"), split) for s in (1, 2, 3) for split in ("val", "test2016")]
+    assert all(call[call.index("--length-penalty") + 1] == "1.5" for call in fake.calls if call[0] == "evaluate")
+    assert (results / "hyp.test2016.de").read_text() == "seed 3 test2016\n"  # the seed closest to the mean
+    written = (results / "seeds.md").read_text()
+    assert "| mean | **38.21** | **37.95** |" in written and "nrefs:1|sig" in written
+    assert json.loads((runs / "recipe-s1" / "scores.val.json").read_text())["bleu"] == 38.09
+
+    fake.calls.clear()  # everything is done: a second call reads it back and runs nothing
+    assert recipe.main(argv, runner=fake) == 0
+    assert fake.calls == [] and (results / "seeds.md").read_text() == written
+
+
+def test_a_candidate_changes_one_flag_and_keeps_the_rest(tmp_path):
+    """The candidate's flags reach `vaswani train` after the recipe's and win there; its --config_overrides add to
+    the recipe's pre-norm rather than replace it."""
+    argv = recipe.train_arguments("--learning_rate 3e-3 --config_overrides d_model=512,d_ff=2048")
+    parser = HfArgumentParser((DataArguments, ModelArguments, VaswaniTrainingArguments))
+    data_args, model_args, training_args = parser.parse_args_into_dataclasses(
+        [*argv, "--output_dir", str(tmp_path), "--use_cpu", "true"]
+    )
+    assert training_args.learning_rate == 3e-3 and training_args.max_steps == 4016
+    assert model_args.dropout == 0.3 and data_args.split_punctuation is False
+    assert parse_overrides(model_args.config_overrides) == {"norm_position": "pre", "d_model": 512, "d_ff": 2048}
+    later = recipe.train_arguments("--config_overrides=norm_position=post")
+    assert parse_overrides(later[later.index("--config_overrides") + 1]) == {"norm_position": "post"}
+
+
+def test_a_missing_data_folder_is_named(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        recipe.main(["--data", str(tmp_path / "nowhere")], runner=FakeVaswani({}))
+    assert "nowhere is not a folder: pass the folder holding Multi30k's train.en" in capsys.readouterr().err
