@@ -8,8 +8,9 @@ range) and the translations of the seed closest to the mean on test2016.
 
 A candidate is the recipe plus `--change` (flags of `vaswani train`, given after the recipe's, so they win) and is
 scored on `val` only: every choice is made there. The command is resumable: a seed whose model is saved is not
-trained again (a seed stopped midway resumes from its last checkpoint), and a split already scored is not decoded
-again. Each run's folder keeps `scores.{split}.json` (what `vaswani evaluate` printed) and `hyp.{split}.de`.
+trained again (a seed stopped midway resumes from its last checkpoint), and a split already scored with the same
+decoding is not decoded again. Each run's folder keeps `scores.{split}.json` (what `vaswani evaluate` printed, with
+the decoding) and `hyp.{split}.de`.
 """
 
 from __future__ import annotations
@@ -77,13 +78,16 @@ def train(run_dir: Path, seed: int, data: Path, change: str, runner: Runner) -> 
 
 
 def score(run_dir: Path, split: str, data: Path, decoding: str, runner: Runner) -> dict:
-    """`vaswani evaluate` of one split (once: a split scored before is read back), translations beside it."""
+    """`vaswani evaluate` of one split, translations beside it; a split scored before with the same decoding is
+    read back rather than decoded again."""
     saved = run_dir / f"scores.{split}.json"
-    if not saved.is_file():
-        printed = runner(["evaluate", str(run_dir), "--data", str(data), "--split", split, *shlex.split(decoding),
-                          "--hypotheses", str(run_dir / f"hyp.{split}.de")])  # fmt: skip
-        saved.write_text(printed[printed.index("{") :], encoding="utf-8")  # the JSON evaluate prints last
-    return json.loads(saved.read_text(encoding="utf-8"))
+    if saved.is_file() and (scored := json.loads(saved.read_text(encoding="utf-8"))).get("decoding") == decoding:
+        return scored
+    printed = runner(["evaluate", str(run_dir), "--data", str(data), "--split", split, *shlex.split(decoding),
+                      "--hypotheses", str(run_dir / f"hyp.{split}.de")])  # fmt: skip
+    scored = {**json.loads(printed[printed.index("{") :]), "decoding": decoding}  # the JSON evaluate prints last
+    saved.write_text(json.dumps(scored, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    return scored
 
 
 def seed_table(scores: dict[int, dict[str, dict]], splits: Sequence[str]) -> str:

@@ -85,6 +85,12 @@ def test_one_command_trains_and_scores_each_seed_once_then_resumes(tmp_path):
     assert recipe.main(argv, runner=fake) == 0
     assert fake.calls == [] and (results / "seeds.md").read_text() == written
 
+    wider = "--num-beams 8 --length-penalty 1.5 --precision fp32"  # another decoding is decoded again, not read back
+    assert recipe.main([*argv, "--seeds", "1", "--decoding", wider], runner=fake) == 0
+    assert [call[0] for call in fake.calls] == ["evaluate", "evaluate"]
+    assert all(call[call.index("--num-beams") + 1] == "8" for call in fake.calls)
+    assert json.loads((runs / "recipe-s1" / "scores.val.json").read_text())["decoding"] == wider
+
 
 def test_a_candidate_changes_one_flag_and_keeps_the_rest(tmp_path):
     """The candidate's flags reach `vaswani train` after the recipe's and win there; its --config_overrides add to
