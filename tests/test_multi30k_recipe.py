@@ -111,3 +111,30 @@ def test_a_missing_data_folder_is_named(tmp_path, capsys):
     with pytest.raises(SystemExit):
         recipe.main(["--data", str(tmp_path / "nowhere")], runner=FakeVaswani({}))
     assert "nowhere is not a folder: pass the folder holding Multi30k's train.en" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_one_command_end_to_end_on_a_tiny_model(tmp_path):
+    """The real `vaswani train` and `vaswani evaluate`, two seeds of a tiny model on split files laid out as
+    Multi30k's: every flag of the recipe is accepted, and the table comes from what evaluate printed."""
+    from vaswani_hf.tasks import number_pairs
+
+    data = tmp_path / "data"
+    data.mkdir()
+    for split, (count, seed) in {"train": (200, 0), "val": (12, 1), "test2016": (10, 2)}.items():
+        pairs = number_pairs(count, seed=seed)
+        for side, lang in enumerate(("en", "de")):
+            (data / f"{split}.{lang}").write_text("".join(pair[side] + "\n" for pair in pairs), encoding="utf-8")
+    tiny = "--preset tiny --max_steps 4 --warmup_steps 2 --vocab_size 120 --max_tokens 400 --save_steps 2"
+    argv = ["--data", str(data), "--runs", str(tmp_path / "runs"), "--seeds", "1", "2", "--splits", "val",
+            "test2016", "--change", tiny]  # fmt: skip
+    assert recipe.main(argv) == 0
+    scores = {
+        seed: json.loads((tmp_path / "runs" / f"recipe-s{seed}" / "scores.val.json").read_text()) for seed in (1, 2)
+    }
+    assert all(score["sentences"] == 12 and "bleu_signature" in score for score in scores.values())
+    config = json.loads((tmp_path / "runs" / "recipe-s1" / "config.json").read_text())
+    assert config["norm_position"] == "pre" and config["d_model"] < 256  # the recipe's pre-norm kept, tiny sizes
+    table = (tmp_path / "runs" / "recipe" / "seeds.md").read_text()
+    assert f"| 1 | {scores[1]['bleu']:.2f} ({scores[1]['chrf']:.2f}) |" in table and "| mean |" in table
+    assert len((tmp_path / "runs" / "recipe" / "hyp.val.de").read_text().splitlines()) == 12
