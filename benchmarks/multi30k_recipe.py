@@ -2,7 +2,7 @@
 splits with the recipe's decoding, then write the seed table (each seed, the mean, the standard deviation and the
 range) and the translations of the seed closest to the mean on test2016.
 
-    python benchmarks/multi30k_recipe.py                          # seeds 1 2 3; about 35 minutes a seed, 2 CPU cores
+    python benchmarks/multi30k_recipe.py                          # seeds 1 2 3; 35-50 minutes a seed, 2 CPU cores
     python benchmarks/multi30k_recipe.py --results benchmarks/results/multi30k   # refresh the committed table
     python benchmarks/multi30k_recipe.py --name rdrop5 --splits val --change="--r_drop_alpha 5"   # a candidate
 
@@ -45,12 +45,17 @@ Runner = Callable[[list[str]], str]
 
 
 def run_vaswani(args: list[str]) -> str:
-    """`vaswani ARGS` in this Python, its output passed through; returns what it printed to stdout."""
+    """`vaswani ARGS` in this Python, its output shown as it comes (a seed trains for most of an hour); returns
+    what it printed to stdout."""
     print("$ vaswani " + shlex.join(args), flush=True)
-    done = subprocess.run([sys.executable, "-m", "vaswani_hf.cli", *args], stdout=subprocess.PIPE, text=True)
-    if done.returncode:
-        sys.exit(f"vaswani {args[0]} failed (exit {done.returncode}); the run folder is kept, run again to resume.")
-    return done.stdout
+    printed = []
+    with subprocess.Popen([sys.executable, "-m", "vaswani_hf.cli", *args], stdout=subprocess.PIPE, text=True) as run:
+        for line in run.stdout:
+            sys.stdout.write(line)
+            printed.append(line)
+    if run.returncode:
+        sys.exit(f"vaswani {args[0]} failed (exit {run.returncode}); the run folder is kept, run again to resume.")
+    return "".join(printed)
 
 
 def train_arguments(change: str) -> list[str]:

@@ -107,6 +107,15 @@ def test_a_candidate_changes_one_flag_and_keeps_the_rest(tmp_path):
     assert parse_overrides(later[later.index("--config_overrides") + 1]) == {"norm_position": "post"}
 
 
+def test_a_failed_command_stops_the_run_and_says_it_can_resume(tmp_path, capsys):
+    """The real runner: `vaswani evaluate` of a folder that holds no model fails, and the script stops there,
+    naming the command, rather than reading a score that was never printed."""
+    with pytest.raises(SystemExit) as stop:
+        recipe.run_vaswani(["evaluate", str(tmp_path / "no-model")])
+    assert "vaswani evaluate failed (exit" in str(stop.value) and "run again to resume" in str(stop.value)
+    assert "$ vaswani evaluate" in capsys.readouterr().out
+
+
 def test_a_missing_data_folder_is_named(tmp_path, capsys):
     with pytest.raises(SystemExit):
         recipe.main(["--data", str(tmp_path / "nowhere")], runner=FakeVaswani({}))
