@@ -104,10 +104,12 @@ def seed_table(scores: dict[int, dict[str, dict]], splits: Sequence[str]) -> str
     for seed in seeds:
         cells = (f"{scores[seed][split]['bleu']:.2f} ({scores[seed][split]['chrf']:.2f})" for split in splits)
         lines.append(f"| {seed} | " + " | ".join(cells) + " |")
-    lines.append("| mean | " + " | ".join(f"**{statistics.mean(bleu[split]):.2f}**" for split in splits) + " |")
-    if len(seeds) > 1:
-        lines.append("| standard deviation | " + " | ".join(f"{statistics.stdev(bleu[s]):.2f}" for s in splits) + " |")
-        lines.append("| min-max | " + " | ".join(f"{min(bleu[s]):.2f}-{max(bleu[s]):.2f}" for s in splits) + " |")
+    summaries = {"mean": lambda values: f"**{statistics.mean(values):.2f}**"}
+    if len(seeds) > 1:  # one seed has no spread
+        summaries["standard deviation"] = lambda values: f"{statistics.stdev(values):.2f}"
+        summaries["min-max"] = lambda values: f"{min(values):.2f}-{max(values):.2f}"
+    for label, cell in summaries.items():
+        lines.append(f"| {label} | " + " | ".join(cell(bleu[split]) for split in splits) + " |")
     return "\n".join(lines) + "\n"
 
 

@@ -3,6 +3,7 @@ order it trains and scores in (once, resumable), and the flags a candidate hands
 itself is faked here; `vaswani train` and `vaswani evaluate` have their own tests."""
 
 import json
+from pathlib import Path
 
 import pytest
 from transformers import HfArgumentParser
@@ -49,14 +50,14 @@ class FakeVaswani:
     def __call__(self, args):
         self.calls.append(args)
         if args[0] == "train":
-            run_dir = recipe.Path(args[args.index("--output_dir") + 1])
+            run_dir = Path(args[args.index("--output_dir") + 1])
             run_dir.mkdir(parents=True, exist_ok=True)
             for name in ("config.json", "model.safetensors"):
                 (run_dir / name).write_text("{}")
             return "training summary\n"
-        run_dir, split = recipe.Path(args[1]), args[args.index("--split") + 1]
+        run_dir, split = Path(args[1]), args[args.index("--split") + 1]
         seed = int(run_dir.name.rsplit("-s", 1)[1])
-        recipe.Path(args[args.index("--hypotheses") + 1]).write_text(f"seed {seed} {split}\n")
+        Path(args[args.index("--hypotheses") + 1]).write_text(f"seed {seed} {split}\n")
         result = {"split": split, "bleu": self.bleu[seed][split], "chrf": 50.0, "bleu_signature": "nrefs:1|sig"}
         return "a warning\n" + json.dumps(result, indent=2) + "\n"
 
