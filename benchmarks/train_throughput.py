@@ -35,6 +35,8 @@ ROWS = {
     "bf16-eager": ["--precision", "bf16", "--attn_implementation", "eager"],
     "bf16-flash2": ["--precision", "bf16", "--attn_implementation", "flash_attention_2"],
     "bf16-compile": ["--precision", "bf16", "--attn_implementation", "sdpa", "--torch_compile", "true"],
+    # R-Drop (regularization.py) beside "bf16": its two passes and KL term, at the alpha the recipe page tries
+    "bf16-rdrop": ["--precision", "bf16", "--attn_implementation", "sdpa", "--r_drop_alpha", "5"],
 }
 
 
