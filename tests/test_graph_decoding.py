@@ -14,7 +14,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from vaswani_hf import generation_vaswani, validation_vaswani
+from vaswani_hf import VaswaniConfig, VaswaniForConditionalGeneration, generation_vaswani, validation_vaswani
 from vaswani_hf.graph_search_vaswani import (
     DONE_CHECK_EVERY,
     StaticBeamCacheLayer,
@@ -66,6 +66,21 @@ def test_the_static_search_gives_the_eager_searchs_tokens_and_scores(seed, devic
     assert torch.equal(static.sequences, eager.sequences)
     if kwargs["num_beams"] > 1:
         torch.testing.assert_close(static.sequences_scores, eager.sequences_scores, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("num_beams", [1, 4])
+def test_the_static_search_runs_past_the_sinusoid_table(num_beams, device):
+    """Source + 50 reaches past `max_position_embeddings` (64 in the tiny preset): the eager search grows the
+    sinusoid table as it goes, the static search's gather cannot, so the static cache grows it first. Without
+    that, CUDA asserted 'index out of bounds' in `vaswani train`'s evaluation and CPU raised an IndexError."""
+    torch.manual_seed(0)
+    model = VaswaniForConditionalGeneration(VaswaniConfig.tiny(eos_token_id=98)).eval().to(device)
+    input_ids = torch.randint(4, 90, (2, 30), device=device)
+    kwargs = dict(input_ids=input_ids, num_beams=num_beams, max_length_offset=50, return_dict_in_generate=True)
+    eager = model.generate(graph_decoding=False, cpu_fast_paths=False, **kwargs)
+    static = model.generate(graph_decoding=True, **kwargs)
+    assert eager.sequences.shape[1] > model.config.max_position_embeddings  # the case this test is about
+    assert torch.equal(static.sequences, eager.sequences)
 
 
 def test_the_parity_seeds_finish_sentences_at_many_lengths():

@@ -97,7 +97,8 @@ class VaswaniCommonTest(ModelTesterMixin, unittest.TestCase):
 def test_tester_inputs_run(attn):
     """Sanity check of the tester itself, so a silent tester bug cannot make the common tests vacuous."""
     config, inputs = VaswaniModelTester(None).prepare_config_and_inputs_for_common()
-    model = VaswaniForConditionalGeneration(config).eval()
+    # the tester makes its inputs on Transformers' `torch_device` (CUDA where it is visible): the model goes there
+    model = VaswaniForConditionalGeneration(config).to(inputs["input_ids"].device).eval()
     model.set_attn_implementation(attn)
     with torch.no_grad():
         out = model(**inputs)

@@ -218,8 +218,14 @@ class VaswaniSinusoidalPositionalEncoding(nn.Module):
             table = torch.stack([angles.sin(), angles.cos()], dim=-1).flatten(1)
         return table.to(torch.float32)
 
+    def cover(self, num_positions: int) -> None:
+        """Extend the table to `num_positions` rows ahead of a static cache's steps, whose gather cannot extend it."""
+        if num_positions > self.table.shape[0]:
+            self.table = self.compute_table(num_positions, self.table.device)
+
     def encodings(self, start: int | torch.Tensor, length: int) -> torch.Tensor:
-        if isinstance(start, torch.Tensor):  # a static cache's length (torch.compile): gather, no data-dependent slice
+        if isinstance(start, torch.Tensor):  # a static cache's length (torch.compile, CUDA graphs): gather, no
+            # data-dependent slice, so the table must already reach the cache's end (`cover`)
             return self.table[start + torch.arange(length, device=self.table.device)]
         end = start + length
         if end > self.table.shape[0]:
@@ -237,6 +243,10 @@ class VaswaniLearnedPositionalEmbedding(nn.Embedding):
     def __init__(self, config: VaswaniConfig):
         super().__init__(config.max_position_embeddings, config.d_model)
         self.dropout = config.dropout
+
+    def cover(self, num_positions: int) -> None:
+        """Nothing: a learned table cannot grow, and generate() ends a search at the table's end (a static cache
+        may be longer than the steps it is used for)."""
 
     def forward(self, scaled_embeddings: torch.Tensor, start: int | torch.Tensor = 0) -> torch.Tensor:
         length = scaled_embeddings.shape[1]
@@ -471,9 +481,11 @@ class VaswaniDecoder(VaswaniStack):
         check_target(self.config, input_ids, inputs_embeds, attention_mask, past_length)
         if inputs_embeds is None:
             inputs_embeds = self.embed_tokens(input_ids)
+        self_attn_cache = cache.self_attention_cache if isinstance(cache, EncoderDecoderCache) else cache
+        if isinstance(past_length, torch.Tensor):  # a static cache (Transformers' static loop, the graph search)
+            self.embed_positions.cover(self_attn_cache.get_max_length())
         hidden_states = self.embed_positions(inputs_embeds * self.embed_scale, start=past_length)
 
-        self_attn_cache = cache.self_attention_cache if isinstance(cache, EncoderDecoderCache) else cache
         # the cache is passed by position: its keyword is `past_key_values` before Transformers 5.24, `cache` after
         causal_mask = create_causal_mask(self.config, inputs_embeds, attention_mask, self_attn_cache)
         encoder_attention_mask = create_bidirectional_mask(
