@@ -19,7 +19,7 @@ Cases:
 Before timing, the graphed search's outputs are checked against the eager search's (tokens equal, beam scores to
 1e-4); the report lists the checks.
 
-    python benchmarks/gpu.py --out benchmarks/results/gpu_h100.md     # on the GPU machine, ~5 min
+    python benchmarks/gpu.py --out benchmarks/results/gpu_h200.md     # on the GPU machine, ~3 min on an H200
     python benchmarks/gpu.py --quick --device cpu                     # a smoke run of the script (tests)
 """
 
