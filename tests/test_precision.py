@@ -268,6 +268,33 @@ def test_trainer_trains_bf16_weights_and_hands_back_fp32(cpu, tmp_path):
     assert any(not torch.equal(t, t.to(torch.bfloat16).float()) for t in first.values())
 
 
+def test_weight_decay_reaches_the_master_weights_decoupled(cpu, tmp_path):
+    """`--weight_decay` (a Multi30k candidate) on the bf16-weights path: AdamW's decoupled decay (Loshchilov and
+    Hutter) shrinks each fp32 master by lr * decay before Adam's step, on the matrices and embeddings only, as
+    Transformers' Trainer groups them (biases and LayerNorm are not decayed)."""
+    if cpu == "none":
+        pytest.skip("the bf16 path is refused on this kind of CPU (tested above)")
+    trainer = bf16_trainer(tmp_path, weight_decay=0.5)
+    optimizer = trainer.create_optimizer()
+    assert isinstance(optimizer, MasterWeightAdamW)
+    decay = {g["weight_decay"]: g for g in optimizer.param_groups}
+    assert set(decay) == {0.5, 0.0}
+    decayed_masters = {id(m) for m in decay[0.5]["params"]}
+    by_param = {id(p): n for n, p in trainer.model.named_parameters()}
+    pairs = list(zip(optimizer.model_params, optimizer.master_params, strict=True))
+    decayed = {by_param[id(p)] for p, m in pairs if id(m) in decayed_masters}
+    assert decayed and all(not n.endswith("bias") and "norm" not in n for n in decayed), decayed
+    assert any(n.endswith("bias") for n in set(by_param.values()) - decayed)
+    before = [m.clone() for m in optimizer.master_params]
+    for p in optimizer.model_params:  # a zero gradient: Adam's step is 0, so only the decay moves a weight
+        p.grad = torch.zeros_like(p)
+    optimizer.param_groups[0]["lr"] = optimizer.param_groups[1]["lr"] = 0.1
+    optimizer.step()
+    for master, old in zip(optimizer.master_params, before, strict=True):
+        expected = old * (1 - 0.1 * 0.5) if id(master) in decayed_masters else old
+        torch.testing.assert_close(master, expected, atol=1e-7, rtol=0)
+
+
 def test_bf16_run_hands_back_the_best_checkpoint_when_asked(cpu, tmp_path):
     if cpu == "none":
         pytest.skip("the bf16 path is refused on this kind of CPU (tested above)")
