@@ -288,7 +288,8 @@ def test_weight_decay_reaches_the_master_weights_decoupled(cpu, tmp_path):
     before = [m.clone() for m in optimizer.master_params]
     for p in optimizer.model_params:  # a zero gradient: Adam's step is 0, so only the decay moves a weight
         p.grad = torch.zeros_like(p)
-    optimizer.param_groups[0]["lr"] = optimizer.param_groups[1]["lr"] = 0.1
+    for group in optimizer.param_groups:
+        group["lr"] = 0.1
     optimizer.step()
     for master, old in zip(optimizer.master_params, before, strict=True):
         expected = old * (1 - 0.1 * 0.5) if id(master) in decayed_masters else old
