@@ -1,11 +1,13 @@
-"""R-Drop (vaswani_hf/regularization.py), an opt-in regularizer: its loss as the paper defines it, computed here
-independently with `F.kl_div` on the logits of the two dropout passes, and what a run with it does."""
+"""The opt-in regularizers of vaswani_hf/regularization.py. R-Drop: its loss as the paper defines it, computed here
+independently with `F.kl_div` on the logits of the two dropout passes, and what a run with it does. Token drop on
+the source: which tokens it replaces and how often, and that a training step's loss is the loss on the dropped
+source."""
 
 import pytest
 import torch
 from torch.nn import functional as F
 
-from vaswani_hf.regularization import r_drop_loss
+from vaswani_hf.regularization import drop_source_tokens, r_drop_loss
 
 from .test_recipe import make_trainer, tokenizer  # noqa: F401 (a fixture)
 
@@ -67,3 +69,48 @@ def test_a_negative_alpha_is_refused(tmp_path):
 
     with pytest.raises(ValueError, match="r_drop_alpha must be 0"):
         VaswaniTrainingArguments(output_dir=str(tmp_path), r_drop_alpha=-1.0, use_cpu=True, report_to=[])
+
+
+# --- token drop on the source -----------------------------------------------------------------------------
+
+
+def test_token_drop_replaces_other_tokens_by_unk_at_its_rate_and_keeps_padding_and_eos():
+    torch.manual_seed(0)
+    pad, eos, unk = 0, 2, 3
+    input_ids = torch.randint(4, 100, (200, 500))
+    input_ids[:, -1], input_ids[:100, -50:] = eos, pad
+    dropped = drop_source_tokens(input_ids, 0.25, unk, [pad, eos])
+    kept = torch.isin(input_ids, torch.tensor([pad, eos]))
+    assert torch.equal(dropped[kept], input_ids[kept])
+    changed = dropped != input_ids
+    assert (dropped[changed] == unk).all()
+    assert changed[~kept].float().mean().item() == pytest.approx(0.25, abs=0.005)  # ~95,000 droppable tokens
+    assert torch.equal(drop_source_tokens(input_ids, 0.0, unk, [pad, eos]), input_ids)
+
+
+def test_a_training_step_with_token_drop_is_the_loss_on_the_dropped_source(tokenizer, tmp_path):  # noqa: F811
+    trainer = make_trainer(tokenizer, tmp_path, dropout=0.0, source_token_dropout=0.3)
+    model = trainer.model.train()
+    batch = training_batch(trainer)
+    config = model.config
+    smoothed = {**batch, "label_smoothing": trainer.args.label_smoothing_factor}
+    torch.manual_seed(0)
+    source = drop_source_tokens(
+        batch["input_ids"], 0.3, config.unk_token_id, [config.pad_token_id, config.eos_token_id, config.bos_token_id]
+    )
+    expected = model(**{**smoothed, "input_ids": source}).loss
+    torch.manual_seed(0)
+    loss = trainer.compute_loss(model, batch)
+    torch.testing.assert_close(loss, expected)
+    assert (source == config.unk_token_id).any() and not torch.allclose(loss, model(**smoothed).loss)
+    model.eval()  # evaluation sees the whole source
+    torch.manual_seed(0)
+    torch.testing.assert_close(trainer.compute_loss(model, batch), model(**batch).loss)
+
+
+@pytest.mark.parametrize("p", [-0.1, 1.0])
+def test_a_token_drop_outside_zero_to_one_is_refused(tmp_path, p):
+    from vaswani_hf.trainer import VaswaniTrainingArguments
+
+    with pytest.raises(ValueError, match="source_token_dropout must be a probability"):
+        VaswaniTrainingArguments(output_dir=str(tmp_path), source_token_dropout=p, use_cpu=True, report_to=[])

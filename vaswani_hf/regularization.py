@@ -7,6 +7,12 @@ distributions to the two cross-entropies. Per target token, the paper's loss is
     NLL_1 + NLL_2 + (alpha / 2) * (KL(P_1 || P_2) + KL(P_2 || P_1)).
 `r_drop_loss` returns half of it (the mean of the two cross-entropies plus alpha / 4 times the two KL terms), so a
 run's loss keeps the scale of a plain run's while alpha means what it means in the paper.
+
+Token drop on the source (Zhang et al., 2020, "Token Drop mechanism for Neural Machine Translation"; Sennrich et al.,
+2016, dropped whole source words for the same reason): during training, each source token is replaced by a drop
+token with probability p, so the model cannot lean on any one source token. Only the replacement is implemented,
+not the paper's two auxiliary losses. The drop token is `<unk>`, which subword data almost never contains, so the
+vocabulary and a trained model's files stay as they are. Padding and the end-of-sentence token are never dropped.
 """
 
 from __future__ import annotations
@@ -38,6 +44,14 @@ def r_drop_loss(model: torch.nn.Module, inputs: dict, alpha: float, num_items_in
     if isinstance(tokens, torch.Tensor):
         tokens = tokens.to(symmetric.device)
     return outputs.loss + alpha / 4 * symmetric / tokens, outputs
+
+
+def drop_source_tokens(input_ids: torch.Tensor, p: float, drop_token_id: int, keep_ids: list[int]) -> torch.Tensor:
+    """`input_ids` with each token not in `keep_ids` replaced by `drop_token_id` with probability `p`, independently
+    (a new tensor; the batch the loader gave is not changed)."""
+    droppable = ~torch.isin(input_ids, torch.tensor(keep_ids, device=input_ids.device))
+    dropped = droppable & (torch.rand(input_ids.shape, device=input_ids.device) < p)
+    return input_ids.masked_fill(dropped, drop_token_id)
 
 
 def with_r_drop(model: torch.nn.Module, alpha: float) -> Callable[..., ModelOutput]:

@@ -25,7 +25,7 @@ from transformers.utils import CONFIG_NAME
 
 from .batching import TokenBudgetBatchSampler
 from .precision import MasterWeightAdamW, Precision, resolve_precision
-from .regularization import with_r_drop
+from .regularization import drop_source_tokens, with_r_drop
 from .training_speed import BucketPadding, Speedups, compile_in_place, length_buckets, tf32_products, uncompiled
 
 logger = logging.getLogger(__name__)
@@ -79,6 +79,12 @@ class VaswaniTrainingArguments(Seq2SeqTrainingArguments):
                   "times the symmetric KL divergence of the two predictions to the loss (vaswani_hf.regularization); "
                   "0 = off, the paper's recipe. Costs a second forward and backward of every batch"},
     )  # fmt: skip
+    source_token_dropout: float = field(
+        default=0.0,
+        metadata={"help": "token drop on the source (Zhang et al., 2020): while training, replace each source token "
+                  "(not padding or </s>) by <unk> with this probability (vaswani_hf.regularization); 0 = off, the "
+                  "paper's recipe"},
+    )  # fmt: skip
     speedups: str = field(
         default="auto",
         metadata={"help": "auto: on a GPU, measure a few steps and keep what is faster (torch.compile with bucketed "
@@ -125,6 +131,9 @@ class VaswaniTrainingArguments(Seq2SeqTrainingArguments):
         if self.r_drop_alpha < 0:
             raise ValueError(f"--r_drop_alpha must be 0 (off) or positive (the KL term's weight), got "
                              f"{self.r_drop_alpha}.")  # fmt: skip
+        if not 0 <= self.source_token_dropout < 1:
+            raise ValueError(f"--source_token_dropout must be a probability in [0, 1) (0 = off), got "
+                             f"{self.source_token_dropout}.")  # fmt: skip
 
     @property
     def sharded(self) -> bool:
@@ -318,6 +327,8 @@ class VaswaniTrainer(Seq2SeqTrainer):
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         if model.training and self.args.label_smoothing_factor and "labels" in inputs:
             inputs = {**inputs, "label_smoothing": self.args.label_smoothing_factor}
+        if model.training and self.args.source_token_dropout and "input_ids" in inputs:
+            inputs = {**inputs, "input_ids": self._drop_source_tokens(model, inputs["input_ids"])}
         runner = model
         if model.training and self.args.r_drop_alpha and "labels" in inputs:
             runner = with_r_drop(model, self.args.r_drop_alpha)
@@ -333,6 +344,15 @@ class VaswaniTrainer(Seq2SeqTrainer):
             if "labels" in inputs:
                 self.target_tokens_seen += int((inputs["labels"] != -100).sum())
         return result
+
+    def _drop_source_tokens(self, model: torch.nn.Module, input_ids: torch.Tensor) -> torch.Tensor:
+        config = self.accelerator.unwrap_model(model).config
+        if config.unk_token_id is None:
+            raise ValueError("--source_token_dropout replaces source tokens by <unk>, but the model's config has "
+                             "no unk_token_id: set one (--config_overrides unk_token_id=ID) or leave the option "
+                             "at 0.")  # fmt: skip
+        keep = [i for i in (config.pad_token_id, config.eos_token_id, config.bos_token_id) if i is not None]
+        return drop_source_tokens(input_ids, self.args.source_token_dropout, config.unk_token_id, keep)
 
     def _issue_warnings_after_load(self, load_result) -> None:
         # Tied copies (embeddings, output projection) are saved once; their absence on resume is expected.
