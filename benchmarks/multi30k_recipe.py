@@ -73,9 +73,20 @@ def train_arguments(change: str) -> list[str]:
     return [*flags, "--config_overrides", ",".join(overrides)]
 
 
+def finished(run_dir: Path) -> bool:
+    """Whether `run_dir` holds a run that trained to its end. `vaswani train` also saves the model when it is stopped
+    early (by a signal, or by --max_train_minutes), so a saved model alone does not say so; its trainer state does."""
+    state = run_dir / "trainer_state.json"
+    if not ((run_dir / "model.safetensors").is_file() and state.is_file()):
+        return False
+    saved = json.loads(state.read_text(encoding="utf-8"))
+    return saved.get("global_step", 0) >= saved.get("max_steps", 1)
+
+
 def train(run_dir: Path, seed: int, data: Path, change: str, runner: Runner) -> None:
-    """The recipe (plus `change`) for one seed into `run_dir`: nothing if its model is saved, resumed if stopped."""
-    if (run_dir / "config.json").is_file() and (run_dir / "model.safetensors").is_file():
+    """The recipe (plus `change`) for one seed into `run_dir`: nothing if it trained to its end, resumed if it was
+    stopped."""
+    if finished(run_dir):
         return
     resume = ["--resume", "true"] if any(run_dir.glob("checkpoint-*")) else []
     runner(["train", "--data", str(data), *train_arguments(change), "--seed", str(seed),

@@ -44,6 +44,15 @@ def test_one_seed_has_a_mean_and_no_spread():
     assert "| mean | **38.82** |" in table and "standard deviation" not in table
 
 
+def saved_model(run_dir: Path, global_step: int, max_steps: int) -> None:
+    """What `vaswani train` leaves in its output folder when it ends, or when a signal stops it at `global_step`."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    for name in ("config.json", "model.safetensors"):
+        (run_dir / name).write_text("{}")
+    state = {"global_step": global_step, "max_steps": max_steps}
+    (run_dir / "trainer_state.json").write_text(json.dumps(state))
+
+
 class FakeVaswani:
     """Stands in for the `vaswani` command: `train` saves a model folder, `evaluate` writes translations and prints
     its JSON after other output; every call is recorded."""
@@ -54,10 +63,8 @@ class FakeVaswani:
     def __call__(self, args):
         self.calls.append(args)
         if args[0] == "train":
-            run_dir = Path(args[args.index("--output_dir") + 1])
-            run_dir.mkdir(parents=True, exist_ok=True)
-            for name in ("config.json", "model.safetensors"):
-                (run_dir / name).write_text("{}")
+            run_dir, steps = Path(args[args.index("--output_dir") + 1]), int(args[args.index("--max_steps") + 1])
+            saved_model(run_dir, global_step=steps, max_steps=steps)
             return "training summary\n"
         run_dir, split = Path(args[1]), args[args.index("--split") + 1]
         seed = int(run_dir.name.rsplit("-s", 1)[1])
@@ -70,7 +77,8 @@ def test_one_command_trains_and_scores_each_seed_once_then_resumes(tmp_path):
     data, runs, results = tmp_path / "data", tmp_path / "runs", tmp_path / "results"
     data.mkdir()
     bleu = {seed: {split: b for split, (b, _) in row.items()} for seed, row in COMMITTED.items()}
-    (runs / "recipe-s2" / "checkpoint-300").mkdir(parents=True)  # seed 2 stopped midway
+    (runs / "recipe-s2" / "checkpoint-300").mkdir(parents=True)  # seed 2 stopped midway by a signal, which
+    saved_model(runs / "recipe-s2", global_step=300, max_steps=4016)  # saves the model too: it must resume
     fake = FakeVaswani(bleu)
     argv = ["--data", str(data), "--runs", str(runs), "--splits", "val", "test2016", "--results", str(results)]
     assert recipe.main(argv, runner=fake) == 0
