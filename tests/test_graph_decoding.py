@@ -72,8 +72,8 @@ def test_the_static_search_gives_the_eager_searchs_tokens_and_scores(seed, devic
 def test_the_static_search_runs_past_the_sinusoid_table(num_beams, device):
     """Source + 50 reaches past `max_position_embeddings` (64 in the tiny preset): the eager search grows the
     sinusoid table as it goes, the static search's gather cannot, so the decoder grows it to the static cache's end
-    first. Without
-    that, CUDA asserted 'index out of bounds' in `vaswani train`'s evaluation and CPU raised an IndexError."""
+    first. Without that, CUDA asserted 'index out of bounds' in `vaswani train`'s evaluation and CPU raised an
+    IndexError."""
     torch.manual_seed(0)
     model = VaswaniForConditionalGeneration(VaswaniConfig.tiny(eos_token_id=98)).eval().to(device)
     input_ids = torch.randint(4, 90, (2, 30), device=device)
