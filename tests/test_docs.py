@@ -79,6 +79,31 @@ def test_every_block_says_whether_it_runs():
     assert not stray, f"a docs-test marker above a block that is neither bash nor python: {stray}"
 
 
+LINK = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")  # [text](target) or [text](target#anchor)
+LINKED = [*DOCUMENTS, *sorted((ROOT / "benchmarks").rglob("*.md"))]
+
+
+def broken_links(document: Path) -> list[str]:
+    """Relative link targets in `document` that do not exist. A link resolves from the document's own folder, as
+    GitHub and every Markdown viewer resolve it, so `benchmarks/...` written in docs/ is broken (it wants `../`)."""
+    targets = [match.group(1) for match in LINK.finditer(document.read_text(encoding="utf-8"))]
+    return [t for t in targets if "://" not in t and not t.startswith("mailto:") and not (document.parent / t).exists()]
+
+
+def test_every_relative_link_resolves():
+    broken = {str(d.relative_to(ROOT)): b for d in LINKED if (b := broken_links(d))}
+    assert not broken, f"links to files that do not exist (relative to the linking file's folder): {broken}"
+
+
+def test_a_link_resolves_from_its_own_folder(tmp_path):
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "benchmarks").mkdir()
+    (tmp_path / "benchmarks" / "table.md").write_text("|a|\n")
+    page = tmp_path / "docs" / "page.md"
+    page.write_text("[good](../benchmarks/table.md#top), [bad](benchmarks/table.md), [web](https://example.org/x)\n")
+    assert broken_links(page) == ["benchmarks/table.md"]
+
+
 def test_the_marker_parser_sees_what_a_reader_sees(tmp_path):
     page = tmp_path / "page.md"
     page.write_text(
