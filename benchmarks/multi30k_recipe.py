@@ -80,7 +80,7 @@ def finished(run_dir: Path) -> bool:
     if not ((run_dir / "model.safetensors").is_file() and state.is_file()):
         return False
     saved = json.loads(state.read_text(encoding="utf-8"))
-    return saved.get("global_step", 0) >= saved.get("max_steps", 1)
+    return saved["global_step"] >= saved["max_steps"]  # the Trainer writes both
 
 
 def train(run_dir: Path, seed: int, data: Path, change: str, runner: Runner) -> None:
