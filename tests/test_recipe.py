@@ -4,6 +4,7 @@ averaging, resume, and data readers. In-process, on the tiny preset."""
 import importlib.util
 import json
 import os
+import signal
 
 import numpy as np
 import pytest
@@ -11,13 +12,13 @@ import torch
 from transformers import TrainerCallback, get_scheduler
 
 from vaswani_hf import VaswaniConfig, VaswaniForConditionalGeneration
-from vaswani_hf.averaging import average_checkpoints, list_checkpoints, load_weights
+from vaswani_hf.averaging import STOP_MARKER, average_checkpoints, last_checkpoints, list_checkpoints, load_weights
 from vaswani_hf.batching import TokenBudgetBatchSampler
 from vaswani_hf.data import load_split
 from vaswani_hf.recipe import DataArguments, ModelArguments, VaswaniTrainingArguments, build_trainer, train
 from vaswani_hf.tasks import number_pairs
 from vaswani_hf.tokenization import train_shared_bpe
-from vaswani_hf.trainer import STAGING_DIR, noam_learning_rate
+from vaswani_hf.trainer import STAGING_DIR, GracefulStopCallback, noam_learning_rate
 
 from .helpers import TINY_RUN, vaswani
 
@@ -252,6 +253,30 @@ def test_averaging_fewer_checkpoints_than_asked_says_so(tokenizer, tmp_path, cap
     trainer = make_trainer(tokenizer, tmp_path, max_steps=4, save_strategy="steps", save_steps=2, average_last=5)
     assert train(trainer)["averaged"] == ["checkpoint-2", "checkpoint-4"]
     assert "--average_last 5: the run wrote 2 checkpoint(s), so the final model averages 2" in caplog.text
+
+
+class SignalAfter(TrainerCallback):
+    """What SIGTERM during update `step` does, without sending one: the stop callback sees it after that update."""
+
+    def __init__(self, stop: GracefulStopCallback, step: int) -> None:
+        self.stop, self.step = stop, step
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step == self.step:
+            self.stop.signal = signal.SIGTERM
+
+
+@pytest.mark.parametrize("stop_at", [5, 4])  # off the save schedule (every 2), and on it
+def test_a_stopped_and_resumed_run_averages_what_an_uninterrupted_one_does(tokenizer, tmp_path, stop_at):
+    settings = {"max_steps": 8, "save_strategy": "steps", "save_steps": 2, "average_last": 3, "max_tokens": 500}
+    stop = GracefulStopCallback()
+    assert train(make_trainer(tokenizer, tmp_path, [SignalAfter(stop, stop_at), stop], **settings))["averaged"] == []
+    marked = [c.name for c in list_checkpoints(tmp_path) if (c / STOP_MARKER).is_file()]
+    assert marked == ([] if stop_at == 4 else ["checkpoint-5"])
+    # still stopped: its latest checkpoint is the run's newest weights and counts
+    assert last_checkpoints(tmp_path, 3, "--last")[-1].name == f"checkpoint-{stop_at}"
+    resumed = make_trainer(tokenizer, tmp_path, [GracefulStopCallback()], **settings)
+    assert train(resumed, resume=True)["averaged"] == ["checkpoint-4", "checkpoint-6", "checkpoint-8"]
 
 
 def test_evaluation_scores_every_example_once_against_raw_references(tokenizer, tmp_path):

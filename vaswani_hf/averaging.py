@@ -14,6 +14,8 @@ from safetensors.torch import load_file
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
 _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
+# written into a checkpoint saved at a stop (a signal, --max_train_minutes) rather than by the save schedule
+STOP_MARKER = "stopped_here.json"
 logger = logging.getLogger(__name__)
 
 
@@ -28,8 +30,17 @@ def list_checkpoints(run_dir: str | Path) -> list[Path]:
 
 def last_checkpoints(run_dir: str | Path, n: int, option: str) -> list[Path]:
     """The last `n` complete checkpoints of a run (for `option`, the flag that asked); a warning says when the run
-    wrote fewer, rather than averaging fewer in silence."""
-    found = list_checkpoints(run_dir)[-n:]
+    wrote fewer, rather than averaging fewer in silence.
+
+    A checkpoint written at a stop is left out once the run has been resumed past it: it is off the save schedule,
+    and counting it would shift the span (the last 5 of a run stopped at update 3,314 would start at 3,300, not
+    3,000). The latest checkpoint of a run that is still stopped counts."""
+    found = list_checkpoints(run_dir)
+    skipped = [c for c in found[:-1] if (c / STOP_MARKER).is_file()]
+    if skipped:
+        logger.info("%s: left out %s, written when the run was stopped (off the save schedule)", option,
+                    ", ".join(c.name for c in skipped))  # fmt: skip
+    found = [c for c in found if c not in skipped][-n:]
     if len(found) < n:
         outcome = f"the final model averages {len(found)}" if found else "nothing is averaged"
         logger.warning("%s %d: the run wrote %d checkpoint(s), so %s. Save more often (--save_steps) to average as "

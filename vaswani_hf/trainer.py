@@ -23,6 +23,7 @@ from transformers import Seq2SeqTrainer, Seq2SeqTrainingArguments, TrainerCallba
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, SaveStrategy, SchedulerType, rotate_checkpoints
 from transformers.utils import CONFIG_NAME
 
+from .averaging import STOP_MARKER
 from .batching import TokenBudgetBatchSampler
 from .precision import MasterWeightAdamW, Precision, resolve_precision
 from .regularization import drop_source_tokens, with_r_drop
@@ -391,11 +392,32 @@ class VaswaniTrainer(Seq2SeqTrainer):
         self.accelerator.wait_for_everyone()
 
 
-class WallClockCallback(TrainerCallback):
+class StopWithCheckpoint(TrainerCallback):
+    """A stop that finishes the current step, writes a checkpoint and ends training. A checkpoint the save
+    schedule did not ask for is marked, so that averaging leaves it out once a resumed run has gone past it:
+    a run stopped and resumed then averages the same checkpoints as one that never stopped."""
+
+    def __init__(self) -> None:
+        self.unscheduled_save = False
+
+    def stop(self, control) -> None:
+        # DefaultFlowCallback runs first and has already asked for the save when the schedule has one here
+        self.unscheduled_save = self.unscheduled_save or not control.should_save
+        control.should_save = control.should_training_stop = True
+
+    def on_save(self, args, state, control, **kwargs):
+        if self.unscheduled_save and args.should_save:
+            checkpoint = Path(args.output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}"
+            (checkpoint / STOP_MARKER).write_text(json.dumps({"step": state.global_step}) + "\n")
+        self.unscheduled_save = False
+
+
+class WallClockCallback(StopWithCheckpoint):
     """Adds `elapsed_s` (seconds since training began) to every log entry, for curves against wall time,
     and stops training (with a checkpoint) once `max_train_minutes` have passed."""
 
     def __init__(self, max_train_minutes: float | None = None) -> None:
+        super().__init__()
         self.max_seconds = max_train_minutes * 60 if max_train_minutes else math.inf
         self.start = time.perf_counter()
         self.stopped = False
@@ -410,15 +432,16 @@ class WallClockCallback(TrainerCallback):
     def on_step_end(self, args, state, control, **kwargs):
         if time.perf_counter() - self.start > self.max_seconds:
             logger.warning("time limit of %.1f minutes reached at step %d", self.max_seconds / 60, state.global_step)
-            control.should_save = control.should_training_stop = True
+            self.stop(control)
             self.stopped = True
 
 
-class GracefulStopCallback(TrainerCallback):
+class GracefulStopCallback(StopWithCheckpoint):
     """SIGINT or SIGTERM during training: finish the current step, write a checkpoint, stop. Under DDP the
     request is shared across processes so all of them stop at the same step."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.signal: int | None = None
         self.previous: dict[int, object] = {}
 
@@ -439,7 +462,7 @@ class GracefulStopCallback(TrainerCallback):
             torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
             requested = bool(flag.item())
         if requested:
-            control.should_save = control.should_training_stop = True
+            self.stop(control)
             self.signal = self.signal or signal.SIGTERM  # another process was signalled
 
     def on_train_end(self, args, state, control, **kwargs):
