@@ -11,7 +11,7 @@ import pytest
 import torch
 from transformers import TrainerCallback
 
-from vaswani_hf.averaging import list_checkpoints, load_weights
+from vaswani_hf.averaging import STOP_MARKER, list_checkpoints, load_weights
 from vaswani_hf.tasks import number_pairs
 from vaswani_hf.trainer import STAGING_DIR
 
@@ -69,6 +69,8 @@ def test_sigterm_writes_a_checkpoint_and_exits_cleanly_then_resume_matches(data,
     assert "Traceback" not in stderr and "stopped by SIGTERM at step" in stderr and "--resume" in stderr
     stopped_at = int(stderr.split("stopped by SIGTERM at step ")[1].split(":")[0])
     assert list_checkpoints(out)[-1].name == f"checkpoint-{stopped_at}"  # written at the step it stopped
+    # marked when off the save schedule (every 20), so averaging leaves it out once the run resumes past it
+    assert (out / f"checkpoint-{stopped_at}" / STOP_MARKER).is_file() == (stopped_at % 20 != 0)
     result = subprocess.run(command(data, out, "--resume"), capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-3000:]
     assert_same_weights(uninterrupted, out)
