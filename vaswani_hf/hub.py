@@ -188,16 +188,15 @@ def write_model_card(model_dir: str | Path, repo_id: str | None = None) -> Model
     return card
 
 
-def write_training_card(trainer, data_args, stats: dict, metrics: dict, pairs: dict, builtin: bool, task: str) -> None:
+def write_training_card(trainer, data_args, stats: dict, metrics: dict, source: str, builtin: bool, task: str) -> None:
     """What `vaswani train` leaves beside the model: training_facts.json, the attention map of one evaluation
-    sentence, and the README.md model card."""
+    sentence (`source`, the first of the evaluation split), and the README.md model card."""
     from .attention import write_attention_maps
     from .inference import translate
 
     training_args = trainer.args
     output_dir = Path(training_args.output_dir)
     model, tokenizer = trainer.model, trainer.processing_class
-    source = (pairs.get(data_args.eval_split) or pairs[data_args.train_split])[0][0]
     example = (source, translate(model, tokenizer, [source], progress=False)[0])
     name = "built-in English-German number words" if builtin else (data_args.dataset_name or Path(data_args.data).name)
     if builtin:

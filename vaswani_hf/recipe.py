@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import pyarrow.compute as pc
 import torch
 from datasets import Dataset
 from transformers import (
@@ -29,6 +30,18 @@ from .hub import write_training_card
 from .inference import load_model
 from .metrics import decode, load_metrics, metric_name, score_with
 from .modeling_vaswani import VaswaniForConditionalGeneration
+from .preparation import (
+    InMemoryData,
+    PairRows,
+    PreparedData,
+    Source,
+    cache_dir,
+    load_tokenizer,
+    numpy_column,
+    prepare,
+    say,
+    tokenizer_hash,
+)
 from .tasks import builtin_splits
 from .tokenization import BPEDropoutPairs, train_shared_bpe
 from .trainer import (
@@ -49,9 +62,23 @@ PRESETS = ("base", "big", "small", "tiny")
 class DataArguments:
     data: str | None = field(
         default=None,
-        metadata={"help": "folder of {split}.{src} + {split}.{tgt}, {split}.tsv or {split}.jsonl files; "
-                  "none (and no --dataset_name) = the built-in number-words task"},
+        metadata={"help": "folder of {split}.{src} + {split}.{tgt}, {split}.tsv or {split}.jsonl files (prepared "
+                  "once into the cache), or a folder written by `vaswani prepare`; none (and no --dataset_name) = "
+                  "the built-in number-words task"},
     )  # fmt: skip
+    tokenizer: str | None = field(
+        default=None,
+        metadata={"help": "reuse a vocabulary instead of training BPE: a folder holding tokenizer.json (a trained "
+                  "model's, or a prepared folder's tokenizer/) or the file itself"},
+    )  # fmt: skip
+    bpe_sample_lines: int | None = field(
+        default=None,
+        metadata={"help": "train the BPE vocabulary on this many training pairs drawn at random (seed 0) instead of "
+                  "all of them (docs/decisions.md); default: all"},
+    )  # fmt: skip
+    preprocessing_num_workers: int | None = field(
+        default=None, metadata={"help": "processes that tokenize the data (default: one per core)"}
+    )
     dataset_name: str | None = field(default=None, metadata={"help": "a `datasets` dataset instead, e.g. wmt14"})
     dataset_config_name: str | None = field(default=None, metadata={"help": "its config, e.g. de-en"})
     src: str = field(default="en", metadata={"help": "source language suffix"})
@@ -80,6 +107,15 @@ class DataArguments:
         metadata={"help": "a metric reported beside BLEU and chrF (repeatable): a packaged name (bleu, chrf), a local "
                   "🤗 Evaluate module (a folder holding NAME.py, or the .py file), or a Hub id when online"},
     )  # fmt: skip
+
+    def source(self, tokenizer: str | None = None) -> Source:
+        """What `prepare` reads, with the options that change the prepared data."""
+        if self.bpe_sample_lines is not None and self.bpe_sample_lines < 1:
+            raise ValueError(f"--bpe_sample_lines must be a number of pairs (at least 1), got {self.bpe_sample_lines}.")
+        hub = self.dataset_name is not None
+        return Source(self.dataset_name if hub else self.data, self.src, self.tgt, hub, self.dataset_config_name,
+                      self.vocab_size, self.split_punctuation, self.bpe_sample_lines, tokenizer or self.tokenizer,
+                      self.max_length, self.train_split)  # fmt: skip
 
     def load(self, split: str) -> Pairs:
         hub = self.dataset_name is not None
@@ -111,36 +147,26 @@ class ModelArguments:
 def tokenize_pairs(
     pairs: Pairs, tokenizer: PreTrainedTokenizerBase, max_length: int | None = None, keep_text: bool = False
 ) -> Dataset:
-    """Encode pairs (no truncation) with their lengths and their index in `pairs` (column `pair`); with
-    `max_length`, drop and count the longer pairs.
+    """Encode pairs (no truncation) as `prepare` does, with their lengths and their index in `pairs` (column
+    `pair`); with `max_length`, drop and count the longer pairs. With `keep_text`, an evaluation set: never
+    filtered, in the given order, with its references as written (`target_text`)."""
+    data = InMemoryData({"pairs": pairs}, tokenizer, "pairs", None if keep_text else max_length)
+    return evaluation_set(data, "pairs") if keep_text else data.tokens("pairs")
 
-    Evaluation sets are never filtered (dropping test sentences would change the BLEU) and keep their raw
-    `target_text`: BLEU is scored against the references as written, not as the vocabulary can spell them."""
-    sources, targets = zip(*pairs, strict=True) if pairs else ((), ())
 
-    def encode(batch: dict) -> dict:
-        encoded = tokenizer(batch["source"], text_target=batch["target"])
-        columns = {k: encoded[k] for k in ("input_ids", "attention_mask", "labels")}
-        columns["source_length"] = [len(x) for x in columns["input_ids"]]
-        columns["target_length"] = [len(x) for x in columns["labels"]]
-        if keep_text:
-            columns["target_text"] = batch["target"]
-        return columns
-
-    # Arrow columns, not Python lists: WMT-sized data (millions of pairs) stays a few GB per process.
-    raw = Dataset.from_dict({"source": list(sources), "target": list(targets), "pair": range(len(sources))})
-    dataset = raw.map(encode, batched=True, batch_size=20000, remove_columns=["source", "target"],
-                      desc="tokenizing", keep_in_memory=True)  # fmt: skip
-    if max_length:
-        lengths = dataset.with_format("numpy")
-        keep = np.flatnonzero(np.maximum(lengths["source_length"], lengths["target_length"]) <= max_length)
-        if len(keep) < len(dataset):
-            logger.warning("dropped %d of %d training pairs longer than --max_length=%d tokens",
-                           len(dataset) - len(keep), len(dataset), max_length)  # fmt: skip
-            if not len(keep):
-                raise ValueError(f"every training pair is longer than --max_length={max_length} tokens: raise it.")
-            dataset = dataset.select(keep)
-    return dataset
+def evaluation_set(data: PreparedData, split: str, max_samples: int | None = None, by_length: bool = False) -> Dataset:
+    """A split's first `max_samples` pairs, tokenized, with each reference as written (`target_text`): BLEU is
+    scored against the references as written, not as the vocabulary can spell them. Evaluation sets are never
+    filtered (dropping test sentences would change the BLEU). `by_length`: longest source first, for less padding
+    in generation (BLEU does not depend on the order)."""
+    tokens = data.tokens(split).data.table
+    tokens = tokens.slice(0, len(tokens) if max_samples is None else max_samples)
+    text = data.text(split).data.table.take(tokens.column("pair"))
+    count = len(tokens)
+    order = np.arange(count)
+    if by_length:
+        order = np.argsort(-pc.utf8_length(text.column("source")).to_numpy(), kind="stable")
+    return Dataset(tokens.take(order).append_column("target_text", text.column("target").take(order)))
 
 
 class TranslationMetrics:
@@ -232,7 +258,7 @@ def parse_overrides(text: str | None) -> dict:
 
 
 def build_trainer(
-    pairs: dict[str, Pairs],
+    data: PreparedData | dict[str, Pairs],
     data_args: DataArguments,
     model_args: ModelArguments,
     training_args: VaswaniTrainingArguments,
@@ -240,17 +266,19 @@ def build_trainer(
     callbacks: list | None = None,
 ) -> VaswaniTrainer:
     """The paper's recipe on Seq2SeqTrainer: model (new or fine-tuned), token-budget batches, Noam schedule,
-    label smoothing, BLEU `compute_metrics` on the evaluation split when there is one."""
+    label smoothing, BLEU `compute_metrics` on the evaluation split when there is one. `data`: prepared data
+    (`vaswani_hf.preparation`), or pairs in memory by split, tokenized here."""
+    if not isinstance(data, PreparedData):
+        data = InMemoryData(data, tokenizer, data_args.train_split, data_args.max_length)
     set_seed(training_args.seed)
     model = build_model(model_args, tokenizer)
     if not training_args.learning_rate:
         warmup = int(training_args.warmup_steps)
         training_args.learning_rate = noam_learning_rate(warmup, model.config.d_model, warmup, model_args.lr_scale)
-    train_pairs = pairs[data_args.train_split]
-    train_set = tokenize_pairs(train_pairs, tokenizer, data_args.max_length)
+    train_set = data.tokens(data_args.train_split)
     # Batches are packed by the deterministic segmentation's lengths: with BPE-dropout a batch holds the same
     # pairs, spelled in about 14% more tokens at 0.1 (Multi30k).
-    train_lengths = tuple(train_set.with_format("numpy")[c] for c in ("source_length", "target_length"))
+    train_lengths = tuple(numpy_column(train_set, c) for c in ("source_length", "target_length"))
     planned = training_args.max_steps if training_args.max_steps > 0 else None
     training_args.speedups_choice = speedups_for_training(
         training_args.speedups,
@@ -263,13 +291,11 @@ def build_trainer(
         sharded=training_args.sharded,
     )
     if data_args.bpe_dropout:
-        train_set = BPEDropoutPairs([train_pairs[i] for i in train_set["pair"]], tokenizer, data_args.bpe_dropout)
-    eval_pairs = pairs.get(data_args.eval_split)
+        rows = PairRows(data.text(data_args.train_split), numpy_column(train_set, "pair"))
+        train_set = BPEDropoutPairs(rows, tokenizer, data_args.bpe_dropout)
     eval_set = None
-    if eval_pairs:
-        # Longest first: less padding in generation; BLEU does not depend on the order.
-        eval_pairs = sorted(eval_pairs[: data_args.max_eval_samples], key=lambda pair: -len(pair[0]))
-        eval_set = tokenize_pairs(eval_pairs, tokenizer, keep_text=True)
+    if data_args.eval_split in data.splits:
+        eval_set = evaluation_set(data, data_args.eval_split, data_args.max_eval_samples, by_length=True)
     return VaswaniTrainer(
         model=model,
         args=training_args,
@@ -325,10 +351,10 @@ def peak_accelerator_memory(device: torch.device) -> dict:
 def load_or_train_tokenizer(
     data_args: DataArguments, model_args: ModelArguments, training_args: VaswaniTrainingArguments, pairs: dict
 ) -> PreTrainedTokenizerBase:
-    """The checkpoint's tokenizer when fine-tuning; otherwise a shared BPE trained once (by the main process,
-    the others load it) and kept in output_dir, where --resume finds it again."""
-    if model_args.model_name_or_path:
-        return AutoTokenizer.from_pretrained(model_args.model_name_or_path)
+    """For pairs in memory: the checkpoint's tokenizer when fine-tuning, --tokenizer when given; otherwise a shared
+    BPE trained once (by the main process, the others load it) and kept in output_dir, where --resume finds it."""
+    if model_args.model_name_or_path or data_args.tokenizer:
+        return load_tokenizer(data_args.tokenizer or model_args.model_name_or_path)
     output_dir = Path(training_args.output_dir)
     with training_args.main_process_first(desc="shared BPE vocabulary"):
         saved = (output_dir / "tokenizer.json").is_file()
@@ -338,6 +364,58 @@ def load_or_train_tokenizer(
         tokenizer = train_shared_bpe(texts, data_args.vocab_size, split_punctuation=data_args.split_punctuation)
         tokenizer.save_pretrained(output_dir)
         return tokenizer
+
+
+def resumed_vocabulary(data_args: DataArguments, training_args: VaswaniTrainingArguments) -> str | None:
+    """On --resume, the vocabulary the run began with (its output_dir's tokenizer), so that the run goes on with
+    it; None when the cache's preparation under the BPE options holds that very vocabulary (then it is reused)."""
+    saved = Path(training_args.output_dir)
+    if not (training_args.resume and (saved / "tokenizer.json").is_file()):
+        return None
+    cached = cache_dir() / data_args.source().key()[0]
+    same = PreparedData.is_prepared(cached) and tokenizer_hash(cached / "tokenizer") == tokenizer_hash(saved)
+    return None if same else str(saved)
+
+
+def training_data(data_args: DataArguments, model_args: ModelArguments, training_args: VaswaniTrainingArguments,
+                  builtin: bool) -> tuple[PreparedData, PreTrainedTokenizerBase]:  # fmt: skip
+    """The run's data and vocabulary (section 5.1), saved beside the model:
+    - the built-in task: its pairs in memory, and a BPE vocabulary trained on them;
+    - a folder written by `vaswani prepare`: its vocabulary and splits, memory-mapped;
+    - raw data (a folder or a Hub dataset): prepared once into the cache (`vaswani_hf.preparation`) by the main
+      process while the others wait, then memory-mapped by all; a rerun, --resume or another run with the same
+      data and vocabulary options finds it there.
+    Fine-tuning keeps the checkpoint's vocabulary; one without a fast tokenizer reads its pairs into memory."""
+    quiet = not training_args.should_log
+    checkpoint_vocabulary = model_args.model_name_or_path
+    if checkpoint_vocabulary and not AutoTokenizer.from_pretrained(checkpoint_vocabulary).is_fast:
+        builtin = True  # a slow (Python) tokenizer cannot run in the preparing processes
+    if builtin:
+        pairs = builtin_splits() if data_args.data is None and data_args.dataset_name is None else {
+            split: data_args.load(split) for split in (data_args.train_split, data_args.eval_split)}  # fmt: skip
+        tokenizer = load_or_train_tokenizer(data_args, model_args, training_args, pairs)
+        return InMemoryData(pairs, tokenizer, data_args.train_split, data_args.max_length), tokenizer
+    if PreparedData.is_prepared(data_args.data):
+        data = PreparedData(data_args.data)
+        if (data.manifest["src"], data.manifest["tgt"]) != (data_args.src, data_args.tgt):
+            raise ValueError(f"{data.path} holds {data.manifest['src']}->{data.manifest['tgt']} data, not "
+                             f"{data_args.src}->{data_args.tgt}: check --src/--tgt.")  # fmt: skip
+        given = data_args.tokenizer or checkpoint_vocabulary
+        if given and tokenizer_hash(given) != tokenizer_hash(data.path / "tokenizer"):
+            raise ValueError(f"{data.path} was tokenized with another vocabulary than {given}'s: prepare the data "
+                             f"with --tokenizer {given}.")  # fmt: skip
+        if stale := data.stale_files():
+            logger.warning("%s was prepared from files that have changed since: %s. Prepare again to train on "
+                           "them as they are now.", data.path, ", ".join(stale))  # fmt: skip
+        say(f"data: the prepared data in {data.path}: {data.describe()}", quiet)
+    else:
+        vocabulary = data_args.tokenizer or checkpoint_vocabulary or resumed_vocabulary(data_args, training_args)
+        with training_args.main_process_first(desc="preparing the data"):
+            data = prepare(data_args.source(vocabulary), workers=data_args.preprocessing_num_workers, quiet=quiet)
+    tokenizer = data.tokenizer()
+    if training_args.should_save:
+        tokenizer.save_pretrained(training_args.output_dir)
+    return data, tokenizer
 
 
 def prepare_output_dir(training_args: VaswaniTrainingArguments) -> None:
@@ -364,14 +442,11 @@ def run_training(
     load_metrics(data_args.metric)  # and a metric that does not load or fails on a toy pair
     prepare_output_dir(training_args)
     output_dir = Path(training_args.output_dir)
-    if builtin:
-        pairs, task = builtin_splits(), "built-in English->German number words"
-    else:
-        pairs = {split: data_args.load(split) for split in (data_args.train_split, data_args.eval_split)}
-        task = f"{data_args.dataset_name or data_args.data} ({data_args.src}->{data_args.tgt})"
-    tokenizer = load_or_train_tokenizer(data_args, model_args, training_args, pairs)
+    task = ("built-in English->German number words" if builtin
+            else f"{data_args.dataset_name or data_args.data} ({data_args.src}->{data_args.tgt})")  # fmt: skip
+    data, tokenizer = training_data(data_args, model_args, training_args, builtin)
     stop = GracefulStopCallback()
-    trainer = build_trainer(pairs, data_args, model_args, training_args, tokenizer,
+    trainer = build_trainer(data, data_args, model_args, training_args, tokenizer,
                             callbacks=[stop, WallClockCallback(training_args.max_train_minutes)])  # fmt: skip
     main = trainer.is_world_process_zero()
     if main:
@@ -394,7 +469,9 @@ def run_training(
             (output_dir / f"{prefix}.hyp").write_text("\n".join(trainer.compute_metrics.hypotheses) + "\n")
     if main:
         try:
-            write_training_card(trainer, data_args, stats, metrics, pairs, builtin, task)
+            shown = data_args.eval_split if data_args.eval_split in data.splits else data_args.train_split
+            example = data.text(shown).data.table.column("source")[0].as_py()
+            write_training_card(trainer, data_args, stats, metrics, example, builtin, task)
         except Exception as err:  # the trained model matters more than its card: say so, keep going
             logger.warning("the model card could not be written (%s: %s); the model is saved", type(err).__name__, err)
         summary = {**stats, "eval_split": data_args.eval_split, **metrics, "model_dir": str(output_dir)}
