@@ -12,6 +12,9 @@ os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 # `--precision auto` measures bf16 against fp32 once per machine: keep that out of the user's cache directory
 os.environ.setdefault("VASWANI_PRECISION_CACHE", os.path.join(tempfile.mkdtemp(prefix="vaswani-"), "precision.json"))
 
+# and prepared data (`vaswani train --data RAW`) out of the user's 🤗 Datasets cache
+os.environ.setdefault("VASWANI_PREPARED_CACHE", tempfile.mkdtemp(prefix="vaswani-prepared-"))
+
 collect_ignore_glob = ["_upstream/*"]
 
 

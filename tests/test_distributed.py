@@ -34,6 +34,8 @@ def test_two_process_ddp_run(tmp_path):
     assert result.returncode == 0, result.stderr[-4000:]
     summaries = [json.loads(line) for line in result.stdout.splitlines() if line.startswith('{"steps"')]
     assert len(summaries) == 1  # printed by the main process only
+    # rank 0 prepared the data (every process that builds one says so); rank 1 waited and mapped the same files
+    assert result.stderr.count("data: prepared into") == 1, result.stderr[-4000:]
     summary = summaries[0]
     assert summary["world_size"] == 2 and summary["steps"] == 3
     # TranslationMetrics checks each row's labels against the example at that position, so 37 rows in

@@ -1,6 +1,7 @@
 """Interrupted work loses nothing: SIGTERM writes a checkpoint and exits cleanly, SIGKILL at any moment leaves the
 last complete checkpoint usable, and --resume reaches the same weights as an uninterrupted run."""
 
+import json
 import random
 import signal
 import subprocess
@@ -113,3 +114,39 @@ def test_a_nan_loss_stops_training_with_the_step_and_a_hint(tokenizer, tmp_path)
     trainer = make_trainer(tokenizer, tmp_path, [PoisonWeights()], max_steps=5)
     with pytest.raises(FloatingPointError, match=r"training loss is nan at step 3.*learning rate.*fp16"):
         trainer.train()
+
+
+def test_resume_skips_a_bad_newest_checkpoint_and_names_it(data, tmp_path):
+    out = tmp_path / "run"
+    steps = ["--max_steps", "60"]
+    first = subprocess.run(command(data, out, *steps), capture_output=True, text=True)
+    assert first.returncode == 0, first.stderr[-3000:]
+    weights = out / "checkpoint-60" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])  # a copy cut short
+    result = subprocess.run(command(data, out, "--resume", *steps), capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "checkpoint-60 cannot be resumed from" in result.stderr and "truncated or corrupt" in result.stderr
+    summary = json.loads(next(line for line in result.stdout.splitlines() if line.startswith('{"steps"')))
+    assert summary["resumed_from"].endswith("checkpoint-40") and summary["steps"] == 60
+
+
+@pytest.mark.parametrize("damage", ["truncated weights", "no optimizer state", "trainer state not JSON"])
+def test_the_newest_checkpoint_that_loads_is_resumed_and_none_is_an_error(damage, tokenizer, tmp_path):  # noqa: F811
+    from vaswani_hf.trainer import resumable_checkpoint, why_not_resumable
+
+    trainer = make_trainer(tokenizer, tmp_path, max_steps=2, save_strategy="steps", save_steps=1)
+    trainer.train()
+    good, newest = list_checkpoints(tmp_path)[-2:]
+    assert why_not_resumable(newest) is None
+    if damage == "truncated weights":
+        path = newest / "model.safetensors"
+        path.write_bytes(path.read_bytes()[:100])
+    elif damage == "no optimizer state":
+        (newest / "optimizer.pt").unlink()
+    else:
+        (newest / "trainer_state.json").write_text("{not json")
+    assert resumable_checkpoint(tmp_path) == str(good)
+    for checkpoint in (good,):
+        (checkpoint / "optimizer.pt").write_bytes(b"PK\x03\x04 cut")
+    with pytest.raises(ValueError, match=r"no checkpoint in .* loads \(checkpoint-2: .*; checkpoint-1: optimizer.pt"):
+        resumable_checkpoint(tmp_path)

@@ -59,16 +59,22 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
 
     @staticmethod
     def _pack(sorted_lengths: np.ndarray, max_tokens: int, buckets: list[int] | None) -> list[tuple[int, int]]:
-        # Lengths are ascending, so the last pair added is the longest: padded size = count x current length
-        # (x its bucket's length, with buckets; a new bucket starts a new batch).
-        bounds, start = [], 0
+        # Lengths are ascending, so the last pair added is the longest: a batch [start, end) is full when
+        # (end - start) x its last length (its bucket's, with buckets; a new bucket starts a new batch) exceeds the
+        # budget. One numpy search per batch, never a Python step per pair: tens of thousands of batches at WMT's
+        # size against millions of pairs.
         padded = sorted_lengths if buckets is None else np.asarray(buckets)[np.searchsorted(buckets, sorted_lengths)]
-        for end, length in enumerate(padded.tolist()):
-            new_bucket = buckets is not None and length != padded[start]
-            if end > start and ((end - start + 1) * length > max_tokens or new_bucket):
-                bounds.append((start, end))
-                start = end
-        bounds.append((start, len(sorted_lengths)))
+        padded = np.asarray(padded, dtype=np.int64)
+        # where each run of equal padded lengths ends: a batch never crosses a bucket's end
+        run_end = np.append(np.flatnonzero(np.diff(padded)) + 1, len(padded)) if buckets is not None else None
+        bounds, start, total = [], 0, len(padded)
+        while start < total:
+            limit = total if run_end is None else int(run_end[np.searchsorted(run_end, start, side="right")])
+            window = padded[start : min(limit, start + max_tokens // max(int(padded[start]), 1) + 1)]
+            fits = np.arange(1, len(window) + 1) * window <= max_tokens  # True, then False: both factors grow
+            end = start + max(int(np.count_nonzero(fits)), 1)
+            bounds.append((start, end))
+            start = end
         return bounds
 
     def _length_order(self, rng: np.random.Generator | None) -> np.ndarray:

@@ -1,4 +1,4 @@
-"""The `vaswani` command: train, translate, evaluate, score, average, export, shortlist, push, attention.
+"""The `vaswani` command: train, prepare, translate, evaluate, score, average, export, shortlist, push, attention.
 The decoding jobs (translate, evaluate, score, shortlist) live in `cli_decoding.py`.
 
 Trainer settings keep their Transformers names (`--max_steps`, `--learning_rate`, ...), with the paper's values as
@@ -66,6 +66,28 @@ def train_command(argv: list[str]) -> int:
         given.add("save_strategy")
     parser.set_defaults(**{k: v for k, v in defaults.items() if k not in given})
     return run_training(*parser.parse_args_into_dataclasses(argv), builtin=builtin)
+
+
+def prepare_command(argv: list[str]) -> int:
+    from .preparation import clear_cache, prepare
+    from .recipe import DataArguments
+
+    parser = HfArgumentParser(DataArguments, prog="vaswani prepare",
+                              description="Read, learn the BPE vocabulary and tokenize a corpus once, into a folder "
+                              "that `vaswani train --data DIR` memory-maps.")  # fmt: skip
+    parser.add_argument("--output_dir", help="where to write the prepared data (default: the cache)")
+    parser.add_argument("--clear_cache", action="store_true", help="delete the cache of prepared data and stop")
+    data_args, args = parser.parse_args_into_dataclasses(argv)
+    if args.clear_cache:
+        folder, freed = clear_cache()
+        print(f"cleared {folder} ({freed / 2**30:.2f} GiB)")
+        return 0
+    if data_args.data is None and data_args.dataset_name is None:
+        parser.error("give the corpus: --data FOLDER or --dataset_name NAME")
+    prepared = prepare(data_args.source(), args.output_dir, data_args.preprocessing_num_workers)
+    print(f"prepared data in {prepared.path}; train on it with `vaswani train --data {prepared.path} --src "
+          f"{data_args.src} --tgt {data_args.tgt} ...`")  # fmt: skip
+    return 0
 
 
 def push_command(argv: list[str]) -> int:
@@ -156,9 +178,10 @@ def export_command(argv: list[str]) -> int:
     return 0
 
 
-COMMANDS = {"train": train_command, "translate": translate_command, "evaluate": evaluate_command,
-            "average": average_command, "push": push_command, "attention": attention_command,
-            "export": export_command, "score": score_command, "shortlist": shortlist_command}  # fmt: skip
+COMMANDS = {"train": train_command, "prepare": prepare_command, "translate": translate_command,
+            "evaluate": evaluate_command, "average": average_command, "push": push_command,
+            "attention": attention_command, "export": export_command, "score": score_command,
+            "shortlist": shortlist_command}  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:

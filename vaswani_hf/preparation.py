@@ -318,18 +318,26 @@ def prepare(source: Source, output_dir: str | Path | None = None, workers: int |
         finally:
             shutil.rmtree(staging, ignore_errors=True)
         prepared = PreparedData(final, reused=False)
-        say(f"data: prepared into {final}: {prepared.describe()}", quiet)
+        # said by every process that built one, so that a DDP run shows it was built once
+        say(f"data: prepared into {final} in {manifest['seconds']['total']:.0f} s: {prepared.describe()}")
         return prepared
     finally:
         lock.release()
 
 
 def _build(source: Source, folder: Path, workers: int, quiet: bool) -> dict:
-    start = time.perf_counter()
+    clock = [time.perf_counter()]
+
+    def lap() -> float:
+        clock.append(time.perf_counter())
+        return round(clock[-1] - clock[-2], 1)
+
     splits = source.splits()
     counts = {split: _read_text(source, split, folder / "splits" / split / "text.arrow", quiet) for split in splits}
+    seconds = {"reading": lap()}
     tokenizer = _vocabulary(source, folder / "splits" / source.train_split / "text.arrow", quiet)
     tokenizer.save_pretrained(folder / "tokenizer")
+    seconds["vocabulary"] = lap()
     for split in splits:
         limit = source.max_length if split == source.train_split else None  # test sets are never filtered
         kept = _tokenize(tokenizer, folder / "splits" / split, limit, workers, quiet, split)
@@ -339,7 +347,7 @@ def _build(source: Source, folder: Path, workers: int, quiet: bool) -> dict:
     return {"format": FORMAT, "data": source.data, "hub": source.hub, "src": source.src, "tgt": source.tgt,
             "files": source.files(), "train_split": source.train_split, "max_length": source.max_length,
             "vocabulary": {**source.vocabulary(), "size": len(tokenizer)}, "splits": counts, "workers": workers,
-            "seconds": round(time.perf_counter() - start, 1),
+            "seconds": {**seconds, "tokenizing": lap(), "total": round(clock[-1] - clock[0], 1)},
             "dropped": "pairs with an empty side (every split); training pairs with more than max_length tokens "
                        "on a side"}  # fmt: skip
 

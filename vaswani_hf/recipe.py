@@ -50,6 +50,7 @@ from .trainer import (
     VaswaniTrainingArguments,
     WallClockCallback,
     noam_learning_rate,
+    resumable_checkpoint,
 )
 from .training_speed import speedups_for_training
 
@@ -310,15 +311,12 @@ def build_trainer(
 
 
 def train(trainer: VaswaniTrainer, resume: bool = False) -> dict:
-    """Train (from the last complete checkpoint with `resume`), average the last `average_last` checkpoints
+    """Train (with `resume`, from the newest checkpoint that loads whole), average the last `average_last` checkpoints
     when asked, save model + tokenizer to `output_dir`. Returns steps, time, throughput, loss."""
     args = trainer.args
-    checkpoint = None
-    if resume:
-        checkpoints = list_checkpoints(args.output_dir) if Path(args.output_dir).is_dir() else []
-        checkpoint = str(checkpoints[-1]) if checkpoints else None
-        if checkpoint is None:
-            logger.warning("--resume: no checkpoint in %s yet, starting from scratch", args.output_dir)
+    checkpoint = resumable_checkpoint(args.output_dir) if resume else None
+    if resume and checkpoint is None:
+        logger.warning("--resume: no checkpoint in %s yet, starting from scratch", args.output_dir)
     result = trainer.train(resume_from_checkpoint=checkpoint)
     tokens = trainer.accelerator.reduce(torch.tensor(trainer.target_tokens_seen, device=args.device), "sum")
     trainer.save_model(args.output_dir)

@@ -23,7 +23,7 @@ from transformers import Seq2SeqTrainer, Seq2SeqTrainingArguments, TrainerCallba
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, SaveStrategy, SchedulerType, rotate_checkpoints
 from transformers.utils import CONFIG_NAME
 
-from .averaging import STOP_MARKER
+from .averaging import STOP_MARKER, list_checkpoints, load_weights
 from .batching import TokenBudgetBatchSampler
 from .precision import MasterWeightAdamW, Precision, resolve_precision
 from .regularization import drop_source_tokens, with_r_drop
@@ -390,6 +390,48 @@ class VaswaniTrainer(Seq2SeqTrainer):
                 self.state.best_model_checkpoint = best.replace(os.path.join(STAGING_DIR, ""), "")
             rotate_checkpoints(run_dir, self.args.save_total_limit, self.state.best_model_checkpoint, use_mtime=False)
         self.accelerator.wait_for_everyone()
+
+
+# what Trainer writes into a checkpoint and reads back on resume (transformers.trainer's names)
+RESUMED_FILES = ("optimizer.pt", "scheduler.pt")
+
+
+def why_not_resumable(checkpoint: Path) -> str | None:
+    """Why training cannot resume from `checkpoint`, or None: its weights, optimizer, scheduler and trainer state
+    must all load (a disk filled up or a copy cut short leaves a folder that looks whole)."""
+    try:
+        load_weights(checkpoint)
+    except (ValueError, FileNotFoundError) as err:
+        return str(err)
+    for name in RESUMED_FILES:
+        if not (checkpoint / name).is_file():
+            return f"{name} is missing"
+        try:
+            torch.load(checkpoint / name, map_location="cpu", weights_only=True)
+        except Exception as err:  # torch raises several kinds for a cut or foreign file: all mean "cannot resume"
+            return f"{name} does not load ({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''})"
+    try:
+        json.loads((checkpoint / "trainer_state.json").read_text())
+    except (OSError, ValueError) as err:
+        return f"trainer_state.json does not load ({err})"
+    return None
+
+
+def resumable_checkpoint(output_dir: str | Path) -> str | None:
+    """The newest checkpoint of a run that loads whole (`why_not_resumable`); each newer one that does not is named
+    in a warning. None when the run has no checkpoint yet; an error when it has some and none loads."""
+    checkpoints = list_checkpoints(output_dir) if Path(output_dir).is_dir() else []
+    problems = []
+    for checkpoint in reversed(checkpoints):
+        problem = why_not_resumable(checkpoint)
+        if problem is None:
+            return str(checkpoint)
+        problems.append(f"{checkpoint.name}: {problem}")
+        logger.warning("--resume: %s cannot be resumed from (%s); trying the checkpoint before it", checkpoint, problem)
+    if checkpoints:
+        raise ValueError(f"--resume: no checkpoint in {output_dir} loads ({'; '.join(problems)}). Start over with "
+                         "--overwrite_output_dir, or copy a good checkpoint-N folder back.")  # fmt: skip
+    return None
 
 
 class StopWithCheckpoint(TrainerCallback):

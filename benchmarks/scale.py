@@ -1,0 +1,158 @@
+#!/usr/bin/env python
+"""The data pipeline at the paper's scale: WMT14-shaped corpora of 0.1M, 1M and 4.5M pairs, each phase in its own
+process, with its wall time and the peak RSS of any process in it (the tokenizing workers included).
+
+For each size, with an empty preparation cache:
+- `first run`: `vaswani train --data RAW` with 5 tiny-preset steps: reads, trains the BPE, tokenizes into the
+  cache, trains (the preparation's own phases come from its manifest);
+- `second run`: the same command with another --output_dir: the data comes from the cache; `start` is the time to
+  the line printed just before the first step;
+- `DDP x2` (with --ddp): the first run under torchrun with 2 CPU processes and an empty cache: how many processes
+  tokenized, and each one's peak RSS.
+
+    python benchmarks/scale.py --sizes 100000 1000000 4500000 --ddp 1000000 --out benchmarks/results/scale_epyc.md
+    python benchmarks/scale.py --sizes 2000 --work /tmp/scale      # seconds: what the test suite runs
+
+Corpora come from ../shared/scale/make_corpus.py (or --corpus_script) and are kept in --work between runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ["--src", "en", "--tgt", "de", "--eval_split", "val", "--preset", "tiny", "--vocab_size", "37000",
+        "--max_tokens", "3125", "--max_steps", "5", "--max_eval_samples", "8", "--save_strategy", "no",
+        "--disable_tqdm", "true"]  # fmt: skip
+START_LINE = "task: "  # printed by `vaswani train` just before the first step
+
+
+def cpu() -> str:
+    from vaswani_hf.precision import cpu_name
+
+    info = Path("/proc/cpuinfo")
+    flags = info.read_text().split("flags", 1)[1].split("\n", 1)[0] if info.exists() else ""
+    shown = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if f" {f}" in flags]
+    return f"{cpu_name()} ({platform.machine()}, {os.cpu_count()} cores; {' '.join(shown) or 'no AVX2'})"
+
+
+def timed(command: list[str], env: dict, log: Path) -> dict:
+    """Run `command`; its wall time, the time its output first showed START_LINE, and the peak RSS (GiB) of it
+    and every process it waited for."""
+    start = time.perf_counter()
+    with open(log, "w") as out:
+        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+        first_step = None
+        for line in process.stdout:
+            out.write(line)
+            if first_step is None and line.startswith(START_LINE):
+                first_step = time.perf_counter() - start
+        _, status, usage = os.wait4(process.pid, 0)
+        process.returncode = os.waitstatus_to_exitcode(status)
+    if process.returncode:
+        raise SystemExit(f"{' '.join(command)} failed ({process.returncode}); see {log}")
+    return {"wall": time.perf_counter() - start, "start": first_step, "rss": usage.ru_maxrss / 2**20}
+
+
+def corpus(work: Path, size: int, script: Path) -> Path:
+    folder = work / f"corpus-{size}"
+    if not (folder / "train.de").is_file():
+        subprocess.run([sys.executable, str(script), str(folder), str(size)], check=True, stdout=subprocess.DEVNULL)
+    return folder
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+RANK_WRAPPER = """
+import json, os, resource, sys
+from vaswani_hf.cli import main
+code = main(sys.argv[1:])
+rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+print("RANK_RSS " + json.dumps({"rank": int(os.environ.get("RANK", 0)), "rss": rss}), flush=True)
+sys.exit(code)
+"""
+
+
+def ddp_row(data: Path, work: Path, env: dict) -> dict:
+    """2 CPU processes from an empty cache: builds seen, and each rank's peak RSS beside an idle process's."""
+    env = {**env, "VASWANI_PREPARED_CACHE": str(work / "cache-ddp"), "OMP_NUM_THREADS": "1",
+           "CUDA_VISIBLE_DEVICES": ""}  # fmt: skip
+    shutil.rmtree(work / "cache-ddp", ignore_errors=True)
+    shutil.rmtree(work / "ddp", ignore_errors=True)
+    probe = "import resource, vaswani_hf.recipe; print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20)"
+    idle = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env)
+    (work / "rank_wrapper.py").write_text(RANK_WRAPPER)  # each rank reports its own peak RSS
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
+               str(free_port()), str(work / "rank_wrapper.py"), "train", "--data", str(data), *TINY,
+               "--output_dir", str(work / "ddp")]  # fmt: skip
+    log = work / "ddp.log"
+    row = timed(command, env, log)
+    text = log.read_text()
+    ranks = {r["rank"]: r["rss"] for r in (json.loads(x) for x in re.findall(r"RANK_RSS (\{.*\})", text))}
+    return {**row, "builds": text.count("data: prepared into"), "rank_rss": ranks, "idle_rss": float(idle.stdout)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", type=int, nargs="+", default=[100_000, 1_000_000, 4_500_000])
+    parser.add_argument("--work", type=Path, default=Path("/tmp/vaswani-scale"))
+    parser.add_argument("--corpus_script", type=Path, default=ROOT.parent / "shared" / "scale" / "make_corpus.py")
+    parser.add_argument("--ddp", type=int, metavar="PAIRS", help="add the 2-process DDP row, at this size")
+    parser.add_argument("--out", type=Path, help="also write the table here (markdown)")
+    args = parser.parse_args()
+    args.work.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    rows = []
+    for size in args.sizes:
+        data = corpus(args.work, size, args.corpus_script)
+        cache = args.work / f"cache-{size}"
+        shutil.rmtree(cache, ignore_errors=True)
+        run_env = {**env, "VASWANI_PREPARED_CACHE": str(cache)}
+        runs = {}
+        for name in ("first", "second"):
+            out = args.work / f"run-{size}-{name}"
+            shutil.rmtree(out, ignore_errors=True)
+            command = [sys.executable, "-m", "vaswani_hf.cli", "train", "--data", str(data), *TINY,
+                       "--output_dir", str(out)]  # fmt: skip
+            runs[name] = timed(command, run_env, args.work / f"run-{size}-{name}.log")
+        manifest = json.loads(next(cache.glob("*/manifest.json")).read_text())
+        rows.append((size, runs, manifest["seconds"]))
+        print(f"{size:,} pairs: {json.dumps({**runs, 'prepare': manifest['seconds']})}", flush=True)
+    ddp = ddp_row(corpus(args.work, args.ddp, args.corpus_script), args.work, env) if args.ddp else None
+
+    lines = [f"CPU: {cpu()}; Python {platform.python_version()}; {time.strftime('%Y-%m-%d')}", "",
+             "| pairs | first run: read | BPE | tokenize | prepare total | first run wall | peak RSS | second run: "
+             "start | second run wall | peak RSS |", "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+    for size, runs, phases in rows:
+        first, second = runs["first"], runs["second"]
+        lines.append(f"| {size:,} | {phases['reading']:.0f} s | {phases['vocabulary']:.0f} s | "
+                     f"{phases['tokenizing']:.0f} s | {phases['total']:.0f} s | {first['wall']:.0f} s | "
+                     f"{first['rss']:.2f} GiB | {second['start']:.0f} s | {second['wall']:.0f} s | "
+                     f"{second['rss']:.2f} GiB |")  # fmt: skip
+    if ddp:
+        ranks = ", ".join(f"rank {r}: {rss:.2f} GiB" for r, rss in sorted(ddp["rank_rss"].items()))
+        lines += ["", f"DDP, 2 CPU processes, {args.ddp:,} pairs, empty cache: {ddp['builds']} preparation(s) "
+                  f"built; {ddp['wall']:.0f} s; peak RSS {ranks} (an idle process that imported the package: "
+                  f"{ddp['idle_rss']:.2f} GiB)"]  # fmt: skip
+    table = "\n".join(lines)
+    print(table)
+    if args.out:
+        args.out.write_text(table + "\n")
+
+
+if __name__ == "__main__":
+    main()

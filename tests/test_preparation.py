@@ -1,0 +1,285 @@
+"""Data prepared once (`vaswani_hf.preparation`): the same tokens as the tokenizer gives, a cache that is reused and
+never stale or half-written, readers that stream and name the line of bad input at any size, numpy reads of Arrow
+columns, and batches packed as before."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from datasets import Dataset
+
+from vaswani_hf.batching import TokenBudgetBatchSampler
+from vaswani_hf.data import jsonl_chunks, load_split, split_chunks
+from vaswani_hf.preparation import PreparedData, Source, cache_dir, numpy_column, prepare
+from vaswani_hf.tasks import number_pairs
+
+from .helpers import TINY_RUN, vaswani
+
+PAIRS = number_pairs(300, seed=0)
+
+
+def write_corpus(folder: Path, pairs=PAIRS, val=None) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    for split, rows in (("train", pairs), ("val", val or number_pairs(20, seed=1))):
+        for side, lang in ((0, "en"), (1, "de")):
+            (folder / f"{split}.{lang}").write_text("".join(row[side] + "\n" for row in rows))
+    return folder
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("VASWANI_PREPARED_CACHE", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+def source(folder, **options) -> Source:
+    return Source(str(folder), "en", "de", vocab_size=options.pop("vocab_size", 120), **options)
+
+
+def test_prepared_tokens_are_the_tokenizers_and_counts_are_recorded(tmp_path, cache):
+    pairs = [*PAIRS, ("  ", "leer"), (" twenty" * 80, "zwanzig ")]  # one empty source, one too long
+    prepared = prepare(source(write_corpus(tmp_path / "data", pairs), max_length=64), workers=1, quiet=True)
+    tokenizer = prepared.tokenizer()
+    tokens = prepared.tokens("train")
+    kept = [(s.strip(), t.strip()) for s, t in pairs if s.strip() and len(tokenizer(s.strip())["input_ids"]) <= 64]
+    expected = tokenizer([s for s, _ in kept], text_target=[t for _, t in kept])
+    assert tokens["input_ids"] == expected["input_ids"] and tokens["labels"] == expected["labels"]
+    assert numpy_column(tokens, "source_length").tolist() == [len(x) for x in expected["input_ids"]]
+    counts = prepared.manifest["splits"]["train"]
+    assert counts == {"read": 302, "dropped_empty": 1, "pairs": 300, "dropped_too_long": 1}
+    assert prepared.manifest["splits"]["val"]["pairs"] == 20  # evaluation splits are never filtered by length
+    assert [f["path"] for f in prepared.manifest["files"]][0].endswith("train.en")
+    # the pair column points back at the text, which BPE-dropout reads
+    text = prepared.text("train")
+    assert text[int(tokens[5]["pair"])]["source"] == kept[5][0]
+
+
+def test_worker_processes_give_the_same_files_as_one(tmp_path, monkeypatch):
+    from vaswani_hf import preparation
+
+    monkeypatch.setattr(preparation, "SHARD_ROWS", 70)  # five shards: a pool of 2 workers takes them
+    folder = write_corpus(tmp_path / "data")
+    one = prepare(source(folder), tmp_path / "one", workers=1, quiet=True)
+    two = prepare(source(folder), tmp_path / "two", workers=2, quiet=True)
+    assert len(list((tmp_path / "two" / "splits" / "train").glob("tokens-*.arrow"))) == 5
+    assert one.tokens("train")[:] == two.tokens("train")[:]
+
+
+def test_the_cache_is_reused_and_prepared_again_when_anything_changes(tmp_path, cache):
+    folder = write_corpus(tmp_path / "data")
+    first = prepare(source(folder), quiet=True)
+    assert not first.reused and first.path.parent == cache == cache_dir()
+    again = prepare(source(folder), quiet=True)
+    assert again.reused and again.path == first.path
+    changed = {
+        "vocabulary size": source(folder, vocab_size=130),
+        "max_length": source(folder, max_length=10),
+        "a given tokenizer": source(folder, tokenizer=str(first.path / "tokenizer")),
+    }
+    paths = {first.path}
+    for why, other in changed.items():
+        prepared = prepare(other, quiet=True)
+        assert not prepared.reused and prepared.path not in paths, why
+        paths.add(prepared.path)
+    time.sleep(0.01)
+    (folder / "train.de").write_text((folder / "train.de").read_text().replace("eins", "ein"))
+    edited = prepare(source(folder), quiet=True)
+    assert not edited.reused and edited.path not in paths
+    assert PreparedData(first.path).stale_files() == [str((folder / "train.de").resolve())]
+
+
+def test_a_stale_staging_folder_is_never_trusted_and_is_cleared(tmp_path, cache):
+    folder = write_corpus(tmp_path / "data")
+    key = source(folder).key()[0]
+    staging = cache / f".{key}.tmp-deadbeef"
+    (staging / "splits" / "train").mkdir(parents=True)
+    (staging / "splits" / "train" / "tokens-00000.arrow").write_bytes(b"half a file")
+    prepared = prepare(source(folder), quiet=True)
+    assert not prepared.reused and not staging.exists() and len(prepared.tokens("train")) == 300
+
+
+KILLED = """
+import sys, time
+from vaswani_hf import preparation
+real = preparation._tokenize
+def tokenize_then_hang(*args, **kwargs):
+    real(*args, **kwargs)
+    print("tokenized", flush=True)
+    time.sleep(600)
+preparation._tokenize = tokenize_then_hang
+preparation.prepare(preparation.Source(sys.argv[1], "en", "de", vocab_size=120), workers=1, quiet=True)
+"""
+
+
+def test_a_preparation_killed_midway_leaves_nothing_a_later_run_trusts(tmp_path, cache):
+    folder = write_corpus(tmp_path / "data")
+    process = subprocess.Popen([sys.executable, "-c", KILLED, str(folder)], stdout=subprocess.PIPE, text=True,
+                               env={**os.environ, "VASWANI_PREPARED_CACHE": str(cache)})  # fmt: skip
+    assert process.stdout.readline().strip() == "tokenized"  # tokens written, the manifest not yet
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    key = source(folder).key()[0]
+    assert not PreparedData.is_prepared(cache / key) and list(cache.glob(f".{key}.tmp-*"))
+    prepared = prepare(source(folder), quiet=True)
+    assert not prepared.reused and not list(cache.glob(f".{key}.tmp-*"))
+
+
+RACER = """
+import sys
+from vaswani_hf import preparation
+p = preparation.prepare(preparation.Source(sys.argv[1], "en", "de", vocab_size=120), workers=1)
+print("reused" if p.reused else "built", p.path)
+"""
+
+
+def test_two_runs_at_once_prepare_once(tmp_path, cache):
+    folder = write_corpus(tmp_path / "data", number_pairs(3000, seed=0))
+    env = {**os.environ, "VASWANI_PREPARED_CACHE": str(cache)}
+    runs = [subprocess.Popen([sys.executable, "-c", RACER, str(folder)], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, env=env) for _ in range(2)]  # fmt: skip
+    outputs = [run.communicate(timeout=300) for run in runs]
+    assert all(run.returncode == 0 for run in runs), [err[-2000:] for _, err in outputs]
+    said = sorted(out.split()[0] for out, _ in outputs)
+    assert said == ["built", "reused"]
+    assert len({out.split()[1] for out, _ in outputs}) == 1
+    assert sum("tokenizing train" in err for _, err in outputs) == 1
+
+
+# --- the readers stream, and name the file and line of bad input at any size ------------------------------------
+
+
+def big_lines(count: int, bad_at: int, bad: str) -> str:
+    return "".join((bad if number == bad_at else f"line {number}") + "\n" for number in range(1, count + 1))
+
+
+@pytest.mark.parametrize(
+    "files, message",
+    [
+        ({"train.en": big_lines(5000, 3500, "caf\udce9"), "train.de": big_lines(5000, 0, "")},
+         r"train.en: line 3500 is not valid UTF-8"),
+        ({"train.en": big_lines(5000, 0, ""), "train.de": big_lines(5001, 0, "")},
+         r"train.en has 5000 lines but .*train.de has 5001"),
+        ({"train.tsv": big_lines(5000, 4321, "no tab here").replace("line", "a\tb")},
+         r"train.tsv: line 4321 has 1 tab-separated fields"),
+        ({"train.jsonl": "".join("{oops\n" if n == 2999 else f'{{"en": "a {n}", "de": "b"}}\n'
+                                 for n in range(1, 5001))},
+         r"train.jsonl: line 2999 is not valid JSON"),
+    ],
+    ids=["utf-8", "misaligned", "tsv", "jsonl"],
+)  # fmt: skip
+def test_bad_input_deep_in_a_file_is_named_by_file_and_line(files, message, tmp_path, cache):
+    for name, content in files.items():
+        (tmp_path / name).write_bytes(content.encode("utf-8", "surrogateescape"))
+    with pytest.raises(ValueError, match=message):
+        list(split_chunks(str(tmp_path), "train", "en", "de", chunk_lines=1000))
+    with pytest.raises(ValueError, match=message):  # and through a preparation, which leaves nothing behind
+        prepare(source(tmp_path), quiet=True)
+    assert not list(cache.glob("*")) or all(p.suffix == ".lock" for p in cache.glob(".*"))
+
+
+def test_jsonl_read_by_arrow_matches_the_line_by_line_reader(tmp_path):
+    rows = ['{"translation": {"en": " one ", "de": "eins"}}', '{"translation": {"de": "zwei", "en": "two"}}', "",
+            '{"translation": {"en": "three", "de": "drei", "fr": "trois"}}']  # fmt: skip
+    (tmp_path / "nested.jsonl").write_text("\n".join(rows) + "\n")
+    (tmp_path / "flat.jsonl").write_text('{"en": "a", "de": "b", "id": 1}\n{"en": "c", "de": "d", "id": 2}\n')
+    nested = [t.to_pylist() for t in jsonl_chunks(tmp_path / "nested.jsonl", "en", "de", chunk_lines=2)]
+    assert [(r["source"], r["target"], r["line"]) for chunk in nested for r in chunk] == [
+        ("one", "eins", 1), ("two", "zwei", 2), ("three", "drei", 4)]  # fmt: skip
+    flat = load_split(str(tmp_path), "flat", "en", "de")
+    assert flat == [("a", "b"), ("c", "d")]
+
+
+def test_lines_end_at_newlines_only(tmp_path):
+    # str.splitlines would also break at U+2028 or a form feed, and shift one side against the other
+    (tmp_path / "train.en").write_text("a\u2028b\nc\x0cd\r\n")
+    (tmp_path / "train.de").write_text("x\ny\n")
+    assert load_split(str(tmp_path), "train", "en", "de") == [("a\u2028b", "x"), ("c\x0cd", "y")]
+
+
+# --- numpy reads of Arrow columns, and batches packed in numpy ------------------------------------------------------
+
+
+def test_numpy_column_reads_arrow_and_follows_selections():
+    dataset = Dataset.from_dict({"n": list(range(1000))})
+    assert numpy_column(dataset, "n").tolist() == list(range(1000))
+    picked = dataset.select([5, 3, 999]).shuffle(seed=0)
+    assert numpy_column(picked, "n").tolist() == picked["n"]
+
+
+def reference_pack(sorted_lengths, max_tokens, buckets):
+    """The packing loop as first written, one Python step per pair: the numpy version must give its batches."""
+    bounds, start = [], 0
+    padded = sorted_lengths if buckets is None else np.asarray(buckets)[np.searchsorted(buckets, sorted_lengths)]
+    for end, length in enumerate(padded.tolist()):
+        new_bucket = buckets is not None and length != padded[start]
+        if end > start and ((end - start + 1) * length > max_tokens or new_bucket):
+            bounds.append((start, end))
+            start = end
+    bounds.append((start, len(sorted_lengths)))
+    return bounds
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_numpy_packing_gives_the_batches_of_the_loop(seed):
+    rng = np.random.default_rng(seed)
+    count = int(rng.integers(1, 3000))
+    source, target = rng.integers(1, 200, count), rng.integers(1, 200, count)
+    max_tokens = int(rng.integers(200, 4000))
+    buckets = [8, 16, 32, 64, 128, 200] if seed % 2 else None
+    sampler = TokenBudgetBatchSampler(source, target, max_tokens, buckets=buckets)
+    lengths = np.sort(np.maximum(source, target))
+    assert sampler.bounds == reference_pack(lengths, max_tokens, buckets)
+
+
+# --- the commands ------------------------------------------------------------------------------------------------
+
+
+def test_prepare_then_train_on_the_prepared_folder_and_reuse_the_cache(tmp_path, cache):
+    folder = write_corpus(tmp_path / "data")
+    prepared = tmp_path / "prepared"
+    result = vaswani("prepare", "--data", str(folder), "--vocab_size", "120", "--output_dir", str(prepared))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"train on it with `vaswani train --data {prepared}" in result.stdout
+    manifest = json.loads((prepared / "manifest.json").read_text())
+    assert manifest["splits"]["train"]["pairs"] == 300 and manifest["vocabulary"]["size"] == 120
+
+    run = [*TINY_RUN, "--src", "en", "--tgt", "de", "--save_strategy", "no"]
+    trained = vaswani("train", "--data", str(prepared), *run, "--output_dir", str(tmp_path / "a"))
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    assert f"data: the prepared data in {prepared}" in trained.stderr and "tokenizing" not in trained.stderr
+    assert (tmp_path / "a" / "tokenizer.json").read_text() == (prepared / "tokenizer" / "tokenizer.json").read_text()
+
+    first = vaswani("train", "--data", str(folder), *run, "--output_dir", str(tmp_path / "b"))
+    second = vaswani("train", "--data", str(folder), *run, "--output_dir", str(tmp_path / "c"))
+    assert first.returncode == second.returncode == 0, (first.stderr + second.stderr)[-3000:]
+    assert "data: prepared into" in first.stderr and "data: reused the prepared data" in second.stderr
+    reused = vaswani("train", "--data", str(folder), *run, "--tokenizer", str(tmp_path / "b"),
+                     "--output_dir", str(tmp_path / "d"))  # fmt: skip
+    assert reused.returncode == 0 and "data: prepared into" in reused.stderr  # the given vocabulary, tokenized once
+    assert "training the shared BPE" not in reused.stderr
+
+    cleared = vaswani("prepare", "--clear_cache")
+    assert cleared.returncode == 0 and f"cleared {cache}" in cleared.stdout and not cache.exists()
+
+
+def test_a_prepared_folder_of_another_language_pair_is_refused(tmp_path):
+    prepare(source(write_corpus(tmp_path / "data")), tmp_path / "prepared", quiet=True)
+    result = vaswani("train", "--data", str(tmp_path / "prepared"), "--src", "de", "--tgt", "en", *TINY_RUN)
+    assert result.returncode == 2 and "holds en->de data, not de->en: check --src/--tgt" in result.stderr
+
+
+def test_the_scale_benchmark_runs_at_a_size_of_seconds(tmp_path):
+    write_corpus(tmp_path / "corpus-300")  # the benchmark generates a corpus only where none is
+    out = tmp_path / "table.md"
+    script = Path(__file__).parents[1] / "benchmarks" / "scale.py"
+    command = [sys.executable, str(script), "--sizes", "300", "--work", str(tmp_path), "--out", str(out)]
+    result = subprocess.run(command, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-3000:] + result.stdout[-3000:]
+    row = next(line for line in out.read_text().splitlines() if line.startswith("| 300 |"))
+    assert row.count("GiB") == 2 and "CPU: " in out.read_text()
