@@ -283,3 +283,53 @@ def test_the_scale_benchmark_runs_at_a_size_of_seconds(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:] + result.stdout[-3000:]
     row = next(line for line in out.read_text().splitlines() if line.startswith("| 300 |"))
     assert row.count("GiB") == 2 and "CPU: " in out.read_text()
+
+
+# --- the word-by-word tokenizing trick (vaswani_hf.word_tokenizing): the same ids as the tokenizer whole ---------
+
+
+TRICKY = ["x  y", "x ▁b", "a▁b", "foo</s>bar <unk>", "a\tb", "ab,cd ... (e) ?", " lead", "trail ", "", "Ünï wörd .",
+          "<pad>", "twenty-one , seven", "a" * 300, "日本語 の 文", "x\u00a0y z"]  # fmt: skip
+
+
+@pytest.mark.parametrize("split_punctuation", [True, False])
+def test_tokenizing_word_by_word_gives_the_tokenizers_ids(split_punctuation):
+    import pyarrow as pa
+
+    from vaswani_hf import word_tokenizing
+    from vaswani_hf.preparation import encode_table
+    from vaswani_hf.tokenization import train_shared_bpe
+
+    rng = np.random.default_rng(0)
+    alphabet = list("abcdefgh ,.-'ÄöÜß▁") + ["  ", "</s>"]
+    random = ["".join(rng.choice(alphabet, rng.integers(0, 40))) for _ in range(500)]
+    texts = [*TRICKY, *(s for pair in PAIRS for s in pair), *random]
+    tokenizer = train_shared_bpe(texts, 150, split_punctuation=split_punctuation).backend_tokenizer
+    assert word_tokenizing.applies(tokenizer)
+    table = pa.table({"source": pa.array(texts, pa.large_string()), "target": pa.array(texts[::-1], pa.large_string())})
+    whole, by_words = encode_table(tokenizer, table, 0, None), encode_table(tokenizer, table, 0, None, words={})
+    assert whole.equals(by_words)
+    assert whole.column("input_ids").to_pylist() == [e.ids for e in tokenizer.encode_batch(texts)]
+
+
+def test_the_word_trick_is_off_for_other_tokenizers_and_by_its_switch(monkeypatch, tmp_path):
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
+
+    from vaswani_hf import word_tokenizing
+    from vaswani_hf.tokenization import train_shared_bpe
+
+    ours = train_shared_bpe([s for pair in PAIRS for s in pair], 150).backend_tokenizer
+    lowercased = Tokenizer.from_str(ours.to_str())
+    lowercased.normalizer = normalizers.Lowercase()
+    by_whitespace = Tokenizer(models.WordLevel({"<unk>": 0}, unk_token="<unk>"))
+    by_whitespace.pre_tokenizer = pre_tokenizers.Whitespace()
+    assert word_tokenizing.applies(ours)
+    assert not word_tokenizing.applies(lowercased) and not word_tokenizing.applies(by_whitespace)
+    monkeypatch.setenv("VASWANI_WORD_TOKENIZING", "0")
+    assert not word_tokenizing.applies(ours)
+    # and a preparation with the trick off writes the same tokens
+    folder = write_corpus(tmp_path / "data")
+    off = prepare(source(folder), tmp_path / "off", workers=1, quiet=True)
+    monkeypatch.delenv("VASWANI_WORD_TOKENIZING")
+    on = prepare(source(folder), tmp_path / "on", workers=1, quiet=True)
+    assert off.tokens("train")[:] == on.tokens("train")[:]

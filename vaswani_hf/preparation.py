@@ -29,6 +29,7 @@ import uuid
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -40,6 +41,7 @@ from tokenizers import Tokenizer
 from tqdm.auto import tqdm
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
+from . import word_tokenizing
 from .data import EmptyPairs, folder_splits, split_chunks, split_files
 from .tokenization import train_shared_bpe
 
@@ -234,7 +236,8 @@ class InMemoryData(PreparedData):
                              "line": pa.array(range(1, len(rows) + 1), pa.int64())})  # fmt: skip
             limit = max_length if split == train_split else None
             self._text[split] = Dataset(text)
-            self._tokens[split] = Dataset(encode_table(encoder, text, 0, limit))
+            words = {} if word_tokenizing.applies(encoder) else None
+            self._tokens[split] = Dataset(encode_table(encoder, text, 0, limit, words))
             counts[split] = {"read": len(rows), "dropped_empty": 0, "pairs": len(self._tokens[split])}
             counts[split]["dropped_too_long"] = len(rows) - counts[split]["pairs"]
         self.manifest = {"splits": counts, "train_split": train_split, "max_length": max_length}
@@ -401,28 +404,37 @@ def _vocabulary(source: Source, train_text: Path, quiet: bool) -> PreTrainedToke
 
 
 _WORKER_TOKENIZER: Tokenizer | None = None
+_WORKER_WORDS: dict[str, list[int]] = {}  # a worker's word cache (`word_tokenizing`), for its tokenizer
 
 
 def _start_worker(tokenizer_json: str) -> None:
     global _WORKER_TOKENIZER
     os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one process per core already
     _WORKER_TOKENIZER = Tokenizer.from_str(tokenizer_json)
+    _WORKER_WORDS.clear()
 
 
-def _ids(tokenizer: Tokenizer | PreTrainedTokenizerBase, texts: list[str], target: bool) -> list[list[int]]:
+def _ids(tokenizer: Tokenizer | PreTrainedTokenizerBase, texts: list[str], target: bool) -> pa.ListArray:
     if isinstance(tokenizer, Tokenizer):
-        return [encoding.ids for encoding in tokenizer.encode_batch_fast(texts)]
-    return tokenizer(text_target=texts)["input_ids"] if target else tokenizer(texts)["input_ids"]  # a slow one
+        ids = [encoding.ids for encoding in tokenizer.encode_batch_fast(texts)]
+    else:  # a slow (Python) tokenizer, which may spell targets its own way
+        ids = tokenizer(text_target=texts)["input_ids"] if target else tokenizer(texts)["input_ids"]
+    return pa.array(ids, pa.list_(pa.int32()))
 
 
 def encode_table(tokenizer: Tokenizer | PreTrainedTokenizerBase, table: pa.Table, first_row: int,
-                 max_length: int | None) -> pa.Table:  # fmt: skip
+                 max_length: int | None, words: dict[str, list[int]] | None = None) -> pa.Table:  # fmt: skip
     """Token columns for text rows `first_row...`: what `tokenizer(sources, text_target=targets)` gives, without
-    the attention mask (all ones: the collator makes it), keeping pairs of at most `max_length` tokens a side."""
+    the attention mask (all ones: the collator makes it), keeping pairs of at most `max_length` tokens a side.
+    `words`: a word cache, to go through `word_tokenizing` (the same ids; only where `word_tokenizing.applies`)."""
     columns = {}
     for name, side in (("input_ids", "source"), ("labels", "target")):
-        ids = _ids(tokenizer, table.column(side).to_pylist(), target=side == "target")
-        columns[name] = pa.array(ids, pa.list_(pa.int32()))
+        texts = table.column(side).combine_chunks()
+        slow = partial(_ids, tokenizer, target=side == "target")
+        by_words = words is not None
+        columns[name] = (
+            word_tokenizing.encode_texts(tokenizer, texts, slow, words) if by_words else slow(texts.to_pylist())
+        )
         columns[f"{side}_length"] = pc.cast(pc.list_value_length(columns[name]), pa.int32())
     columns["pair"] = pa.array(np.arange(first_row, first_row + len(table)), pa.int64())
     tokens = pa.table(columns)
@@ -433,12 +445,14 @@ def encode_table(tokenizer: Tokenizer | PreTrainedTokenizerBase, table: pa.Table
 
 
 def _tokenize_shard(text_path: str, start: int, stop: int, out_path: str, max_length: int | None,
-                    tokenizer: Tokenizer | None = None) -> tuple[int, int]:  # fmt: skip
-    tokenizer = tokenizer or _WORKER_TOKENIZER
+                    tokenizer: Tokenizer | None = None, words: dict | None = None) -> tuple[int, int]:  # fmt: skip
+    tokenizer, words = tokenizer or _WORKER_TOKENIZER, _WORKER_WORDS if words is None else words
+    words = words if word_tokenizing.applies(tokenizer) else None
     table = _text_table(Path(text_path)).slice(start, stop - start)
+    step = len(table) if words is not None else BATCH_ROWS  # by words, a whole shard at once: its words repeat more
     writer, kept = None, 0
-    for offset in range(0, len(table), BATCH_ROWS):
-        tokens = encode_table(tokenizer, table.slice(offset, BATCH_ROWS), start + offset, max_length)
+    for offset in range(0, len(table), step):
+        tokens = encode_table(tokenizer, table.slice(offset, step), start + offset, max_length, words)
         writer = writer or pa.ipc.new_stream(out_path, tokens.schema)
         writer.write_table(tokens)
         kept += len(tokens)
@@ -457,8 +471,9 @@ def _tokenize(tokenizer: PreTrainedTokenizerFast, folder: Path, max_length: int 
     kept = 0
     with tqdm(total=rows, desc=f"tokenizing {split}", unit=" pairs", disable=quiet, unit_scale=True) as bar:
         if workers <= 1 or len(tasks) <= 1:
+            words = {}
             for task in tasks:
-                done, count = _tokenize_shard(*task, tokenizer=tokenizer.backend_tokenizer)
+                done, count = _tokenize_shard(*task, tokenizer=tokenizer.backend_tokenizer, words=words)
                 bar.update(done)
                 kept += count
             return kept
