@@ -383,19 +383,27 @@ def _vocabulary(source: Source, train_text: Path, quiet: bool) -> PreTrainedToke
     """`--tokenizer`, or the shared BPE trained on the training split (a sample of `bpe_sample_lines` pairs)."""
     if source.tokenizer:
         return load_tokenizer(source.tokenizer)
-    table = _text_table(train_text)
-    sample = source.bpe_sample_lines
-    if sample and sample < len(table):  # a fixed random sample: corpora are often ordered by origin
-        table = table.take(np.sort(np.random.default_rng(0).choice(len(table), sample, replace=False)))
-    say(f"data: training the shared BPE vocabulary ({source.vocab_size:,} entries) on {len(table):,} pairs", quiet)
+    rows = len(_text_table(train_text))
+    sample = source.bpe_sample_lines if source.bpe_sample_lines and source.bpe_sample_lines < rows else None
+    # a fixed random sample: corpora are often ordered by origin, so the first lines would be a biased one
+    chosen = np.sort(np.random.default_rng(0).choice(rows, sample, replace=False)) if sample else None
+    total = sample or rows
+    say(f"data: training the shared BPE vocabulary ({source.vocab_size:,} entries) on {total:,} pairs", quiet)
     start = time.perf_counter()
-    bar = tqdm(total=len(table), desc="BPE: counting words", unit=" pairs", disable=quiet, unit_scale=True)
+    bar = tqdm(total=total, desc="BPE: counting words", unit=" pairs", disable=quiet, unit_scale=True)
 
     def texts() -> Iterator[list[str]]:
-        for batch in table.to_batches(max_chunksize=BATCH_ROWS):
-            sources, targets = batch.column(0).to_pylist(), batch.column(1).to_pylist()
-            yield [text for pair in zip(sources, targets, strict=True) for text in pair]  # the order of train()
-            bar.update(len(sources))
+        # read from the file a batch at a time, not memory-mapped: the text's pages are not kept resident
+        offset = 0
+        for batch in pa.ipc.open_stream(pa.OSFile(str(train_text))):
+            if chosen is not None:
+                picked = chosen[np.searchsorted(chosen, offset) : np.searchsorted(chosen, offset + len(batch))]
+                offset, batch = offset + len(batch), batch.take(pa.array(picked - offset))
+            for first in range(0, len(batch), BATCH_ROWS):
+                part = batch.slice(first, BATCH_ROWS)
+                sources, targets = part.column(0).to_pylist(), part.column(1).to_pylist()
+                yield [text for pair in zip(sources, targets, strict=True) for text in pair]  # the order of train()
+                bar.update(len(sources))
 
     with bar:
         tokenizer = train_shared_bpe(texts(), source.vocab_size, split_punctuation=source.split_punctuation)
