@@ -188,8 +188,8 @@ def test_pipeline_from_a_folder_needs_no_remote_code_with_the_package_imported(s
     assert json.loads((folder / "config.json").read_text())["custom_pipelines"]["translation"]  # for remote users
     pipe = pipeline("translation", model=str(folder))
     assert isinstance(pipe, VaswaniTranslationPipeline)
-    expected = translator[1].batch_decode(pipe.model.generate(**pipe.tokenizer(["three"], return_tensors="pt")),
-                                          skip_special_tokens=True)  # fmt: skip
+    inputs = pipe.tokenizer(["three"], return_tensors="pt").to(pipe.model.device)  # a GPU, where there is one
+    expected = translator[1].batch_decode(pipe.model.generate(**inputs), skip_special_tokens=True)
     assert pipe("three") == [{"translation_text": expected[0].strip()}]
     resaved = tmp_path / f"resaved-{saved_by.split()[0]}"
     pipe.model.save_pretrained(resaved)  # loaded without the declaration, saved with it again
@@ -277,9 +277,27 @@ def test_trainer_smooths_training_steps_only(tmp_path):
 # --- PEFT ----------------------------------------------------------------------------------------------------
 
 
+def peft_misfit() -> str | None:
+    """Why the installed peft cannot wrap a seq2seq model under the installed Transformers, or None. (peft 0.17 and
+    some later releases read `GenerationMixin._prepare_encoder_decoder_kwargs_for_generation`, which Transformers
+    5.24 no longer has: every seq2seq model fails there, ours included.)"""
+    import inspect
+
+    import peft
+    import transformers
+
+    helper = "_prepare_encoder_decoder_kwargs_for_generation"
+    if helper in inspect.getsource(peft.peft_model) and not hasattr(transformers.GenerationMixin, helper):
+        return f"peft {peft.__version__} calls {helper}, which Transformers {transformers.__version__} lacks"
+    return None
+
+
 @pytest.mark.parametrize("targets", ["all-linear", ["qkv_proj", "q_proj", "kv_proj", "out_proj", "fc1", "fc2"]])
 def test_lora_trains_merges_saves_and_reloads(targets, tmp_path):
     import peft
+
+    if reason := peft_misfit():
+        pytest.skip(reason)
 
     model = tiny(dropout=0.0)
     lora = peft.get_peft_model(model, peft.LoraConfig(r=4, lora_alpha=8, target_modules=targets,

@@ -198,3 +198,45 @@ def test_compiled_training_compiles_once_per_bucket_and_learns_as_eager(tokenize
     first = [e["loss"] for e in eager.state.log_history if "loss" in e]
     second = [e["loss"] for e in compiled.state.log_history if "loss" in e]
     np.testing.assert_allclose(first, second, rtol=2e-3)
+
+
+# --- chunked_loss: the loss without the (tokens x vocabulary) logits ---------------------------------------------
+
+
+@pytest.mark.parametrize("label_smoothing", [0.0, 0.1])
+def test_the_chunked_loss_equals_the_whole_one_with_its_gradients(label_smoothing):
+    from vaswani_hf import VaswaniConfig, VaswaniForConditionalGeneration
+
+    torch.manual_seed(0)
+    model = VaswaniForConditionalGeneration(VaswaniConfig.tiny(dropout=0.0)).train()
+    ids = torch.randint(4, model.config.vocab_size, (5, 13))
+    labels = torch.randint(4, model.config.vocab_size, (5, 11))
+    labels[1, 7:] = -100  # padding is ignored in both
+    results = []
+    for chunk in (None, 7):  # 55 positions in chunks of 7: the last one short
+        model.zero_grad()
+        keywords = {"loss_chunk_rows": chunk} if chunk else {}
+        output = model(input_ids=ids, labels=labels, label_smoothing=label_smoothing, num_items_in_batch=40, **keywords)
+        output.loss.backward()
+        assert (output.logits is None) == bool(chunk)
+        results.append((output.loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}))
+    (whole, whole_grads), (chunked, chunked_grads) = results
+    torch.testing.assert_close(chunked, whole, rtol=1e-6, atol=1e-6)
+    for name, grad in whole_grads.items():
+        torch.testing.assert_close(chunked_grads[name], grad, rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_a_run_with_chunked_loss_trains_as_one_without(tokenizer, tmp_path):  # noqa: F811
+    from vaswani_hf.trainer import VaswaniTrainer
+
+    losses = []
+    for asked in ("off", "chunked_loss"):
+        trainer = make_trainer(tokenizer, tmp_path / asked, dropout=0.0, speedups=asked)
+        trainer.speedups = Speedups.parse(asked)
+        assert isinstance(trainer, VaswaniTrainer)
+        calls, chunked = [], trainer.model.chunked_translation_loss
+        trainer.model.chunked_translation_loss = lambda *a, **k: calls.append(1) or chunked(*a, **k)
+        trainer.train()
+        assert bool(calls) == (asked == "chunked_loss")
+        losses.append([entry["loss"] for entry in trainer.state.log_history if "loss" in entry])
+    np.testing.assert_allclose(losses[1], losses[0], rtol=1e-4)

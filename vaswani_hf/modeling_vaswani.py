@@ -15,6 +15,7 @@ import math
 from collections.abc import Callable
 
 import torch
+import torch.utils.checkpoint
 from torch import nn
 from torch.nn import functional as F
 from transformers import initialization as init
@@ -666,10 +667,12 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, VaswaniGenerationM
             `labels[:, i]`, and `decoder_input_ids` are built from them when not given. The loss is the mean
             cross-entropy over non-ignored tokens; when Trainer passes `num_items_in_batch` (gradient accumulation)
             it is the sum divided by that count instead. A `label_smoothing` keyword (a float in [0, 1)) smooths
-            it, as `VaswaniTrainer` does for training steps.
+            it, as `VaswaniTrainer` does for training steps. A `loss_chunk_rows` keyword computes the loss that many
+            target positions at a time without returning logits (`chunked_translation_loss`).
         """
         num_items_in_batch = kwargs.pop("num_items_in_batch", None)
         label_smoothing = kwargs.pop("label_smoothing", 0.0)
+        loss_chunk_rows = kwargs.pop("loss_chunk_rows", None)
         if labels is not None:
             use_cache = False
             if decoder_input_ids is None and decoder_inputs_embeds is None:
@@ -686,10 +689,14 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, VaswaniGenerationM
             use_cache=use_cache,
             **kwargs,
         )
-        logits = self.output_projection(outputs.last_hidden_state)
-        loss = None
-        if labels is not None:
-            loss = self.translation_loss(logits, labels, num_items_in_batch, label_smoothing)
+        logits = loss = None
+        if labels is not None and loss_chunk_rows:
+            loss = self.chunked_translation_loss(outputs.last_hidden_state, labels, num_items_in_batch,
+                                                 label_smoothing, loss_chunk_rows)  # fmt: skip
+        else:
+            logits = self.output_projection(outputs.last_hidden_state)
+            if labels is not None:
+                loss = self.translation_loss(logits, labels, num_items_in_batch, label_smoothing)
         return Seq2SeqLMOutput(
             loss=loss,
             logits=logits,
@@ -713,18 +720,45 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, VaswaniGenerationM
         like `torch.nn.functional.cross_entropy` and Trainer's smoother); positions labelled -100 are ignored."""
         labels = labels.to(logits.device)
         check_labels(labels, logits.shape[-1])
-        total = F.cross_entropy(
-            logits.float().reshape(-1, logits.shape[-1]),
-            labels.reshape(-1),
-            ignore_index=-100,
-            reduction="sum",
-            label_smoothing=label_smoothing,
-        )
+        return self._per_item(_summed_cross_entropy(logits, labels, label_smoothing), labels, num_items_in_batch)
+
+    def chunked_translation_loss(
+        self,
+        hidden_states: torch.Tensor,
+        labels: torch.Tensor,
+        num_items_in_batch: int | torch.Tensor | None = None,
+        label_smoothing: float = 0.0,
+        rows: int = 4096,
+    ) -> torch.Tensor:
+        """`translation_loss(output_projection(hidden_states), ...)` without the (tokens x vocabulary) float32 logits:
+        target positions are projected and scored `rows` at a time, and each chunk's logits are recomputed in the
+        backward pass (activation checkpointing), so one chunk's exist at a time. The same loss and gradients up to
+        float rounding; a training speed-up (`--speedups chunked_loss`), off by default."""
+        labels = labels.to(hidden_states.device)
+        check_labels(labels, self.get_output_embeddings().weight.shape[0])
+        hidden, flat = hidden_states.reshape(-1, hidden_states.shape[-1]), labels.reshape(-1)
+        total = sum(
+            torch.utils.checkpoint.checkpoint(self._chunk_loss, hidden[start : start + rows],
+                                              flat[start : start + rows], label_smoothing, use_reentrant=False)
+            for start in range(0, len(flat), rows)
+        )  # fmt: skip
+        return self._per_item(total, labels, num_items_in_batch)
+
+    def _chunk_loss(self, hidden: torch.Tensor, labels: torch.Tensor, label_smoothing: float) -> torch.Tensor:
+        return _summed_cross_entropy(self.output_projection(hidden), labels, label_smoothing)
+
+    @staticmethod
+    def _per_item(total: torch.Tensor, labels: torch.Tensor, num_items_in_batch) -> torch.Tensor:
         if num_items_in_batch is None:
             num_items_in_batch = (labels != -100).sum().clamp(min=1)
         if isinstance(num_items_in_batch, torch.Tensor):
             num_items_in_batch = num_items_in_batch.to(total.device)
         return total / num_items_in_batch
+
+
+def _summed_cross_entropy(logits: torch.Tensor, labels: torch.Tensor, label_smoothing: float) -> torch.Tensor:
+    return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=-100,
+                           reduction="sum", label_smoothing=label_smoothing)  # fmt: skip
 
 
 __all__ = ["VaswaniForConditionalGeneration", "VaswaniModel", "VaswaniPreTrainedModel"]

@@ -27,7 +27,15 @@ from .averaging import STOP_MARKER, list_checkpoints, load_weights
 from .batching import TokenBudgetBatchSampler
 from .precision import MasterWeightAdamW, Precision, resolve_precision
 from .regularization import drop_source_tokens, with_r_drop
-from .training_speed import BucketPadding, Speedups, compile_in_place, length_buckets, tf32_products, uncompiled
+from .training_speed import (
+    BucketPadding,
+    Speedups,
+    compile_in_place,
+    length_buckets,
+    loss_keywords,
+    tf32_products,
+    uncompiled,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -89,8 +97,8 @@ class VaswaniTrainingArguments(Seq2SeqTrainingArguments):
     speedups: str = field(
         default="auto",
         metadata={"help": "auto: on a GPU, measure a few steps and keep what is faster (torch.compile with bucketed "
-                  "batches, fused Adam, TF32 for fp32; none on a CPU); off; or a comma list of compile, fused_adam, "
-                  "tf32 (vaswani_hf.training_speed)"},
+                  "batches, fused Adam, TF32 for fp32, the loss in chunks; none on a CPU); off; or a comma list of "
+                  "compile, fused_adam, tf32, chunked_loss (vaswani_hf.training_speed)"},
     )  # fmt: skip
     label_smoothing_factor: float = field(
         default=0.1,
@@ -332,7 +340,9 @@ class VaswaniTrainer(Seq2SeqTrainer):
             inputs = {**inputs, "input_ids": self._drop_source_tokens(model, inputs["input_ids"])}
         runner = model
         if model.training and self.args.r_drop_alpha and "labels" in inputs:
-            runner = with_r_drop(model, self.args.r_drop_alpha)
+            runner = with_r_drop(model, self.args.r_drop_alpha)  # it compares two passes' logits: never chunked
+        elif model.training and "labels" in inputs:
+            inputs = {**inputs, **loss_keywords(self.speedups)}
         result = super().compute_loss(runner, inputs, return_outputs, num_items_in_batch)
         if model.training:
             loss = result[0] if return_outputs else result

@@ -6,7 +6,10 @@ they change how fast a step runs:
   padded to a few bucket shapes (`length_buckets`, `BucketPadding`), so shapes repeat and nothing recompiles
   after the first batch of each bucket;
 - `fused_adam`: torch's fused AdamW kernel (Adam, since weight decay is 0) instead of the multi-tensor one;
-- `tf32`: TF32 tensor cores for fp32 products (fp32 runs only; under bf16 autocast the products are bf16).
+- `tf32`: TF32 tensor cores for fp32 products (fp32 runs only; under bf16 autocast the products are bf16);
+- `chunked_loss`: the output projection and the label-smoothed loss `LOSS_CHUNK_ROWS` target positions at a time,
+  each chunk recomputed in the backward pass, so the (tokens x vocabulary) float32 logits are never held whole
+  (`VaswaniForConditionalGeneration.chunked_translation_loss`; 3.6 GB at the paper's batch and 37k vocabulary).
 
 `--speedups auto` (the default) measures on a GPU: a few training steps of the run's model at one bucket's shape,
 eager first, then each speed-up alone; a speed-up is kept when its steps are at least `MARGIN` faster. On a CPU
@@ -29,7 +32,8 @@ from transformers.utils import logging
 
 logger = logging.get_logger(__name__)
 
-SWITCHES = ("fused_adam", "tf32", "compile")
+SWITCHES = ("fused_adam", "tf32", "compile", "chunked_loss")
+LOSS_CHUNK_ROWS = 4096  # target positions projected and scored at a time with `chunked_loss`
 MARGIN = 0.03  # a speed-up must make steps this much faster to be kept: less is within the noise of a short trial
 # below this many planned updates, `auto` keeps eager: compiling costs about a minute, which a short run never gets
 # back
@@ -43,6 +47,7 @@ class Speedups:
     compile: bool = False
     fused_adam: bool = False
     tf32: bool = False
+    chunked_loss: bool = False
     reason: str = field(default="", compare=False)
     # whether every switch is set as given (asked for, or measured); otherwise Trainer's defaults stay (its optimizer
     # is the fused AdamW with torch >= 2.8), and so do the CPU's paths
@@ -239,13 +244,18 @@ def step_seconds(model: torch.nn.Module, device: torch.device, rows: int, length
             synchronize(device)
             start = time.perf_counter()
             with autocast:
-                loss = trial(**batch).loss
+                loss = trial(**batch, **loss_keywords(speedups)).loss
             loss.backward()
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             synchronize(device)
             times.append(time.perf_counter() - start)
     return statistics.median(times[warmup:])
+
+
+def loss_keywords(speedups: Speedups) -> dict:
+    """What a training forward passes to the model for `speedups` (the chunked loss, or nothing)."""
+    return {"loss_chunk_rows": LOSS_CHUNK_ROWS} if speedups.chunked_loss else {}
 
 
 def adam_for(parameters, speedups: Speedups, lr: float = 1e-5) -> torch.optim.AdamW:
