@@ -126,6 +126,7 @@ def test_resume_skips_a_bad_newest_checkpoint_and_names_it(data, tmp_path):
     result = subprocess.run(command(data, out, "--resume", *steps), capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "checkpoint-60 cannot be resumed from" in result.stderr and "truncated or corrupt" in result.stderr
+    assert "data: reused the prepared data" in result.stderr  # the resumed run tokenized nothing
     summary = json.loads(next(line for line in result.stdout.splitlines() if line.startswith('{"steps"')))
     assert summary["resumed_from"].endswith("checkpoint-40") and summary["steps"] == 60
 

@@ -333,3 +333,16 @@ def test_the_word_trick_is_off_for_other_tokenizers_and_by_its_switch(monkeypatc
     monkeypatch.delenv("VASWANI_WORD_TOKENIZING")
     on = prepare(source(folder), tmp_path / "on", workers=1, quiet=True)
     assert off.tokens("train")[:] == on.tokens("train")[:]
+
+
+def test_a_datasets_dataset_prepares_from_its_arrow_files(tmp_path, cache):
+    folder = tmp_path / "ds"  # a dataset folder that `datasets.load_dataset` reads, as it reads a Hub dataset
+    folder.mkdir()
+    for split, rows in (("train", PAIRS), ("validation", PAIRS[:5])):
+        records = [{"translation": {"en": s, "de": t}} for s, t in rows]
+        (folder / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    hub = Source(str(folder), "en", "de", hub=True, vocab_size=120)
+    prepared = prepare(hub, quiet=True)
+    assert prepared.splits == ["train", "validation"] and len(prepared.tokens("train")) == len(PAIRS)
+    assert prepared.text("validation")["target"] == [t for _, t in PAIRS[:5]]
+    assert "fingerprint" in prepared.manifest["files"][0] and prepare(hub, quiet=True).reused

@@ -235,7 +235,8 @@ def test_a_run_with_chunked_loss_trains_as_one_without(tokenizer, tmp_path):  # 
         trainer.speedups = Speedups.parse(asked)
         assert isinstance(trainer, VaswaniTrainer)
         calls, chunked = [], trainer.model.chunked_translation_loss
-        trainer.model.chunked_translation_loss = lambda *a, **k: calls.append(1) or chunked(*a, **k)
+        trainer.model.chunked_translation_loss = lambda *a, calls=calls, chunked=chunked, **k: (
+            calls.append(1) or chunked(*a, **k))  # fmt: skip
         trainer.train()
         assert bool(calls) == (asked == "chunked_loss")
         losses.append([entry["loss"] for entry in trainer.state.log_history if "loss" in entry])

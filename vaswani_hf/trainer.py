@@ -10,6 +10,7 @@ import math
 import os
 import shutil
 import signal
+import sys
 import time
 from dataclasses import dataclass, field
 from functools import partial
@@ -230,8 +231,13 @@ class VaswaniTrainer(Seq2SeqTrainer):
             return super().get_train_dataloader()
         if self.train_lengths is None:
             raise ValueError("max_tokens needs the training pairs' lengths: pass train_lengths=(sources, targets).")
+        start = time.perf_counter()
         self.token_sampler = TokenBudgetBatchSampler(*self.train_lengths, max_tokens=max_tokens, seed=self.args.seed,
                                                      buckets=self.buckets)  # fmt: skip
+        if self.args.should_log:
+            seconds = time.perf_counter() - start
+            print(f"batches: {len(self.train_lengths[0]):,} pairs packed into {len(self.token_sampler):,} batches of "
+                  f"at most {max_tokens:,} tokens a side in {seconds:.1f} s", file=sys.stderr)  # fmt: skip
         collator = self.data_collator
         if self.buckets is not None:  # compiled: every batch padded to one of a few shapes
             collator = BucketPadding(collator, self.buckets, max_tokens, self.model.config.pad_token_id)
