@@ -346,3 +346,11 @@ def test_a_datasets_dataset_prepares_from_its_arrow_files(tmp_path, cache):
     assert prepared.splits == ["train", "validation"] and len(prepared.tokens("train")) == len(PAIRS)
     assert prepared.text("validation")["target"] == [t for _, t in PAIRS[:5]]
     assert "fingerprint" in prepared.manifest["files"][0] and prepare(hub, quiet=True).reused
+
+
+def test_an_evaluation_split_the_data_lacks_is_an_error_not_a_skipped_evaluation(tmp_path):
+    folder = write_corpus(tmp_path / "data")
+    result = vaswani("train", "--data", str(folder), *TINY_RUN, "--eval_split", "test2016",
+                     "--output_dir", str(tmp_path / "out"))  # fmt: skip
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "--eval_split test2016: the data holds no such split (it has train, val)" in result.stderr

@@ -85,7 +85,9 @@ class DataArguments:
     src: str = field(default="en", metadata={"help": "source language suffix"})
     tgt: str = field(default="de", metadata={"help": "target language suffix"})
     train_split: str = field(default="train")
-    eval_split: str = field(default="val", metadata={"help": "evaluated with beam search at the end (BLEU, chrF)"})
+    eval_split: str = field(
+        default="val", metadata={"help": "evaluated with beam search at the end (BLEU, chrF); none: no evaluation"}
+    )
     vocab_size: int = field(default=37000, metadata={"help": "shared BPE vocabulary size (paper: 37,000)"})
     split_punctuation: bool = field(
         default=True,
@@ -443,6 +445,9 @@ def run_training(
     task = ("built-in English->German number words" if builtin
             else f"{data_args.dataset_name or data_args.data} ({data_args.src}->{data_args.tgt})")  # fmt: skip
     data, tokenizer = training_data(data_args, model_args, training_args, builtin)
+    if data_args.eval_split not in (*data.splits, "none"):  # a misspelt split must not skip the evaluation quietly
+        raise ValueError(f"--eval_split {data_args.eval_split}: the data holds no such split (it has "
+                         f"{', '.join(data.splits)}); name one of them, or none to train without it.")  # fmt: skip
     stop = GracefulStopCallback()
     trainer = build_trainer(data, data_args, model_args, training_args, tokenizer,
                             callbacks=[stop, WallClockCallback(training_args.max_train_minutes)])  # fmt: skip
