@@ -4,7 +4,7 @@
 Every reader streams: it yields Arrow tables of a bounded number of lines (`source`, `target`, and `line`, the
 number of the pair's line in its file), so a WMT-sized corpus never sits in memory as Python objects. Lines end at
 "\\n" only (as Moses and fairseq read them), and each side is stripped. A malformed file is an error that names the
-file and the line, at any size, never silently shorter data. `clean` drops pairs with an empty side and logs how
+file and the line, at any size, never silently shorter data. `EmptyPairs` drops pairs with an empty side and logs how
 many; `keep_empty=True`, for scoring a test set, keeps them, so each hypothesis stays beside its reference.
 `load_split` gives a small split as a Python list of pairs."""
 
@@ -25,13 +25,17 @@ logger = logging.getLogger(__name__)
 
 Pairs = list[tuple[str, str]]
 CHUNK_LINES = 1 << 17  # lines read at a time: a few tens of MB of text
-FORMATS = ("{split}.{src} + {split}.{tgt}", "{split}.tsv", "{split}.jsonl")
 
 
-def _chunk(names: list[str], sources: list, targets: list, first_line: int) -> pa.Table:
-    columns = [pc.utf8_trim_whitespace(pa.array(side, pa.large_string())) for side in (sources, targets)]
-    lines = pa.array(range(first_line, first_line + len(sources)), pa.int64())
-    return pa.table([*columns, lines], names=[*names, "line"])
+def _pairs(sources, targets, lines: int | list[int] | pa.Array) -> pa.Table:
+    """What every reader yields: both sides (lists of str, or Arrow text) as stripped large strings, and each
+    pair's line number (`lines`: the numbers, or the first one of consecutive lines)."""
+    text = pa.large_string()
+    sides = [pc.utf8_trim_whitespace(pc.cast(side, text) if isinstance(side, pa.Array | pa.ChunkedArray)
+                                     else pa.array(side, text)) for side in (sources, targets)]  # fmt: skip
+    if isinstance(lines, int):
+        lines = range(lines, lines + len(sides[0]))
+    return pa.table([*sides, pa.array(lines, pa.int64())], names=["source", "target", "line"])
 
 
 def _decoded_lines(path: Path, raw: list[bytes], first_line: int) -> list[str]:
@@ -74,7 +78,7 @@ def parallel_chunks(data_dir: str | Path, split: str, src: str, tgt: str,
     for source, target in zip_longest(*(_line_chunks(path, chunk_lines) for path in paths)):
         if source is None or target is None or len(source[1]) != len(target[1]):
             break
-        yield _chunk(["source", "target"], source[1], target[1], source[0])
+        yield _pairs(source[1], target[1], source[0])
     else:
         return
     counts = [_count_lines(path) for path in paths]
@@ -98,8 +102,7 @@ def tsv_chunks(path: str | Path, chunk_lines: int = CHUNK_LINES) -> Iterator[pa.
             at = pc.index(bad, True).as_py()
             raise ValueError(f"{path}: line {numbers[at]} has {counts[at]} tab-separated fields, not "
                              "source<TAB>target.")  # fmt: skip
-        sides = [pc.utf8_trim_whitespace(pc.list_element(fields, i)) for i in (0, 1)]
-        yield pa.table([*sides, numbers], names=["source", "target", "line"])
+        yield _pairs(pc.list_element(fields, 0), pc.list_element(fields, 1), numbers)
 
 
 def _pair_from_record(record: dict, src: str, tgt: str, where: str) -> tuple[str, str]:
@@ -125,8 +128,7 @@ def _records_in_python(path: Path, lines: list[str], first: int, src: str, tgt: 
             raise ValueError(f"{path}: line {number} is not valid JSON ({err.msg}).") from None
         source, target = _pair_from_record(record, src, tgt, f"{path}: line {number}")
         sources.append(source), targets.append(target), numbers.append(number)
-    table = _chunk(["source", "target"], sources, targets, 0)
-    return table.set_column(2, "line", pa.array(numbers, pa.int64()))
+    return _pairs(sources, targets, numbers)
 
 
 def jsonl_chunks(path: str | Path, src: str, tgt: str, chunk_lines: int = CHUNK_LINES) -> Iterator[pa.Table]:
@@ -135,10 +137,10 @@ def jsonl_chunks(path: str | Path, src: str, tgt: str, chunk_lines: int = CHUNK_
     again line by line, which names the line at fault or reads what Arrow would not."""
     path = Path(path)
     for first, lines in _line_chunks(path, chunk_lines):
-        blank = [not line.strip() for line in lines] if "" in lines or any(map(str.isspace, lines)) else None
+        if "" in lines or any(map(str.isspace, lines)):  # keep line numbers exact: the slow reader skips blanks
+            yield _records_in_python(path, lines, first, src, tgt)
+            continue
         try:
-            if blank:
-                raise pa.ArrowInvalid("blank lines")  # keep line numbers exact: the slow reader skips them
             table = pa_json.read_json(io.BytesIO("\n".join(lines).encode()))
             sides = table.column("translation").combine_chunks() if "translation" in table.column_names else table
             columns = [_text(sides.field(n) if "translation" in table.column_names else sides.column(n))
@@ -146,14 +148,14 @@ def jsonl_chunks(path: str | Path, src: str, tgt: str, chunk_lines: int = CHUNK_
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError, KeyError):
             yield _records_in_python(path, lines, first, src, tgt)
             continue
-        yield pa.table([*columns, pa.array(range(first, first + len(lines)), pa.int64())],
-                       names=["source", "target", "line"])  # fmt: skip
+        yield _pairs(*columns, first)
 
 
-def _text(column: pa.Array | pa.ChunkedArray) -> pa.Array:
+def _text(column: pa.Array | pa.ChunkedArray) -> pa.Array | pa.ChunkedArray:
+    """A JSON field read by Arrow, refused unless every value is a scalar (the slow reader then decides)."""
     if pa.types.is_struct(column.type) or pa.types.is_list(column.type) or column.null_count:
         raise pa.ArrowInvalid("not a text field")
-    return pc.utf8_trim_whitespace(pc.cast(column, pa.large_string()))
+    return column
 
 
 def hub_chunks(name: str, config: str | None, split: str, src: str, tgt: str,
@@ -178,10 +180,7 @@ def hub_chunks(name: str, config: str | None, split: str, src: str, tgt: str,
         missing = [lang for lang in (src, tgt) if lang not in [f.name for f in sides.type]] if translation else []
         if missing:
             _pair_from_record(sides[0].as_py(), src, tgt, f"dataset {name!r} split {split!r}")
-        columns = [pc.utf8_trim_whitespace(pc.cast(sides.field(n) if translation else sides.column(n),
-                                                   pa.large_string())) for n in (src, tgt)]  # fmt: skip
-        yield pa.table([*columns, pa.array(range(first, first + len(table)), pa.int64())],
-                       names=["source", "target", "line"])  # fmt: skip
+        yield _pairs(*(sides.field(n) if translation else sides.column(n) for n in (src, tgt)), first)
         first += len(table)
 
 
