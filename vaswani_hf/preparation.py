@@ -124,12 +124,14 @@ class Source:
                         "sample_lines": self.bpe_sample_lines}}  # fmt: skip
 
     def key(self) -> tuple[str, dict]:
-        """The cache key and what it hashes: the files (path, size, modification time), the language pair, the
-        vocabulary (options, or the given tokenizer's content), `max_length`, and the format."""
-        files = [{k: v for k, v in f.items() if k != "sample_sha256"} for f in self.files()]
-        inputs = {"format": FORMAT, "files": files, "src": self.src, "tgt": self.tgt, "train_split": self.train_split,
-                  "vocabulary": self.vocabulary(), "max_length": self.max_length}  # fmt: skip
-        return hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()[:20], inputs
+        """The cache key, and its inputs for the manifest: the files (path, size, modification time; their sampled
+        content hash is recorded, not hashed), the language pair, the vocabulary (options, or the given tokenizer's
+        content), `max_length`, and the format."""
+        inputs = {"format": FORMAT, "files": self.files(), "src": self.src, "tgt": self.tgt,
+                  "train_split": self.train_split, "vocabulary": self.vocabulary(),
+                  "max_length": self.max_length}  # fmt: skip
+        hashed = {**inputs, "files": [{k: v for k, v in f.items() if k != "sample_sha256"} for f in inputs["files"]]}
+        return hashlib.sha256(json.dumps(hashed, sort_keys=True).encode()).hexdigest()[:20], inputs
 
 
 def file_identity(path: Path) -> dict:
@@ -312,8 +314,8 @@ def prepare(source: Source, output_dir: str | Path | None = None, workers: int |
             shutil.rmtree(stale, ignore_errors=True)
         staging = final.parent / f".{final.name}.tmp-{uuid.uuid4().hex[:8]}"
         try:
-            manifest = _build(source, staging, workers or default_workers(), quiet)
-            manifest.update(key=key, inputs=inputs)
+            manifest = {**inputs, "key": key, **_build(source, staging, workers or default_workers(), quiet)}
+            manifest["vocabulary"] = {**inputs["vocabulary"], "size": manifest.pop("vocabulary_size")}
             (staging / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")  # written last: the folder is whole
             if final.exists():
                 final.rmdir()
@@ -329,6 +331,7 @@ def prepare(source: Source, output_dir: str | Path | None = None, workers: int |
 
 
 def _build(source: Source, folder: Path, workers: int, quiet: bool) -> dict:
+    """Read, learn the vocabulary and tokenize into `folder`; returns the counts and timings for the manifest."""
     clock = [time.perf_counter()]
 
     def lap() -> float:
@@ -347,9 +350,9 @@ def _build(source: Source, folder: Path, workers: int, quiet: bool) -> dict:
         counts[split].update(pairs=kept, dropped_too_long=counts[split]["read"] - counts[split]["dropped_empty"] - kept)
         if split == source.train_split:
             check_filtered(counts[split], source.max_length)
-    return {"format": FORMAT, "data": source.data, "hub": source.hub, "src": source.src, "tgt": source.tgt,
-            "files": source.files(), "train_split": source.train_split, "max_length": source.max_length,
-            "vocabulary": {**source.vocabulary(), "size": len(tokenizer)}, "splits": counts, "workers": workers,
+    # what `prepare` adds to the key's inputs in the manifest
+    return {"data": source.data, "hub": source.hub, "vocabulary_size": len(tokenizer), "splits": counts,
+            "workers": workers,
             "seconds": {**seconds, "tokenizing": lap(), "total": round(clock[-1] - clock[0], 1)},
             "dropped": "pairs with an empty side (every split); training pairs with more than max_length tokens "
                        "on a side"}  # fmt: skip
