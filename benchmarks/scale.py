@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import re
 import shutil
 import socket
@@ -31,19 +30,13 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).parent))
+from compare_marian import machine  # noqa: E402 (a script beside this one: the CPU, its flags, the versions)
+
 TINY = ["--src", "en", "--tgt", "de", "--eval_split", "val", "--preset", "tiny", "--vocab_size", "37000",
         "--max_tokens", "3125", "--max_steps", "5", "--max_eval_samples", "8", "--save_strategy", "no",
         "--disable_tqdm", "true"]  # fmt: skip
 START_LINE = "task: "  # printed by `vaswani train` just before the first step
-
-
-def cpu() -> str:
-    from vaswani_hf.precision import cpu_name
-
-    info = Path("/proc/cpuinfo")
-    flags = info.read_text().split("flags", 1)[1].split("\n", 1)[0] if info.exists() else ""
-    shown = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if f" {f}" in flags]
-    return f"{cpu_name()} ({platform.machine()}, {os.cpu_count()} cores; {' '.join(shown) or 'no AVX2'})"
 
 
 def timed(command: list[str], env: dict, log: Path) -> dict:
@@ -134,7 +127,7 @@ def main() -> None:
         print(f"{size:,} pairs: {json.dumps({**runs, 'prepare': manifest['seconds']})}", flush=True)
     ddp = ddp_row(corpus(args.work, args.ddp, args.corpus_script), args.work, env) if args.ddp else None
 
-    lines = [f"CPU: {cpu()}; Python {platform.python_version()}; {time.strftime('%Y-%m-%d')}", "",
+    lines = [f"CPU: {machine()}, {os.cpu_count()} cores; {time.strftime('%Y-%m-%d')}", "",
              "| pairs | first run: read | BPE | tokenize | prepare total | first run wall | peak RSS | second run: "
              "start | second run wall | peak RSS |", "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
     for size, runs, phases in rows:
