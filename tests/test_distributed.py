@@ -44,6 +44,30 @@ def test_two_process_ddp_run(tmp_path):
     assert len((out / "val.hyp").read_text().splitlines()) == 37
 
 
+def test_ranks_wait_for_a_preparation_longer_than_the_ddp_timeout_on_the_lock_not_in_a_collective(tmp_path):
+    data = tmp_path / "data"
+    data.mkdir()
+    for split, count, seed in (("train", 200, 0), ("val", 5, 1)):
+        (data / f"{split}.tsv").write_text("".join(f"{s}\t{t}\n" for s, t in number_pairs(count, seed)))
+    log = tmp_path / "events.jsonl"
+    env = {**CPU_ONLY, "VASWANI_TEST_LOG": str(log), "VASWANI_TEST_PREPARE_SECONDS": "8",
+           "VASWANI_PREPARED_CACHE": str(tmp_path / "cache")}  # fmt: skip
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
+               str(free_port()), str(Path(__file__).parent / "slow_preparation.py"), "train", "--data", str(data),
+               "--preset", "tiny", "--max_steps", "2", "--warmup_steps", "1", "--vocab_size", "120",
+               "--max_tokens", "200", "--ddp_timeout", "4", "--output_dir", str(tmp_path / "out"),
+               "--disable_tqdm", "true"]  # fmt: skip
+    result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600)
+    assert result.returncode == 0, result.stderr[-4000:]
+    events = [json.loads(line) for line in log.read_text().splitlines()]
+    started = [e["time"] for e in events if e["event"] == "preparing"]
+    ended = [e["time"] for e in events if e["event"] == "prepared"]
+    assert len(started) == len(ended) == 1  # one rank prepared, the other waited for it
+    collectives = [e for e in events if e["event"] not in ("preparing", "prepared")]
+    assert collectives, "the run entered no collective at all: the recording is broken"
+    assert not [e for e in collectives if started[0] <= e["time"] <= ended[0]]  # none while the data was prepared
+
+
 def test_fsdp2_shards_trains_and_gathers_on_two_cpu_processes(tmp_path):
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
                str(free_port()), "-m", "tests.fsdp_cpu", str(tmp_path / "saved")]  # fmt: skip

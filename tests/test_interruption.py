@@ -123,12 +123,37 @@ def test_resume_skips_a_bad_newest_checkpoint_and_names_it(data, tmp_path):
     assert first.returncode == 0, first.stderr[-3000:]
     weights = out / "checkpoint-60" / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])  # a copy cut short
+    (out / "trainer_state.json").unlink()  # and the run killed before it ended (a finished run stays finished)
     result = subprocess.run(command(data, out, "--resume", *steps), capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "checkpoint-60 cannot be resumed from" in result.stderr and "truncated or corrupt" in result.stderr
     assert "data: reused the prepared data" in result.stderr  # the resumed run tokenized nothing
     summary = json.loads(next(line for line in result.stdout.splitlines() if line.startswith('{"steps"')))
     assert summary["resumed_from"].endswith("checkpoint-40") and summary["steps"] == 60
+
+
+def test_a_finished_run_stays_finished_when_resumed_again(data, tmp_path):
+    out = tmp_path / "run"
+    steps = ["--max_steps", "30", "--save_steps", "10"]
+    assert subprocess.run(command(data, out, *steps), capture_output=True).returncode == 0
+    weights = (out / "model.safetensors").read_bytes()
+    # a scheduler requeues the job that already ended
+    again = subprocess.run(command(data, out, "--resume", *steps), capture_output=True, text=True)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert f"the run in {out} already finished at step 30; nothing to train" in again.stdout
+    assert (out / "model.safetensors").read_bytes() == weights and not (out / "checkpoint-31").exists()
+    # killed after its last checkpoint, before it ended: it ends from that checkpoint, without a step more
+    (out / "trainer_state.json").unlink()
+    ended = subprocess.run(command(data, out, "--resume", *steps), capture_output=True, text=True)
+    assert ended.returncode == 0, ended.stderr[-3000:]
+    summary = json.loads(next(line for line in ended.stdout.splitlines() if line.startswith('{"steps"')))
+    assert summary["steps"] == 30 and summary["resumed_from"].endswith("checkpoint-30")
+    assert not (out / "checkpoint-31").exists()
+    assert_same_weights(out / "checkpoint-30", out)
+    # and a higher --max_steps goes on training
+    more = subprocess.run(command(data, out, "--resume", "--max_steps", "40", "--save_steps", "10"),
+                          capture_output=True, text=True)  # fmt: skip
+    assert more.returncode == 0 and (out / "checkpoint-40").is_dir(), more.stderr[-3000:]
 
 
 @pytest.mark.parametrize("damage", ["truncated weights", "no optimizer state", "trainer state not JSON"])

@@ -1,13 +1,13 @@
-"""Data prepared once (`vaswani_hf.preparation`): the same tokens as the tokenizer gives, a cache that is reused and
-never stale or half-written, readers that stream and name the line of bad input at any size, numpy reads of Arrow
-columns, and batches packed as before."""
+"""Data prepared once (`vaswani_hf.preparation`): the same tokens as the tokenizer gives, in the narrowest id type; a
+cache keyed by content that is reused, never stale or half-written, and prepares only the splits asked for;
+evaluation splits kept whole; readers that stream and name the line of bad input at any size; numpy reads of Arrow
+offsets, and batches packed as before."""
 
 import json
 import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +16,9 @@ from datasets import Dataset
 
 from vaswani_hf.batching import TokenBudgetBatchSampler
 from vaswani_hf.data import jsonl_chunks, load_split, split_chunks
-from vaswani_hf.preparation import PreparedData, Source, cache_dir, numpy_column, prepare
+from vaswani_hf.preparation import prepare
+from vaswani_hf.prepared import PreparedData, token_lengths
+from vaswani_hf.prepared_cache import PreparationRequest, cache_dir
 from vaswani_hf.tasks import number_pairs
 
 from .helpers import TINY_RUN, vaswani
@@ -38,26 +40,28 @@ def cache(tmp_path, monkeypatch):
     return tmp_path / "cache"
 
 
-def source(folder, **options) -> Source:
-    return Source(str(folder), "en", "de", vocab_size=options.pop("vocab_size", 120), **options)
+def source(folder, **options) -> PreparationRequest:
+    return PreparationRequest(str(folder), "en", "de", vocab_size=options.pop("vocab_size", 120), **options)
 
 
 def test_prepared_tokens_are_the_tokenizers_and_counts_are_recorded(tmp_path, cache):
     pairs = [*PAIRS, ("  ", "leer"), (" twenty" * 80, "zwanzig ")]  # one empty source, one too long
-    prepared = prepare(source(write_corpus(tmp_path / "data", pairs), max_length=64), workers=1, quiet=True)
+    folder = write_corpus(tmp_path / "data", pairs)
+    prepared = prepare(source(folder, max_length=64), workers=1, quiet=True, eval_splits=["val"])
     tokenizer = prepared.tokenizer()
     tokens = prepared.tokens("train")
     kept = [(s.strip(), t.strip()) for s, t in pairs if s.strip() and len(tokenizer(s.strip())["input_ids"]) <= 64]
     expected = tokenizer([s for s, _ in kept], text_target=[t for _, t in kept])
     assert tokens["input_ids"] == expected["input_ids"] and tokens["labels"] == expected["labels"]
-    assert numpy_column(tokens, "source_length").tolist() == [len(x) for x in expected["input_ids"]]
-    counts = prepared.manifest["splits"]["train"]
-    assert counts == {"read": 302, "dropped_empty": 1, "pairs": 300, "dropped_too_long": 1}
-    assert prepared.manifest["splits"]["val"]["pairs"] == 20  # evaluation splits are never filtered by length
+    assert str(tokens.features["input_ids"].feature.dtype) == "uint16"  # 120 entries: two bytes an id
+    assert token_lengths(tokens)[0].tolist() == [len(x) for x in expected["input_ids"]]
+    assert prepared.counts("train") == {"read": 302, "dropped_empty": 1, "pairs": 300, "dropped_too_long": 1}
+    assert prepared.counts("val")["pairs"] == 20  # evaluation splits are never filtered by length
     assert [f["path"] for f in prepared.manifest["files"]][0].endswith("train.en")
-    # the pair column points back at the text, which BPE-dropout reads
-    text = prepared.text("train")
-    assert text[int(tokens[5]["pair"])]["source"] == kept[5][0]
+    # no copy of the training text: what wants it (BPE-dropout) decodes the ids back to the text as read
+    assert not list((prepared.path / "splits" / "train").glob("text*"))
+    decoded = prepared.pairs("train")
+    assert len(decoded) == 300 and [decoded[i] for i in (0, 5, 299)] == [kept[i] for i in (0, 5, 299)]
 
 
 def test_worker_processes_give_the_same_files_as_one(tmp_path, monkeypatch):
@@ -66,6 +70,7 @@ def test_worker_processes_give_the_same_files_as_one(tmp_path, monkeypatch):
     monkeypatch.setattr(preparation, "SHARD_ROWS", 70)  # five shards: a pool of 2 workers takes them
     folder = write_corpus(tmp_path / "data")
     one = prepare(source(folder), tmp_path / "one", workers=1, quiet=True)
+    assert one.manifest["counts"]["read"] == 300
     two = prepare(source(folder), tmp_path / "two", workers=2, quiet=True)
     assert len(list((tmp_path / "two" / "splits" / "train").glob("tokens-*.arrow"))) == 5
     assert one.tokens("train")[:] == two.tokens("train")[:]
@@ -87,11 +92,76 @@ def test_the_cache_is_reused_and_prepared_again_when_anything_changes(tmp_path, 
         prepared = prepare(other, quiet=True)
         assert not prepared.reused and prepared.path not in paths, why
         paths.add(prepared.path)
-    time.sleep(0.01)
-    (folder / "train.de").write_text((folder / "train.de").read_text().replace("eins", "ein"))
+    # one character fixed in place, the size and the modification time restored (`touch -r`): new content
+    train_de = folder / "train.de"
+    (tmp_path / "stamp").write_text("")
+    subprocess.run(["touch", "-r", str(train_de), str(tmp_path / "stamp")], check=True)
+    size = train_de.stat().st_size
+    train_de.write_text(train_de.read_text().replace("eins", "Eins", 1))
+    subprocess.run(["touch", "-r", str(tmp_path / "stamp"), str(train_de)], check=True)
+    assert train_de.stat().st_size == size and train_de.stat().st_mtime_ns == (tmp_path / "stamp").stat().st_mtime_ns
     edited = prepare(source(folder), quiet=True)
     assert not edited.reused and edited.path not in paths
-    assert PreparedData(first.path).stale_files() == [str((folder / "train.de").resolve())]
+    assert PreparedData(first.path).stale_files() == [str(train_de.resolve())]
+
+
+def test_only_the_splits_asked_for_are_prepared_and_a_new_one_alone(tmp_path, cache):
+    folder = write_corpus(tmp_path / "data")
+    first = prepare(source(folder), quiet=True, eval_splits=["val"])
+    assert first.splits == ["train", "val"]
+    shard = first.path / "splits" / "train" / "tokens-00000.arrow"
+    written = shard.stat().st_mtime_ns
+    # files added later: a one-sided subword-nmt vocabulary, and a new test set
+    (folder / "vocab.en").write_text("the 10\n")
+    for lang, rows in (("en", ["one", "", "three"]), ("de", ["eins", "zwei", ""])):
+        (folder / f"newstest2015.{lang}").write_text("\ufeff" + "\n".join(rows) + "\n")  # with a byte-order mark
+    again = prepare(source(folder), quiet=True, eval_splits=["val"])
+    assert again.reused and again.path == first.path and again.splits == ["train", "val"]
+    added = prepare(source(folder), quiet=True, eval_splits=["val", "newstest2015"])
+    assert added.path == first.path and shard.stat().st_mtime_ns == written  # the training split is not redone
+    # an evaluation split keeps every pair, an empty side included, and the byte-order mark is gone
+    assert added.counts("newstest2015") == {"read": 3, "dropped_empty": 0, "pairs": 3, "dropped_too_long": 0}
+    assert list(added.pairs("newstest2015")) == [("one", "eins"), ("", "zwei"), ("three", "")]
+    # and a changed evaluation split is prepared again, alone
+    (folder / "newstest2015.de").write_text("eins\nzwei\ndrei\n")
+    redone = prepare(source(folder), quiet=True, eval_splits=["newstest2015"])
+    assert redone.pairs("newstest2015")[2] == ("three", "drei") and shard.stat().st_mtime_ns == written
+
+
+def test_ids_wider_than_two_bytes_are_stored_as_int32():
+    import pyarrow as pa
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+
+    from vaswani_hf.prepared import encode_table
+
+    tokenizer = Tokenizer(models.WordLevel({f"w{i}": i for i in range(70_000)}, unk_token="w3"))
+    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer.post_processor = processors.TemplateProcessing(single="$A w2", special_tokens=[("w2", 2)])
+    table = pa.table({"source": ["w69999 w65536", "w5"], "target": ["w65535", "w70001"]})
+    tokens, kept = encode_table(tokenizer, table, None)
+    assert tokens.schema.field("input_ids").type == pa.list_(pa.int32()) and kept.tolist() == [0, 1]
+    assert tokens.to_pydict() == {"input_ids": [[69999, 65536, 2], [5, 2]], "labels": [[65535, 2], [3, 2]]}
+
+
+def test_clearing_the_cache_takes_each_lock_and_space_is_checked_first(tmp_path, cache, monkeypatch):
+    import shutil as shutil_module
+
+    from filelock import FileLock
+
+    from vaswani_hf import prepared_cache
+    from vaswani_hf.prepared_cache import clear_cache
+
+    folder = write_corpus(tmp_path / "data")
+    prepared = prepare(source(folder), quiet=True)
+    said = []
+    with FileLock(str(cache / f".{prepared.path.name}.lock")):  # another process preparing it
+        assert clear_cache(said.append)[1] > 0
+        assert prepared.path.is_dir() and "being prepared by another process" in said[0]
+    assert clear_cache(said.append)[1] > 0 and not prepared.path.exists()
+    Usage = type(shutil_module.disk_usage(tmp_path))
+    monkeypatch.setattr(prepared_cache.shutil, "disk_usage", lambda path: Usage(10**12, 10**12, 1000))
+    with pytest.raises(OSError, match=r"not enough free disk space in .*: about 0.0 GB is needed"):
+        prepare(source(folder), quiet=True)
 
 
 def test_a_stale_staging_folder_is_never_trusted_and_is_cleared(tmp_path, cache):
@@ -100,20 +170,23 @@ def test_a_stale_staging_folder_is_never_trusted_and_is_cleared(tmp_path, cache)
     staging = cache / f".{key}.tmp-deadbeef"
     (staging / "splits" / "train").mkdir(parents=True)
     (staging / "splits" / "train" / "tokens-00000.arrow").write_bytes(b"half a file")
+    other = cache / ".0123456789abcdef0123.tmp-cafecafe"  # another key's, killed: its lock is free
+    other.mkdir()
     prepared = prepare(source(folder), quiet=True)
     assert not prepared.reused and not staging.exists() and len(prepared.tokens("train")) == 300
+    assert not other.exists()
 
 
 KILLED = """
 import sys, time
-from vaswani_hf import preparation
+from vaswani_hf import preparation, prepared_cache
 real = preparation._tokenize
 def tokenize_then_hang(*args, **kwargs):
     real(*args, **kwargs)
     print("tokenized", flush=True)
     time.sleep(600)
 preparation._tokenize = tokenize_then_hang
-preparation.prepare(preparation.Source(sys.argv[1], "en", "de", vocab_size=120), workers=1, quiet=True)
+preparation.prepare(prepared_cache.PreparationRequest(sys.argv[1], "en", "de", vocab_size=120), workers=1, quiet=True)
 """
 
 
@@ -132,8 +205,8 @@ def test_a_preparation_killed_midway_leaves_nothing_a_later_run_trusts(tmp_path,
 
 RACER = """
 import sys
-from vaswani_hf import preparation
-p = preparation.prepare(preparation.Source(sys.argv[1], "en", "de", vocab_size=120), workers=1)
+from vaswani_hf import preparation, prepared_cache
+p = preparation.prepare(prepared_cache.PreparationRequest(sys.argv[1], "en", "de", vocab_size=120), workers=1)
 print("reused" if p.reused else "built", p.path)
 """
 
@@ -180,7 +253,7 @@ def test_bad_input_deep_in_a_file_is_named_by_file_and_line(files, message, tmp_
         list(split_chunks(str(tmp_path), "train", "en", "de", chunk_lines=1000))
     with pytest.raises(ValueError, match=message):  # and through a preparation, which leaves nothing behind
         prepare(source(tmp_path), quiet=True)
-    assert not list(cache.glob("*")) or all(p.suffix == ".lock" for p in cache.glob(".*"))
+    assert not [p for p in cache.iterdir() if p.is_dir()]
 
 
 def test_jsonl_read_by_arrow_matches_the_line_by_line_reader(tmp_path):
@@ -205,11 +278,13 @@ def test_lines_end_at_newlines_only(tmp_path):
 # --- numpy reads of Arrow columns, and batches packed in numpy ------------------------------------------------------
 
 
-def test_numpy_column_reads_arrow_and_follows_selections():
-    dataset = Dataset.from_dict({"n": list(range(1000))})
-    assert numpy_column(dataset, "n").tolist() == list(range(1000))
+def test_token_lengths_read_arrow_offsets_and_follow_selections():
+    rows = [[1] * (n % 7 + 1) for n in range(1000)]
+    dataset = Dataset.from_dict({"input_ids": rows, "labels": [r + [2] for r in rows]})
+    sources, targets = token_lengths(dataset)
+    assert sources.tolist() == [len(r) for r in rows] and targets.tolist() == [len(r) + 1 for r in rows]
     picked = dataset.select([5, 3, 999]).shuffle(seed=0)
-    assert numpy_column(picked, "n").tolist() == picked["n"]
+    assert token_lengths(picked)[0].tolist() == [len(r) for r in picked["input_ids"]]
 
 
 def reference_pack(sorted_lengths, max_tokens, buckets):
@@ -237,6 +312,17 @@ def test_numpy_packing_gives_the_batches_of_the_loop(seed):
     assert sampler.bounds == reference_pack(lengths, max_tokens, buckets)
 
 
+@pytest.mark.parametrize("longest", [300, 70_000])  # radix sorts of 16-bit keys, and lexsort past them
+def test_length_order_is_lexsorts(longest):
+    rng = np.random.default_rng(longest)
+    source, target = rng.integers(1, longest, 5000), rng.integers(1, longest // 50, 5000)
+    sampler = TokenBudgetBatchSampler(source, target, max_tokens=10**6)
+    for shuffled in (None, np.random.default_rng(1)):
+        candidates = np.arange(5000) if shuffled is None else np.random.default_rng(1).permutation(5000)
+        keys = (target[candidates], source[candidates], np.maximum(source, target)[candidates])
+        assert sampler._length_order(shuffled).tolist() == candidates[np.lexsort(keys)].tolist()
+
+
 # --- the commands ------------------------------------------------------------------------------------------------
 
 
@@ -247,7 +333,8 @@ def test_prepare_then_train_on_the_prepared_folder_and_reuse_the_cache(tmp_path,
     assert result.returncode == 0, result.stderr[-3000:]
     assert f"train on it with `vaswani train --data {prepared}" in result.stdout
     manifest = json.loads((prepared / "manifest.json").read_text())
-    assert manifest["splits"]["train"]["pairs"] == 300 and manifest["vocabulary"]["size"] == 120
+    assert manifest["counts"]["pairs"] == 300 and manifest["vocabulary"]["size"] == 120
+    assert "(splits: train, val)" in result.stdout  # the default evaluation split, where the data holds it
 
     run = [*TINY_RUN, "--src", "en", "--tgt", "de", "--save_strategy", "no"]
     trained = vaswani("train", "--data", str(prepared), *run, "--output_dir", str(tmp_path / "a"))
@@ -262,10 +349,11 @@ def test_prepare_then_train_on_the_prepared_folder_and_reuse_the_cache(tmp_path,
     reused = vaswani("train", "--data", str(folder), *run, "--tokenizer", str(tmp_path / "b"),
                      "--output_dir", str(tmp_path / "d"))  # fmt: skip
     assert reused.returncode == 0 and "data: prepared into" in reused.stderr  # the given vocabulary, tokenized once
-    assert "training the shared BPE" not in reused.stderr
+    assert "learning the shared BPE" not in reused.stderr
 
     cleared = vaswani("prepare", "--clear_cache")
-    assert cleared.returncode == 0 and f"cleared {cache}" in cleared.stdout and not cache.exists()
+    assert cleared.returncode == 0 and f"cleared {cache}" in cleared.stdout
+    assert not [p for p in cache.iterdir() if not p.name.endswith(".lock")]
 
 
 def test_a_prepared_folder_of_another_language_pair_is_refused(tmp_path):
@@ -297,7 +385,7 @@ def test_tokenizing_word_by_word_gives_the_tokenizers_ids(split_punctuation):
     import pyarrow as pa
 
     from vaswani_hf import word_tokenizing
-    from vaswani_hf.preparation import encode_table
+    from vaswani_hf.prepared import encode_table
     from vaswani_hf.tokenization import train_shared_bpe
 
     rng = np.random.default_rng(0)
@@ -307,7 +395,7 @@ def test_tokenizing_word_by_word_gives_the_tokenizers_ids(split_punctuation):
     tokenizer = train_shared_bpe(texts, 150, split_punctuation=split_punctuation).backend_tokenizer
     assert word_tokenizing.applies(tokenizer)
     table = pa.table({"source": pa.array(texts, pa.large_string()), "target": pa.array(texts[::-1], pa.large_string())})
-    whole, by_words = encode_table(tokenizer, table, 0, None), encode_table(tokenizer, table, 0, None, words={})
+    (whole, _), (by_words, _) = encode_table(tokenizer, table, None), encode_table(tokenizer, table, None, words={})
     assert whole.equals(by_words)
     assert whole.column("input_ids").to_pylist() == [e.ids for e in tokenizer.encode_batch(texts)]
 
@@ -341,8 +429,8 @@ def test_a_datasets_dataset_prepares_from_its_arrow_files(tmp_path, cache):
     for split, rows in (("train", PAIRS), ("validation", PAIRS[:5])):
         records = [{"translation": {"en": s, "de": t}} for s, t in rows]
         (folder / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
-    hub = Source(str(folder), "en", "de", hub=True, vocab_size=120)
-    prepared = prepare(hub, quiet=True)
+    hub = PreparationRequest(str(folder), "en", "de", hub=True, vocab_size=120)
+    prepared = prepare(hub, quiet=True, eval_splits=["validation"])
     assert prepared.splits == ["train", "validation"] and len(prepared.tokens("train")) == len(PAIRS)
     assert prepared.text("validation")["target"] == [t for _, t in PAIRS[:5]]
     assert "fingerprint" in prepared.manifest["files"][0] and prepare(hub, quiet=True).reused

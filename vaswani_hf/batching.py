@@ -80,12 +80,15 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
     def _length_order(self, rng: np.random.Generator | None) -> np.ndarray:
         """Indices sorted by (longer side, source, target), ties in random order when `rng` is given."""
         candidates = np.arange(len(self.source_lengths)) if rng is None else rng.permutation(len(self.source_lengths))
-        keys = (
-            self.target_lengths[candidates],
-            self.source_lengths[candidates],
-            np.maximum(self.source_lengths, self.target_lengths)[candidates],
-        )
-        return candidates[np.lexsort(keys)]
+        keys = (self.target_lengths, self.source_lengths, np.maximum(self.source_lengths, self.target_lengths))
+        if keys[2].max() >= 1 << 16:
+            return candidates[np.lexsort([key[candidates] for key in keys])]
+        # np.lexsort's order, least significant key first, by stable sorts of 16-bit keys, which numpy does as radix
+        # sorts: seconds at WMT14 en-fr's 36M pairs, where lexsort took tens of seconds.
+        order = candidates
+        for key in keys:
+            order = order[np.argsort(key[order].astype(np.uint16), kind="stable")]
+        return order
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch

@@ -69,24 +69,32 @@ def train_command(argv: list[str]) -> int:
 
 
 def prepare_command(argv: list[str]) -> int:
-    from .preparation import clear_cache, prepare
+    from .preparation import prepare, say
+    from .prepared_cache import clear_cache
     from .recipe import DataArguments
 
     parser = HfArgumentParser(DataArguments, prog="vaswani prepare",
                               description="Read, learn the BPE vocabulary and tokenize a corpus once, into a folder "
                               "that `vaswani train --data DIR` memory-maps.")  # fmt: skip
     parser.add_argument("--output_dir", help="where to write the prepared data (default: the cache)")
+    parser.add_argument("--eval_splits", nargs="*", default=None,
+                        help="evaluation splits to prepare beside the training split, each kept whole (default: "
+                        "--eval_split, when the data holds it); one added later is prepared alone")  # fmt: skip
     parser.add_argument("--clear_cache", action="store_true", help="delete the cache of prepared data and stop")
     data_args, args = parser.parse_args_into_dataclasses(argv)
     if args.clear_cache:
-        folder, freed = clear_cache()
+        folder, freed = clear_cache(say)
         print(f"cleared {folder} ({freed / 2**30:.2f} GiB)")
         return 0
     if data_args.data is None and data_args.dataset_name is None:
         parser.error("give the corpus: --data FOLDER or --dataset_name NAME")
-    prepared = prepare(data_args.source(), args.output_dir, data_args.preprocessing_num_workers)
-    print(f"prepared data in {prepared.path}; train on it with `vaswani train --data {prepared.path} --src "
-          f"{data_args.src} --tgt {data_args.tgt} ...`")  # fmt: skip
+    request = data_args.request()
+    evaluated = args.eval_splits
+    if evaluated is None:  # the default split, where there is one
+        evaluated = [s for s in [data_args.eval_split] if s != "none" and s in request.available_splits()]
+    prepared = prepare(request, args.output_dir, data_args.preprocessing_num_workers, eval_splits=evaluated)
+    print(f"prepared data in {prepared.path} (splits: {', '.join(prepared.splits)}); train on it with `vaswani train "
+          f"--data {prepared.path} --src {data_args.src} --tgt {data_args.tgt} ...`")  # fmt: skip
     return 0
 
 

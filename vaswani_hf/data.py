@@ -4,8 +4,9 @@
 Every reader streams: it yields Arrow tables of a bounded number of lines (`source`, `target`, and `line`, the
 number of the pair's line in its file), so a WMT-sized corpus never sits in memory as Python objects. Lines end at
 "\\n" only (as Moses and fairseq read them), and each side is stripped. A malformed file is an error that names the
-file and the line, at any size, never silently shorter data. `EmptyPairs` drops pairs with an empty side and logs how
-many; `keep_empty=True`, for scoring a test set, keeps them, so each hypothesis stays beside its reference.
+file and the line, at any size, never silently shorter data. A UTF-8 byte-order mark at the start of a file is
+dropped. `DropEmptyPairs` drops pairs with an empty side and logs how many; `keep_empty=True`, for scoring a test
+set, keeps them, so each hypothesis stays beside its reference.
 `load_split` gives a small split as a Python list of pairs."""
 
 from __future__ import annotations
@@ -53,6 +54,8 @@ def _line_chunks(path: Path, chunk_lines: int) -> Iterator[tuple[int, list[str]]
     with open(path, "rb") as file:
         first = 1
         while raw := list(islice(file, chunk_lines)):
+            if first == 1:  # a UTF-8 byte-order mark (Windows editors write one) is no part of the first sentence
+                raw[0] = raw[0].removeprefix(b"\xef\xbb\xbf")
             yield first, _decoded_lines(path, raw, first)
             first += len(raw)
 
@@ -224,7 +227,7 @@ def split_chunks(data: str, split: str, src: str, tgt: str, dataset_config: str 
     return parallel_chunks(folder, split, src, tgt, chunk_lines)
 
 
-class EmptyPairs:
+class DropEmptyPairs:
     """Drops the pairs of a split with an empty side, chunk by chunk, and counts them."""
 
     def __init__(self, where: str, keep_empty: bool = False) -> None:
@@ -249,7 +252,7 @@ class EmptyPairs:
 
 
 def _as_pairs(chunks: Iterator[pa.Table], where: str, keep_empty: bool) -> Pairs:
-    cleaner = EmptyPairs(where, keep_empty)
+    cleaner = DropEmptyPairs(where, keep_empty)
     tables = [cleaner(table) for table in chunks]
     cleaner.finish()
     table = pa.concat_tables(tables)

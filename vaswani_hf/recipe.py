@@ -20,8 +20,10 @@ from transformers import (
     DataCollatorForSeq2Seq,
     EvalPrediction,
     PreTrainedTokenizerBase,
+    TrainerState,
     set_seed,
 )
+from transformers.trainer_utils import TrainOutput
 
 from .averaging import average_checkpoints, last_checkpoints, list_checkpoints, load_weights
 from .configuration_vaswani import PAPER_ALIASES, VaswaniConfig
@@ -30,18 +32,9 @@ from .hub import write_training_card
 from .inference import load_model
 from .metrics import decode, load_metrics, metric_name, score_with
 from .modeling_vaswani import VaswaniForConditionalGeneration
-from .preparation import (
-    InMemoryData,
-    PairRows,
-    PreparedData,
-    Source,
-    cache_dir,
-    load_tokenizer,
-    numpy_column,
-    prepare,
-    say,
-    tokenizer_hash,
-)
+from .preparation import DEFAULT_BPE_SAMPLE, prepare, say
+from .prepared import InMemoryData, PreparedData, TokenizedData, load_tokenizer, token_lengths, tokenizer_hash
+from .prepared_cache import PreparationRequest, cache_dir
 from .tasks import builtin_splits
 from .tokenization import BPEDropoutPairs, train_shared_bpe
 from .trainer import (
@@ -72,10 +65,10 @@ class DataArguments:
         metadata={"help": "reuse a vocabulary instead of training BPE: a folder holding tokenizer.json (a trained "
                   "model's, or a prepared folder's tokenizer/) or the file itself"},
     )  # fmt: skip
-    bpe_sample_lines: int | None = field(
-        default=None,
-        metadata={"help": "train the BPE vocabulary on this many training pairs drawn at random (seed 0) instead of "
-                  "all of them (docs/decisions.md); default: all"},
+    bpe_sample_lines: int = field(
+        default=DEFAULT_BPE_SAMPLE,
+        metadata={"help": "learn the BPE vocabulary from this many training pairs drawn at random (seed 0), as Marian "
+                  "and SentencePiece sample (docs/decisions.md); 0: from every pair"},
     )  # fmt: skip
     preprocessing_num_workers: int | None = field(
         default=None, metadata={"help": "processes that tokenize the data (default: one per core)"}
@@ -111,19 +104,22 @@ class DataArguments:
                   "🤗 Evaluate module (a folder holding NAME.py, or the .py file), or a Hub id when online"},
     )  # fmt: skip
 
-    def source(self, tokenizer: str | None = None) -> Source:
+    def request(self, tokenizer: str | None = None) -> PreparationRequest:
         """What `prepare` reads, with the options that change the prepared data."""
-        if self.bpe_sample_lines is not None and self.bpe_sample_lines < 1:
-            raise ValueError(f"--bpe_sample_lines must be a number of pairs (at least 1), got {self.bpe_sample_lines}.")
+        if self.bpe_sample_lines < 0:
+            raise ValueError(f"--bpe_sample_lines must be a number of pairs (0: every pair), got "
+                             f"{self.bpe_sample_lines}.")  # fmt: skip
         hub = self.dataset_name is not None
-        return Source(self.dataset_name if hub else self.data, self.src, self.tgt, hub, self.dataset_config_name,
-                      self.vocab_size, self.split_punctuation, self.bpe_sample_lines, tokenizer or self.tokenizer,
-                      self.max_length, self.train_split)  # fmt: skip
+        return PreparationRequest(self.dataset_name if hub else self.data, self.src, self.tgt, hub,
+                                  self.dataset_config_name, self.vocab_size, self.split_punctuation,
+                                  self.bpe_sample_lines or None, tokenizer or self.tokenizer, self.max_length,
+                                  self.train_split)  # fmt: skip
 
     def load(self, split: str) -> Pairs:
+        """A small split as pairs in memory; an evaluation split keeps every pair (it is scored whole)."""
         hub = self.dataset_name is not None
         return load_split(self.dataset_name if hub else self.data, split, self.src, self.tgt,
-                          self.dataset_config_name, hub=hub)  # fmt: skip
+                          self.dataset_config_name, hub=hub, keep_empty=split != self.train_split)  # fmt: skip
 
 
 @dataclass
@@ -157,14 +153,14 @@ def tokenize_pairs(
     return evaluation_set(data, "pairs") if keep_text else data.tokens("pairs")
 
 
-def evaluation_set(data: PreparedData, split: str, max_samples: int | None = None, by_length: bool = False) -> Dataset:
+def evaluation_set(data: TokenizedData, split: str, max_samples: int | None = None, by_length: bool = False) -> Dataset:
     """A split's first `max_samples` pairs, tokenized, with each reference as written (`target_text`): BLEU is
     scored against the references as written, not as the vocabulary can spell them. Evaluation sets are never
     filtered (dropping test sentences would change the BLEU). `by_length`: longest source first, for less padding
     in generation (BLEU does not depend on the order)."""
     tokens = data.tokens(split).data.table
     tokens = tokens.slice(0, len(tokens) if max_samples is None else max_samples)
-    text = data.text(split).data.table.take(tokens.column("pair"))
+    text = data.text(split).data.table.slice(0, len(tokens))  # evaluation splits are never filtered: row for row
     count = len(tokens)
     order = np.arange(count)
     if by_length:
@@ -261,7 +257,7 @@ def parse_overrides(text: str | None) -> dict:
 
 
 def build_trainer(
-    data: PreparedData | dict[str, Pairs],
+    data: TokenizedData | dict[str, Pairs],
     data_args: DataArguments,
     model_args: ModelArguments,
     training_args: VaswaniTrainingArguments,
@@ -271,7 +267,7 @@ def build_trainer(
     """The paper's recipe on Seq2SeqTrainer: model (new or fine-tuned), token-budget batches, Noam schedule,
     label smoothing, BLEU `compute_metrics` on the evaluation split when there is one. `data`: prepared data
     (`vaswani_hf.preparation`), or pairs in memory by split, tokenized here."""
-    if not isinstance(data, PreparedData):
+    if isinstance(data, dict):
         data = InMemoryData(data, tokenizer, data_args.train_split, data_args.max_length)
     set_seed(training_args.seed)
     model = build_model(model_args, tokenizer)
@@ -281,7 +277,7 @@ def build_trainer(
     train_set = data.tokens(data_args.train_split)
     # Batches are packed by the deterministic segmentation's lengths: with BPE-dropout a batch holds the same
     # pairs, spelled in about 14% more tokens at 0.1 (Multi30k).
-    train_lengths = tuple(numpy_column(train_set, c) for c in ("source_length", "target_length"))
+    train_lengths = token_lengths(train_set)
     planned = training_args.max_steps if training_args.max_steps > 0 else None
     training_args.speedups_choice = speedups_for_training(
         training_args.speedups,
@@ -294,8 +290,7 @@ def build_trainer(
         sharded=training_args.sharded,
     )
     if data_args.bpe_dropout:
-        rows = PairRows(data.text(data_args.train_split), numpy_column(train_set, "pair"))
-        train_set = BPEDropoutPairs(rows, tokenizer, data_args.bpe_dropout)
+        train_set = BPEDropoutPairs(data.pairs(data_args.train_split), tokenizer, data_args.bpe_dropout)
     eval_set = None
     if data_args.eval_split in data.splits:
         eval_set = evaluation_set(data, data_args.eval_split, data_args.max_eval_samples, by_length=True)
@@ -312,6 +307,10 @@ def build_trainer(
     )
 
 
+def checkpoint_step(checkpoint: str | Path) -> int:
+    return json.loads((Path(checkpoint) / "trainer_state.json").read_text())["global_step"]
+
+
 def train(trainer: VaswaniTrainer, resume: bool = False) -> dict:
     """Train (with `resume`, from the newest checkpoint that loads whole), average the last `average_last` checkpoints
     when asked, save model + tokenizer to `output_dir`. Returns steps, time, throughput, loss."""
@@ -319,7 +318,15 @@ def train(trainer: VaswaniTrainer, resume: bool = False) -> dict:
     checkpoint = resumable_checkpoint(args.output_dir) if resume else None
     if resume and checkpoint is None:
         logger.warning("--resume: no checkpoint in %s yet, starting from scratch", args.output_dir)
-    result = trainer.train(resume_from_checkpoint=checkpoint)
+    if checkpoint is not None and 0 < args.max_steps <= checkpoint_step(checkpoint):
+        # A run stopped after its last checkpoint and before its end: Trainer would take one step more before it
+        # looks at max_steps, so the checkpoint's weights and state are taken as they are.
+        trainer._load_from_checkpoint(checkpoint)
+        trainer.state = TrainerState.load_from_json(str(Path(checkpoint) / "trainer_state.json"))
+        losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
+        result = TrainOutput(trainer.state.global_step, losses[-1] if losses else float("nan"), {"train_runtime": 0.0})
+    else:
+        result = trainer.train(resume_from_checkpoint=checkpoint)
     tokens = trainer.accelerator.reduce(torch.tensor(trainer.target_tokens_seen, device=args.device), "sum")
     trainer.save_model(args.output_dir)
     trainer.save_state()  # trainer_state.json: the log history (loss, BLEU, elapsed_s) for curves
@@ -335,7 +342,7 @@ def train(trainer: VaswaniTrainer, resume: bool = False) -> dict:
     seconds = result.metrics["train_runtime"]
     return {"steps": result.global_step, "seconds": round(seconds, 1), "world_size": args.world_size,
             "target_tokens_per_s": round(int(tokens) / max(seconds, 1e-9)),
-            "train_loss": round(result.training_loss, 4),
+            "train_loss": round(result.training_loss, 4) if np.isfinite(result.training_loss) else None,
             "resumed_from": checkpoint, "averaged": [p.name for p in averaged],
             "precision": str(args.precision_choice), "speedups": str(trainer.speedups),
             **peak_accelerator_memory(args.device)}  # fmt: skip
@@ -372,19 +379,20 @@ def resumed_vocabulary(data_args: DataArguments, training_args: VaswaniTrainingA
     saved = Path(training_args.output_dir)
     if not (training_args.resume and (saved / "tokenizer.json").is_file()):
         return None
-    cached = cache_dir() / data_args.source().key()[0]
+    cached = cache_dir() / data_args.request().key()[0]
     same = PreparedData.is_prepared(cached) and tokenizer_hash(cached / "tokenizer") == tokenizer_hash(saved)
     return None if same else str(saved)
 
 
 def training_data(data_args: DataArguments, model_args: ModelArguments, training_args: VaswaniTrainingArguments,
-                  builtin: bool) -> tuple[PreparedData, PreTrainedTokenizerBase]:  # fmt: skip
+                  builtin: bool) -> tuple[TokenizedData, PreTrainedTokenizerBase]:  # fmt: skip
     """The run's data and vocabulary (section 5.1), saved beside the model:
     - the built-in task: its pairs in memory, and a BPE vocabulary trained on them;
     - a folder written by `vaswani prepare`: its vocabulary and splits, memory-mapped;
-    - raw data (a folder or a Hub dataset): prepared once into the cache (`vaswani_hf.preparation`) by the main
-      process while the others wait, then memory-mapped by all; a rerun, --resume or another run with the same
-      data and vocabulary options finds it there.
+    - raw data (a folder or a Hub dataset): its training split and the evaluation split prepared once into the
+      cache (`vaswani_hf.preparation`) by the first process to take the lock while the others wait on it (a file
+      lock, not a collective that a distributed run could time out), then memory-mapped by all; a rerun, --resume
+      or another run with the same data and vocabulary options finds it there.
     Fine-tuning keeps the checkpoint's vocabulary; one without a fast tokenizer reads its pairs into memory."""
     quiet = not training_args.should_log
     checkpoint_vocabulary = model_args.model_name_or_path
@@ -410,8 +418,13 @@ def training_data(data_args: DataArguments, model_args: ModelArguments, training
         say(f"data: the prepared data in {data.path}: {data.describe()}", quiet)
     else:
         vocabulary = data_args.tokenizer or checkpoint_vocabulary or resumed_vocabulary(data_args, training_args)
-        with training_args.main_process_first(desc="preparing the data"):
-            data = prepare(data_args.source(vocabulary), workers=data_args.preprocessing_num_workers, quiet=quiet)
+        evaluated = [] if data_args.eval_split == "none" else [data_args.eval_split]
+        request = data_args.request(vocabulary)
+        if evaluated and evaluated[0] not in request.available_splits():
+            raise ValueError(f"--eval_split {evaluated[0]}: the data holds no such split (it has "
+                             f"{', '.join(request.available_splits())}); name one of them, or none to train without "
+                             "it.")  # fmt: skip
+        data = prepare(request, workers=data_args.preprocessing_num_workers, quiet=quiet, eval_splits=evaluated)
     tokenizer = data.tokenizer()
     if training_args.should_save:
         tokenizer.save_pretrained(training_args.output_dir)
@@ -430,6 +443,22 @@ def prepare_output_dir(training_args: VaswaniTrainingArguments) -> None:
             shutil.rmtree(output_dir)
 
 
+def finished_at(training_args: VaswaniTrainingArguments) -> int | None:
+    """The step at which the run in output_dir ended, when it reached the steps (or epochs) asked for now; None
+    when it did not end, or ended short of them (stopped by a signal or --max_train_minutes)."""
+    try:
+        state = json.loads((Path(training_args.output_dir) / "trainer_state.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if training_args.max_steps > 0:
+        goal = training_args.max_steps
+    elif state.get("num_train_epochs") == training_args.num_train_epochs:
+        goal = state.get("max_steps", 0)
+    else:
+        return None
+    return state["global_step"] if goal and state.get("global_step", 0) >= goal else None
+
+
 def run_training(
     data_args: DataArguments, model_args: ModelArguments, training_args: VaswaniTrainingArguments, builtin: bool
 ) -> int:
@@ -442,6 +471,11 @@ def run_training(
     load_metrics(data_args.metric)  # and a metric that does not load or fails on a toy pair
     prepare_output_dir(training_args)
     output_dir = Path(training_args.output_dir)
+    if training_args.resume and (finished := finished_at(training_args)) is not None:
+        if training_args.process_index == 0:  # a requeued job that already ended must not train on, nor replace
+            print(f"--resume: the run in {output_dir} already finished at step {finished}; nothing to train, the "
+                  "model there is unchanged. Raise --max_steps (or --num_train_epochs) to train further.")  # fmt: skip
+        return 0
     task = ("built-in English->German number words" if builtin
             else f"{data_args.dataset_name or data_args.data} ({data_args.src}->{data_args.tgt})")  # fmt: skip
     data, tokenizer = training_data(data_args, model_args, training_args, builtin)
@@ -473,7 +507,7 @@ def run_training(
     if main:
         try:
             shown = data_args.eval_split if data_args.eval_split in data.splits else data_args.train_split
-            example = data.text(shown).data.table.column("source")[0].as_py()
+            example = data.pairs(shown)[0][0]
             write_training_card(trainer, data_args, stats, metrics, example, builtin, task)
         except Exception as err:  # the trained model matters more than its card: say so, keep going
             logger.warning("the model card could not be written (%s: %s); the model is saved", type(err).__name__, err)

@@ -1,0 +1,243 @@
+"""The cache of prepared data: what identifies a preparation (its key), where it lives, the lock and staging folder
+that keep it whole, and how it is cleared.
+
+A preparation's key covers what changes its result: the training files' *content* (a whole-file SHA-256), the
+language pair, the vocabulary options (or the given tokenizer's content), `max_length`, and the format. Reading 9.3
+GB to hash it takes about 10 s, so a file's hash is remembered beside the cache by what `stat` says of it (path,
+size, modification and change time, inode): an untouched file is not read again, and a file rewritten in place with
+its old size and modification time restored (`touch -r`, `cp -p`, `rsync -a`) has another change time or inode,
+so it is hashed again. Each evaluation split is keyed on its own (its files and the vocabulary), so a split added
+later is prepared alone, and a file the run does not ask for is never read.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from filelock import FileLock, Timeout
+
+from .data import folder_splits, split_chunks, split_files
+
+FORMAT = 2  # raise when the layout or the tokenized columns change: older preparations are then made anew
+HASHES = "file-hashes.json"
+
+
+def cache_dir() -> Path:
+    """Where `vaswani train --data RAW` keeps its preparations: $VASWANI_PREPARED_CACHE, else
+    `vaswani_prepared/` in the 🤗 Datasets cache ($HF_DATASETS_CACHE, by default ~/.cache/huggingface/datasets)."""
+    if os.environ.get("VASWANI_PREPARED_CACHE"):
+        return Path(os.environ["VASWANI_PREPARED_CACHE"])
+    import datasets.config
+
+    return Path(datasets.config.HF_DATASETS_CACHE) / "vaswani_prepared"
+
+
+def _stamp(path: Path) -> str:
+    stat = path.stat()
+    return f"{stat.st_size}:{stat.st_mtime_ns}:{stat.st_ctime_ns}:{stat.st_ino}:{stat.st_dev}"
+
+
+def content_hash(path: Path) -> str:
+    """The SHA-256 of the whole file, read only when the file's `stat` identity is not in the remembered hashes."""
+    path = path.resolve()
+    memo_path = cache_dir() / HASHES
+    try:
+        memo = json.loads(memo_path.read_text())
+    except (OSError, ValueError):
+        memo = {}
+    stamp = _stamp(path)
+    known = memo.get(str(path))
+    if known and known["stamp"] == stamp:
+        return known["sha256"]
+    with open(path, "rb") as file:
+        digest = hashlib.file_digest(file, "sha256").hexdigest()
+    if _stamp(path) != stamp:  # written to while we read: do not remember a hash of half of it
+        return digest
+    memo = {p: entry for p, entry in memo.items() if Path(p).is_file()}  # forget files that are gone
+    memo[str(path)] = {"stamp": stamp, "sha256": digest}
+    memo_path.parent.mkdir(parents=True, exist_ok=True)
+    staging = memo_path.with_name(f".{HASHES}.{uuid.uuid4().hex[:8]}")
+    staging.write_text(json.dumps(memo))
+    os.replace(staging, memo_path)  # a concurrent writer's entry may be lost: that file is then hashed again
+    return digest
+
+
+def file_identity(path: Path) -> dict:
+    stat = path.stat()
+    return {"path": str(path.resolve()), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns,
+            "sha256": content_hash(path)}  # fmt: skip
+
+
+def changed(known: dict) -> bool:
+    """Whether a file recorded by `file_identity` is gone or holds other content now."""
+    path = Path(known.get("path", ""))
+    if "path" not in known:
+        return False  # a Hub dataset, named by its fingerprint
+    return not path.is_file() or path.stat().st_size != known["size"] or content_hash(path) != known["sha256"]
+
+
+@dataclass(frozen=True)
+class PreparationRequest:
+    """What to prepare: a data folder or Hub dataset, its language pair, and the options that change the result."""
+
+    data: str
+    src: str
+    tgt: str
+    hub: bool = False
+    config: str | None = None
+    vocab_size: int = 37000
+    split_punctuation: bool = True
+    bpe_sample_lines: int | None = None  # None: every training pair
+    tokenizer: str | None = None  # a saved tokenizer (folder or tokenizer.json) used instead of training BPE
+    max_length: int | None = 256
+    train_split: str = "train"
+
+    def available_splits(self) -> list[str]:
+        if self.hub:
+            from datasets import get_dataset_split_names
+
+            return list(get_dataset_split_names(self.data, self.config))
+        return folder_splits(self._folder(), self.src, self.tgt)
+
+    def _folder(self) -> Path:
+        folder = Path(self.data)
+        if not folder.is_dir():
+            raise FileNotFoundError(f"--data {self.data}: no such folder (expected {self.train_split}.{self.src} + "
+                                    f"{self.train_split}.{self.tgt} inside).")  # fmt: skip
+        return folder
+
+    def files(self, split: str) -> list[dict]:
+        """The files that hold `split`, with what identifies their content; a Hub dataset's split is named by its
+        fingerprint. A split the data lacks is the reader's error, which names what the folder holds."""
+        if self.hub:
+            from datasets import load_dataset
+
+            try:
+                fingerprint = load_dataset(self.data, self.config, split=split)._fingerprint
+            except ValueError as err:
+                raise ValueError(f"dataset {self.data!r} ({self.config}): cannot load split {split!r}: {err}") from None
+            return [{"dataset": self.data, "config": self.config, "split": split, "fingerprint": fingerprint}]
+        paths = split_files(self._folder(), split, self.src, self.tgt)
+        if not paths or not all(path.is_file() for path in paths):
+            list(split_chunks(self.data, split, self.src, self.tgt))  # raises the reader's error
+        return [file_identity(path) for path in paths]
+
+    def vocabulary(self) -> dict:
+        if self.tokenizer:
+            from .prepared import tokenizer_hash
+
+            return {"tokenizer": str(Path(self.tokenizer).resolve()), "sha256": tokenizer_hash(self.tokenizer)}
+        return {"bpe": {"vocab_size": self.vocab_size, "split_punctuation": self.split_punctuation,
+                        "sample_lines": self.bpe_sample_lines}}  # fmt: skip
+
+    def key(self) -> tuple[str, dict]:
+        """The training split's key, and its inputs for the manifest."""
+        inputs = {"format": FORMAT, "files": self.files(self.train_split), "src": self.src, "tgt": self.tgt,
+                  "train_split": self.train_split, "vocabulary": self.vocabulary(),
+                  "max_length": self.max_length}  # fmt: skip
+        return digest(inputs), inputs
+
+    def split_key(self, split: str, tokenizer_sha256: str) -> tuple[str, dict]:
+        """An evaluation split's key (its files and the vocabulary that tokenizes it), and its inputs."""
+        inputs = {"format": FORMAT, "split": split, "files": self.files(split), "src": self.src, "tgt": self.tgt,
+                  "tokenizer_sha256": tokenizer_sha256}  # fmt: skip
+        return digest(inputs), inputs
+
+
+def digest(inputs: dict) -> str:
+    """A key from the inputs; paths and modification times are recorded, not hashed: the content decides."""
+    hashed = {**inputs, "files": [{k: v for k, v in f.items() if k not in ("path", "mtime_ns")}
+                                  for f in inputs["files"]]}  # fmt: skip
+    return hashlib.sha256(json.dumps(hashed, sort_keys=True).encode()).hexdigest()[:20]
+
+
+def _lock(final: Path) -> FileLock:
+    return FileLock(str(final.parent / f".{final.name}.lock"))
+
+
+@contextlib.contextmanager
+def locked(final: Path, say) -> Iterator[None]:
+    """Hold `final`'s lock: processes that want the same preparation wait here, on a file, never in a collective
+    that a distributed run could time out. Sweeps staging folders that killed preparations left beside it."""
+    final.parent.mkdir(parents=True, exist_ok=True)
+    lock = _lock(final)
+    try:
+        lock.acquire(timeout=1)
+    except Timeout:
+        say(f"data: waiting for another process that is preparing {final} (lock {lock.lock_file})")
+        lock.acquire()
+    try:
+        sweep_staging(final.parent, held=final.name)
+        yield
+    finally:
+        lock.release()
+
+
+def staging_folder(final: Path) -> Path:
+    return final.parent / f".{final.name}.tmp-{uuid.uuid4().hex[:8]}"
+
+
+def sweep_staging(parent: Path, held: str | None = None) -> None:
+    """Delete the staging folders of preparations that no process is building (their lock is free)."""
+    for stale in parent.glob(".*.tmp-*"):
+        name = stale.name[1:].rsplit(".tmp-", 1)[0]
+        if name == held:  # our own lock is held by us: its staging folders are a killed run's
+            shutil.rmtree(stale, ignore_errors=True)
+            continue
+        lock = _lock(parent / name)
+        try:
+            lock.acquire(timeout=0)
+        except Timeout:
+            continue  # being built right now
+        try:
+            shutil.rmtree(stale, ignore_errors=True)
+        finally:
+            lock.release()
+
+
+def check_free_space(folder: Path, needed: int, what: str) -> None:
+    """Stop before writing when the disk cannot hold `needed` bytes."""
+    folder.mkdir(parents=True, exist_ok=True)
+    free = shutil.disk_usage(folder).free
+    if free < needed:
+        raise OSError(f"not enough free disk space in {folder} to prepare {what}: about {needed / 1e9:.1f} GB is "
+                      f"needed while preparing, {free / 1e9:.1f} GB is free. Free some space, or prepare elsewhere "
+                      "(vaswani prepare --output_dir DIR, or VASWANI_PREPARED_CACHE=DIR).")  # fmt: skip
+
+
+def clear_cache(say) -> tuple[Path, int]:
+    """Delete every preparation in the cache, each under its lock (one being built is skipped and named); returns
+    the cache folder and the bytes freed. The empty lock files stay: deleting a lock file that another process
+    may be about to open would let two processes hold it."""
+    folder = cache_dir()
+    if not folder.is_dir():
+        return folder, 0
+    freed = 0
+    for entry in sorted(folder.iterdir()):
+        if entry.name.endswith(".lock"):
+            continue
+        if entry.is_file():  # the remembered file hashes
+            freed += entry.stat().st_size
+            entry.unlink()
+            continue
+        name = entry.name[1:].rsplit(".tmp-", 1)[0] if ".tmp-" in entry.name else entry.name
+        lock = _lock(folder / name)
+        try:
+            lock.acquire(timeout=0)
+        except Timeout:
+            say(f"data: {entry} is being prepared by another process: left in place")
+            continue
+        try:
+            freed += sum(f.stat().st_size for f in entry.rglob("*") if f.is_file())
+            shutil.rmtree(entry)
+        finally:
+            lock.release()
+    return folder, freed
