@@ -312,15 +312,18 @@ def test_numpy_packing_gives_the_batches_of_the_loop(seed):
     assert sampler.bounds == reference_pack(lengths, max_tokens, buckets)
 
 
-@pytest.mark.parametrize("longest", [300, 70_000])  # radix sorts of 16-bit keys, and lexsort past them
-def test_length_order_is_lexsorts(longest):
+@pytest.mark.parametrize("longest", [300, 5000])  # a table of (source, target) lengths, and np.unique past it
+def test_length_order_is_lexsorts_and_shuffles_only_ties(longest):
     rng = np.random.default_rng(longest)
     source, target = rng.integers(1, longest, 5000), rng.integers(1, longest // 50, 5000)
     sampler = TokenBudgetBatchSampler(source, target, max_tokens=10**6)
-    for shuffled in (None, np.random.default_rng(1)):
-        candidates = np.arange(5000) if shuffled is None else np.random.default_rng(1).permutation(5000)
-        keys = (target[candidates], source[candidates], np.maximum(source, target)[candidates])
-        assert sampler._length_order(shuffled).tolist() == candidates[np.lexsort(keys)].tolist()
+    keys = (target, source, np.maximum(source, target))
+    assert sampler._length_order(None).tolist() == np.lexsort(keys).tolist()
+    shuffled = sampler._length_order(np.random.default_rng(1))
+    assert sorted(shuffled.tolist()) == list(range(5000))
+    assert all((key[shuffled] == key[np.lexsort(keys)]).all() for key in keys)  # the same lengths at each place
+    assert shuffled.tolist() != np.lexsort(keys).tolist()  # ties in another order
+    assert shuffled.tolist() == sampler._length_order(np.random.default_rng(1)).tolist()  # seeded: resumable
 
 
 # --- the commands ------------------------------------------------------------------------------------------------

@@ -100,7 +100,7 @@ def encode_table(tokenizer: Tokenizer | PreTrainedTokenizerBase, table: pa.Table
 
 
 def list_lengths(column: pa.Array | pa.ChunkedArray) -> np.ndarray:
-    return pc.list_value_length(column).to_numpy(zero_copy_only=False).astype(np.int32)
+    return pc.list_value_length(column).to_numpy(zero_copy_only=False).astype(np.int32, copy=False)
 
 
 def token_lengths(dataset: Dataset) -> tuple[np.ndarray, np.ndarray]:
