@@ -17,6 +17,17 @@ os.environ.setdefault("VASWANI_PREPARED_CACHE", tempfile.mkdtemp(prefix="vaswani
 
 collect_ignore_glob = ["_upstream/*"]
 
+# Two tiers (docs/tests.md): the README's command runs the fast one (-m "not slow and not extended"); the tests
+# named in extended_tier.txt are marked `extended`, and .ci/run runs them after it (-m "extended and not slow").
+EXTENDED = [line.strip() for line in open(os.path.join(os.path.dirname(__file__), "extended_tier.txt"))
+            if line.strip() and not line.startswith("#")]  # fmt: skip
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if any(item.nodeid == name or item.nodeid.startswith(name + "[") for name in EXTENDED):
+            item.add_marker(pytest.mark.extended)
+
 
 # Tests that matter on a GPU take the `device` fixture: they run on the CPU everywhere and on CUDA where it is
 # visible, those runs marked `gpu` (`python -m pytest -m gpu` runs just them; docs/tests.md).

@@ -164,3 +164,20 @@ def test_the_block_runs_as_written(block, workspace, tmp_path):
     assert result.returncode == 0, (
         f"{block.name} failed (exit {result.returncode}):\n{block.code}\n--- stderr ---\n{result.stderr[-3000:]}"
     )
+
+
+def test_every_name_in_the_second_tier_is_a_test():
+    """tests/extended_tier.txt names tests by node id, documentation blocks by line: a block that moved, or a test
+    renamed, would fall back into the fast tier unseen."""
+    import ast
+
+    names = [line.strip() for line in (ROOT / "tests" / "extended_tier.txt").read_text().splitlines()
+             if line.strip() and not line.startswith("#")]  # fmt: skip
+    blocks = {block.name for block in PASTED_BLOCKS}
+    for name in names:
+        path, _, rest = name.partition("::")
+        function, _, param = rest.partition("[")
+        tree = ast.parse((ROOT / path).read_text())
+        assert function in {node.name for node in ast.walk(tree) if isinstance(node, ast.FunctionDef)}, name
+        if path == "tests/test_docs.py":
+            assert param.rstrip("]") in blocks, f"{name}: no such block (its line moved?)"
