@@ -5,7 +5,8 @@ its own process, with its wall time and the peak RSS of any process in it (the t
 `--mode prepare` (the en-fr table): for each size, `vaswani prepare --output_dir` from nothing (wall, phases, the
 peak RSS of any process, and the peak of `free`'s "used" memory above what was used before it started, which
 counts the pages forked workers share once), the prepared folder's size, then a later run: `vaswani train --data
-PREPARED` with 5 tiny-preset steps (its wall time and peak RSS).
+PREPARED` with 5 tiny-preset steps (the time to the end of its steps, its wall time with the final evaluation and
+saving, and its peak RSS).
 
     python benchmarks/scale.py --mode prepare --vocab open --sizes 4500000 36000000 --out results.md
     python benchmarks/scale.py --mode prepare --corpus /data/wmt-shaped-36m      # a corpus already written
@@ -45,6 +46,7 @@ TINY = ["--src", "en", "--tgt", "de", "--eval_split", "val", "--preset", "tiny",
         "--max_tokens", "3125", "--max_steps", "5", "--max_eval_samples", "8", "--save_strategy", "no",
         "--disable_tqdm", "true"]  # fmt: skip
 START_LINE = "task: "  # printed by `vaswani train` just before the first step
+TRAINED_LINE = "'train_runtime'"  # printed by Trainer when the steps are done
 
 
 def timed(command: list[str], env: dict, log: Path) -> dict:
@@ -53,16 +55,19 @@ def timed(command: list[str], env: dict, log: Path) -> dict:
     start = time.perf_counter()
     with open(log, "w") as out:
         process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-        first_step = None
+        first_step = trained = None
         for line in process.stdout:
             out.write(line)
             if first_step is None and line.startswith(START_LINE):
                 first_step = time.perf_counter() - start
+            if trained is None and TRAINED_LINE in line:
+                trained = time.perf_counter() - start
         _, status, usage = os.wait4(process.pid, 0)
         process.returncode = os.waitstatus_to_exitcode(status)
     if process.returncode:
         raise SystemExit(f"{' '.join(command)} failed ({process.returncode}); see {log}")
-    return {"wall": time.perf_counter() - start, "start": first_step, "rss": usage.ru_maxrss / 2**20}
+    return {"wall": time.perf_counter() - start, "start": first_step, "trained": trained,
+            "rss": usage.ru_maxrss / 2**20}  # fmt: skip
 
 
 def corpus(work: Path, size: int, script: Path, vocab: str = "closed") -> Path:
@@ -107,8 +112,8 @@ def prepare_rows(args, env: dict) -> list[str]:
     """`vaswani prepare` from nothing, then a later 5-step run on the prepared folder, for each corpus."""
     folders = args.corpus or [corpus(args.work, size, args.corpus_script, args.vocab) for size in args.sizes]
     lines = ["| corpus | pairs | prepare | read | BPE | tokenize | peak RSS | used above idle (free) | prepared folder "
-             "| text | later start: wall to the end of 5 steps | its peak RSS |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+             "| text | later run: start to the end of 5 steps | its wall | its peak RSS |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
     run_env = {**env, "VASWANI_PREPARED_CACHE": str(args.work / "cache-prepare")}
     for data in folders:
         out = args.work / f"prepared-{data.name}"
@@ -127,7 +132,7 @@ def prepare_rows(args, env: dict) -> list[str]:
         lines.append(f"| {data.name} | {pairs:,} | {first['wall']:.0f} s | {phases['reading']:.0f} s | "
                      f"{phases['vocabulary']:.0f} s | {phases['tokenizing']:.0f} s | {first['rss']:.2f} GiB | "
                      f"{first['used']:.2f} GiB | {folder_size(out) / 1e9:.2f} GB | {text / 1e9:.2f} GB | "
-                     f"{later['wall']:.0f} s | {later['rss']:.2f} GiB |")  # fmt: skip
+                     f"{later['trained']:.0f} s | {later['wall']:.0f} s | {later['rss']:.2f} GiB |")  # fmt: skip
         print(lines[-1], flush=True)
     return lines
 

@@ -54,6 +54,8 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
         self.epoch = 0
         self.order, self.ties = self._sort()
         sorted_lengths = self.longest[self.order]
+        # kept: the order, the ties and the batch bounds; the lengths are not needed again (memory at 36M pairs)
+        del self.longest, self.source_lengths, self.target_lengths
         if buckets is not None and int(sorted_lengths[-1]) > max(buckets):
             raise ValueError(f"the longest training pair has {int(sorted_lengths[-1])} tokens, more than the longest "
                              f"bucket ({max(buckets)}): give buckets up to the longest pair.")  # fmt: skip
@@ -112,7 +114,7 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
             ranks = lookup[pair]
         else:
             ranks = rank[inverse]
-        order = np.argsort(ranks, kind="stable")
+        order = np.argsort(ranks, kind="stable").astype(np.int32 if len(ranks) < 1 << 31 else np.int64)
         ends = np.cumsum(np.bincount(ranks, minlength=len(present)))
         ties = [(int(e - c), int(e)) for e, c in zip(ends, np.diff(ends, prepend=0), strict=True) if c > 1]
         return order, ties
