@@ -54,8 +54,11 @@ def _memo() -> dict:
 
 
 def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()  # (hashlib.file_digest is Python 3.11's; the package supports 3.10)
     with open(path, "rb") as file:
-        return hashlib.file_digest(file, "sha256").hexdigest()
+        for block in iter(lambda: file.read(1 << 23), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def content_hashes(paths: list[Path], read: bool = True) -> list[str | None]:
