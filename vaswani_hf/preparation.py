@@ -37,11 +37,12 @@ from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
 from . import word_tokenizing
 from .data import DropEmptyPairs, split_chunks
-from .prepared import MANIFEST, SPLIT_FILE, PreparedData, check_filtered, encode_table, load_tokenizer
+from .prepared import MANIFEST, SPLIT_FILE, PreparedData, check_filtered, encode_table
 from .prepared_cache import (
     PreparationRequest,
     cache_dir,
     check_free_space,
+    load_tokenizer,
     locked,
     staging_folder,
 )

@@ -45,27 +45,6 @@ def id_type(vocabulary_size: int) -> pa.DataType:
     return pa.uint16() if vocabulary_size <= 1 << 16 else pa.int32()
 
 
-def load_tokenizer(path: str | Path) -> PreTrainedTokenizerFast:
-    """A saved fast tokenizer: a folder (`AutoTokenizer`) or a tokenizer.json file."""
-    path = Path(path)
-    if path.is_file():
-        return PreTrainedTokenizerFast(tokenizer_file=str(path), pad_token="<pad>", bos_token="<s>",
-                                       eos_token="</s>", unk_token="<unk>")  # fmt: skip
-    if not path.is_dir():
-        raise FileNotFoundError(f"--tokenizer {path}: no such file or folder; give a folder with tokenizer.json "
-                                "(a model's, or a prepared folder's tokenizer/) or the file itself.")  # fmt: skip
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    if not tokenizer.is_fast:
-        raise ValueError(f"--tokenizer {path}: a slow (Python) tokenizer; give a folder with tokenizer.json.")
-    return tokenizer
-
-
-def tokenizer_hash(path: str | Path) -> str:
-    import hashlib
-
-    return hashlib.sha256(load_tokenizer(path).backend_tokenizer.to_str().encode()).hexdigest()
-
-
 def _ids(tokenizer: Tokenizer | PreTrainedTokenizerBase, texts: list[str], target: bool) -> pa.ListArray:
     if isinstance(tokenizer, Tokenizer):
         ids = [encoding.ids for encoding in tokenizer.encode_batch_fast(texts)]

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from filelock import FileLock, Timeout
+from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
 from .data import folder_splits, split_chunks, split_files
 
@@ -103,6 +104,25 @@ def changed(known: dict) -> bool:
     return content_hashes([path], read=False)[0] not in (None, known["sha256"])
 
 
+def load_tokenizer(path: str | Path) -> PreTrainedTokenizerFast:
+    """A saved fast tokenizer: a folder (`AutoTokenizer`) or a tokenizer.json file."""
+    path = Path(path)
+    if path.is_file():
+        return PreTrainedTokenizerFast(tokenizer_file=str(path), pad_token="<pad>", bos_token="<s>",
+                                       eos_token="</s>", unk_token="<unk>")  # fmt: skip
+    if not path.is_dir():
+        raise FileNotFoundError(f"--tokenizer {path}: no such file or folder; give a folder with tokenizer.json "
+                                "(a model's, or a prepared folder's tokenizer/) or the file itself.")  # fmt: skip
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    if not tokenizer.is_fast:
+        raise ValueError(f"--tokenizer {path}: a slow (Python) tokenizer; give a folder with tokenizer.json.")
+    return tokenizer
+
+
+def tokenizer_hash(path: str | Path) -> str:
+    return hashlib.sha256(load_tokenizer(path).backend_tokenizer.to_str().encode()).hexdigest()
+
+
 @dataclass(frozen=True)
 class PreparationRequest:
     """What to prepare: a data folder or Hub dataset, its language pair, and the options that change the result."""
@@ -151,8 +171,6 @@ class PreparationRequest:
 
     def vocabulary(self) -> dict:
         if self.tokenizer:
-            from .prepared import tokenizer_hash
-
             return {"tokenizer": str(Path(self.tokenizer).resolve()), "sha256": tokenizer_hash(self.tokenizer)}
         return {"bpe": {"vocab_size": self.vocab_size, "split_punctuation": self.split_punctuation,
                         "sample_lines": self.bpe_sample_lines}}  # fmt: skip

@@ -33,8 +33,8 @@ from .inference import load_model
 from .metrics import decode, load_metrics, metric_name, score_with
 from .modeling_vaswani import VaswaniForConditionalGeneration
 from .preparation import DEFAULT_BPE_SAMPLE, prepare, say
-from .prepared import InMemoryData, PreparedData, TokenizedData, load_tokenizer, token_lengths, tokenizer_hash
-from .prepared_cache import PreparationRequest, cache_dir
+from .prepared import InMemoryData, PreparedData, TokenizedData, token_lengths
+from .prepared_cache import PreparationRequest, cache_dir, load_tokenizer, tokenizer_hash
 from .tasks import builtin_splits
 from .tokenization import BPEDropoutPairs, train_shared_bpe
 from .trainer import (
