@@ -17,7 +17,6 @@ An evaluation split keeps every pair, an empty side included (a test set is scor
 
 from __future__ import annotations
 
-import hashlib
 import json
 import multiprocessing
 import os
@@ -45,6 +44,7 @@ from .prepared_cache import (
     load_tokenizer,
     locked,
     staging_folder,
+    tokenizer_hash,
 )
 from .tokenization import train_shared_bpe
 
@@ -127,9 +127,9 @@ def _build_training(request: PreparationRequest, inputs: dict, key: str, final: 
         text.unlink()  # the training text is not kept (`prepared`)
         counts.update(pairs=kept, dropped_too_long=counts["read"] - counts["dropped_empty"] - kept)
         check_filtered(counts, request.max_length)
-        sha256 = hashlib.sha256(tokenizer.backend_tokenizer.to_str().encode()).hexdigest()
         manifest = {**inputs, "key": key, "data": request.data, "hub": request.hub, "counts": counts,
-                    "vocabulary": {**inputs["vocabulary"], "size": len(tokenizer), "sha256": sha256},
+                    "vocabulary": {**inputs["vocabulary"], "size": len(tokenizer),
+                                   "sha256": tokenizer_hash(tokenizer)},
                     "workers": workers,
                     "seconds": {**seconds, "tokenizing": lap(), "total": round(clock[-1] - clock[0], 1)},
                     "dropped": "training pairs with an empty side or more than max_length tokens on a side; "
@@ -189,17 +189,17 @@ def _text_table(path: Path) -> pa.Table:
 def _vocabulary(request: PreparationRequest, train_text: Path, folder: Path, quiet: bool) -> PreTrainedTokenizerFast:
     """`--tokenizer`, or the shared BPE learned in a child process (its memory, which grows with the sample's word
     types, goes back to the system before the tokenizing workers are forked from this one); saved in `folder`."""
-    tokenizer = load_tokenizer(request.tokenizer) if request.tokenizer else None
-    if tokenizer is None:
-        with ProcessPoolExecutor(1, mp_context=_fork_context()) as child:
-            try:
-                child.submit(_learn_bpe, request, str(train_text), str(folder), quiet).result()
-            except BrokenProcessPool:
-                raise RuntimeError("the process learning the BPE vocabulary was killed (out of memory?): give "
-                                   "--bpe_sample_lines a smaller sample.") from None  # fmt: skip
-        return AutoTokenizer.from_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return tokenizer
+    if request.tokenizer:
+        tokenizer = load_tokenizer(request.tokenizer)
+        tokenizer.save_pretrained(folder)
+        return tokenizer
+    with ProcessPoolExecutor(1, mp_context=_fork_context()) as child:
+        try:
+            child.submit(_learn_bpe, request, str(train_text), str(folder), quiet).result()
+        except BrokenProcessPool:
+            raise RuntimeError("the process learning the BPE vocabulary was killed (out of memory?): give "
+                               "--bpe_sample_lines a smaller sample.") from None  # fmt: skip
+    return AutoTokenizer.from_pretrained(folder)
 
 
 def _learn_bpe(request: PreparationRequest, train_text: str, folder: str, quiet: bool) -> None:

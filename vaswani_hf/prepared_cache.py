@@ -68,8 +68,8 @@ def content_hashes(paths: list[Path], read: bool = True) -> list[str | None]:
     WMT14 en-fr, 9.8 GB, in about 6 s on 2 cores."""
     paths = [path.resolve() for path in paths]
     memo, stamps = _memo(), [_stamp(path) for path in paths]
-    known = [memo.get(str(p), {}).get("sha256") if memo.get(str(p), {}).get("stamp") == s else None
-             for p, s in zip(paths, stamps, strict=True)]  # fmt: skip
+    entries = [memo.get(str(path), {}) for path in paths]
+    known = [e.get("sha256") if e.get("stamp") == s else None for e, s in zip(entries, stamps, strict=True)]
     missing = [i for i, sha in enumerate(known) if sha is None]
     if not read or not missing:
         return known
@@ -99,7 +99,8 @@ def changed(known: dict) -> bool:
     path = Path(known.get("path", ""))
     if "path" not in known:
         return False  # a Hub dataset, named by its fingerprint
-    if not path.is_file() or (path.stat().st_size, path.stat().st_mtime_ns) != (known["size"], known["mtime_ns"]):
+    stat = path.stat() if path.is_file() else None
+    if stat is None or (stat.st_size, stat.st_mtime_ns) != (known["size"], known["mtime_ns"]):
         return True
     return content_hashes([path], read=False)[0] not in (None, known["sha256"])
 
@@ -119,8 +120,10 @@ def load_tokenizer(path: str | Path) -> PreTrainedTokenizerFast:
     return tokenizer
 
 
-def tokenizer_hash(path: str | Path) -> str:
-    return hashlib.sha256(load_tokenizer(path).backend_tokenizer.to_str().encode()).hexdigest()
+def tokenizer_hash(tokenizer: str | Path | PreTrainedTokenizerFast) -> str:
+    """The SHA-256 of a fast tokenizer's whole definition (a saved one's path, or the tokenizer)."""
+    tokenizer = tokenizer if isinstance(tokenizer, PreTrainedTokenizerFast) else load_tokenizer(tokenizer)
+    return hashlib.sha256(tokenizer.backend_tokenizer.to_str().encode()).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -200,6 +203,11 @@ def _lock(final: Path) -> FileLock:
     return FileLock(str(final.parent / f".{final.name}.lock"))
 
 
+def _built_name(entry: str) -> str:
+    """The folder a staging folder (`.NAME.tmp-*`) is built for; any other name is its own."""
+    return entry[1:].rsplit(".tmp-", 1)[0] if entry.startswith(".") and ".tmp-" in entry else entry
+
+
 @contextlib.contextmanager
 def locked(final: Path, say) -> Iterator[None]:
     """Hold `final`'s lock: processes that want the same preparation wait here, on a file, never in a collective
@@ -225,7 +233,7 @@ def staging_folder(final: Path) -> Path:
 def sweep_staging(parent: Path, held: str | None = None) -> None:
     """Delete the staging folders of preparations that no process is building (their lock is free)."""
     for stale in parent.glob(".*.tmp-*"):
-        name = stale.name[1:].rsplit(".tmp-", 1)[0]
+        name = _built_name(stale.name)
         if name == held:  # our own lock is held by us: its staging folders are a killed run's
             shutil.rmtree(stale, ignore_errors=True)
             continue
@@ -265,8 +273,7 @@ def clear_cache(say) -> tuple[Path, int]:
             freed += entry.stat().st_size
             entry.unlink()
             continue
-        name = entry.name[1:].rsplit(".tmp-", 1)[0] if ".tmp-" in entry.name else entry.name
-        lock = _lock(folder / name)
+        lock = _lock(folder / _built_name(entry.name))
         try:
             lock.acquire(timeout=0)
         except Timeout:
