@@ -122,10 +122,16 @@ def test_only_the_splits_asked_for_are_prepared_and_a_new_one_alone(tmp_path, ca
     # an evaluation split keeps every pair, an empty side included, and the byte-order mark is gone
     assert added.counts("newstest2015") == {"read": 3, "dropped_empty": 0, "pairs": 3, "dropped_too_long": 0}
     assert list(added.pairs("newstest2015")) == [("one", "eins"), ("", "zwei"), ("three", "")]
+    # a split's staging folder left by a killed preparation is never a split, and the next preparation sweeps it
+    killed = added.path / "splits" / ".newstest2015.tmp-deadbeef"
+    killed.mkdir()
+    (killed / "split.json").write_text("{}")
+    assert PreparedData(added.path).splits == ["train", "newstest2015", "val"]
     # and a changed evaluation split is prepared again, alone
     (folder / "newstest2015.de").write_text("eins\nzwei\ndrei\n")
     redone = prepare(source(folder), quiet=True, eval_splits=["newstest2015"])
     assert redone.pairs("newstest2015")[2] == ("three", "drei") and shard.stat().st_mtime_ns == written
+    assert not killed.exists()
 
 
 def test_ids_wider_than_two_bytes_are_stored_as_int32():

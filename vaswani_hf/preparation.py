@@ -147,6 +147,8 @@ def _prepare_split(request: PreparationRequest, final: Path, split: str, tokeniz
     beside its tokens."""
     key, inputs = request.split_key(split, tokenizer_sha256)
     folder = final / "splits" / split
+    for killed in folder.parent.glob(f".{split}.tmp-*"):  # we hold the preparation's lock: no one builds these
+        shutil.rmtree(killed, ignore_errors=True)
     if (folder / SPLIT_FILE).is_file() and json.loads((folder / SPLIT_FILE).read_text()).get("key") == key:
         return
     staging = staging_folder(folder)

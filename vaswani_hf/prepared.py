@@ -174,7 +174,7 @@ class PreparedData:
         self.train_split = self.manifest["train_split"]
         self.split_manifests = {folder.name: json.loads((folder / SPLIT_FILE).read_text())
                                 for folder in sorted((self.path / "splits").glob(f"*/{SPLIT_FILE}"))
-                                for folder in [folder.parent]}  # fmt: skip
+                                for folder in [folder.parent] if not folder.name.startswith(".")}  # fmt: skip
 
     @staticmethod
     def is_prepared(path: str | Path | None) -> bool:
