@@ -1,13 +1,18 @@
-"""The static-shape searches of graph_search_vaswani.py (a CUDA graph per decoder step on CUDA) against the eager
-searches: the same tokens and scores, no device value read on the host per step, and the eager search wherever a
-feature needs it.
+"""The static-shape searches of graph_search_vaswani.py (the whole search step a CUDA graph on CUDA, kept across
+calls) against the eager searches: the same tokens and scores, on the first call and on later calls that replay,
+no device value read on the host per step, the kept graphs' keys, buckets, bound and lifetime, and the eager search
+wherever a feature needs it.
 
-On CPU the static search runs without a graph (`graph_decoding=True`), which covers its bookkeeping; where CUDA is
-visible the `device` fixture also runs the parity tests on CUDA, where the step is captured and replayed.
+On CPU the captured step is `ReplayedStep` (the step run again on the same buffers, which it checks did not move),
+so every line of the graphed search runs; where CUDA is visible the `device` fixture also runs the parity tests on
+CUDA, where the step is captured and replayed.
 """
 
+import copy
+import gc
 import subprocess
 import sys
+import weakref
 from pathlib import Path
 
 import pytest
@@ -17,8 +22,11 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from vaswani_hf import VaswaniConfig, VaswaniForConditionalGeneration, generation_vaswani, validation_vaswani
 from vaswani_hf.graph_search_vaswani import (
     DONE_CHECK_EVERY,
+    GraphedBeamSearch,
+    GraphedGreedySearch,
+    ReplayedStep,
     StaticBeamCacheLayer,
-    StaticDecodingState,
+    bucket,
     graph_decoding,
 )
 
@@ -62,10 +70,12 @@ def test_the_static_search_gives_the_eager_searchs_tokens_and_scores(seed, devic
     if seed % 2:
         kwargs.update(max_length_offset=None, max_new_tokens=4 + 2 * seed)
     eager = model.generate(graph_decoding=False, cpu_fast_paths=False, **kwargs)
-    static = model.generate(graph_decoding=True, **kwargs)
-    assert torch.equal(static.sequences, eager.sequences)
-    if kwargs["num_beams"] > 1:
-        torch.testing.assert_close(static.sequences_scores, eager.sequences_scores, atol=1e-5, rtol=1e-5)
+    for _ in range(2):  # the first call captures its step, the second replays the kept one
+        static = model.generate(graph_decoding=True, **kwargs)
+        assert torch.equal(static.sequences, eager.sequences)
+        if kwargs["num_beams"] > 1:
+            torch.testing.assert_close(static.sequences_scores, eager.sequences_scores, atol=1e-5, rtol=1e-5)
+    assert model._decoding_graphs.captures <= 1  # none where the search ended before its third step
 
 
 @pytest.mark.parametrize("num_beams", [1, 4])
@@ -104,16 +114,16 @@ def test_the_static_search_reads_the_device_only_every_few_steps(monkeypatch):
     _, model = random_pair(1)
     input_ids, attention_mask = padded_batch(1)
     counter = HostReads()
-    step = StaticDecodingState.step
+    for search in (GraphedGreedySearch, GraphedBeamSearch):
 
-    def uncounted_step(self, tokens):
-        counter.paused = True
-        try:
-            return step(self, tokens)
-        finally:
-            counter.paused = False
+        def uncounted_step(self, advance=search.advance):
+            counter.paused = True
+            try:
+                return advance(self)
+            finally:
+                counter.paused = False
 
-    monkeypatch.setattr(StaticDecodingState, "step", uncounted_step)
+        monkeypatch.setattr(search, "advance", uncounted_step)
 
     def reads(new_tokens: int, num_beams: int, graphs: bool) -> int:
         counter.count = 0
@@ -129,22 +139,98 @@ def test_the_static_search_reads_the_device_only_every_few_steps(monkeypatch):
         assert reads(64, num_beams, False) - reads(32, num_beams, False) >= 32
 
 
-def test_the_captured_step_reads_nothing_from_the_device(monkeypatch):
-    """What a CUDA graph captures (cache reordering, decoder step, output projection) with the model's checks in
-    their capture mode: no op may read a device value, or the capture would fail on a GPU."""
+@pytest.mark.parametrize("num_beams", [1, 4])
+def test_the_captured_step_reads_nothing_from_the_device(num_beams, monkeypatch):
+    """What a CUDA graph captures (the whole step: cache reordering, decoder, output projection, log-softmax, every
+    step-dependent logits rule, top-k, the beam update) with the model's checks in their capture mode: no op may
+    read a device value, or the capture would fail on a GPU."""
     _, model = random_pair(2)
+    model.generation_config.update(forced_bos_token_id=7, forced_eos_token_id=EOS, suppress_tokens=[5])
     input_ids, attention_mask = padded_batch(2)
-    with torch.no_grad():
-        hidden = model.get_encoder()(input_ids=input_ids, attention_mask=attention_mask)[0]
-        state = StaticDecodingState(model, hidden, attention_mask, rows_per_example=4, steps=6)
-        tokens = torch.full((hidden.shape[0] * 4,), model.config.decoder_start_token_id)
-        state.logits(tokens)  # the eager first step, which fills the cross-attention cache
-        state.reorder(torch.arange(tokens.shape[0]).flip(0))
-        monkeypatch.setattr(validation_vaswani, "_capturing", lambda: True)
-        counter = HostReads()
+    counter, replays = HostReads(), []
+    replay = ReplayedStep.replay
+
+    def counted_replay(self):
+        replays.append(1)
         with counter:
-            state.step(tokens)
-    assert counter.count == 0
+            replay(self)
+
+    monkeypatch.setattr(ReplayedStep, "replay", counted_replay)
+    monkeypatch.setattr(validation_vaswani, "_capturing", lambda: True)
+    model.generate(input_ids=input_ids, attention_mask=attention_mask, num_beams=num_beams, min_new_tokens=3,
+                   renormalize_logits=True, graph_decoding=True)  # fmt: skip
+    assert len(replays) >= 4 and counter.count == 0
+
+
+def new_tokens(model, input_ids, **kwargs) -> torch.Tensor:
+    return model.generate(input_ids=input_ids, max_length_offset=None, max_new_tokens=10, cpu_fast_paths=False,
+                          **kwargs)  # fmt: skip
+
+
+@pytest.mark.parametrize("num_beams", [1, 4])
+def test_a_call_of_a_kept_shape_replays_its_graph_with_its_own_inputs(num_beams, device):
+    """Another batch of the same rows whose sources fall in the same length bucket: no capture, and the eager
+    search's tokens for its own inputs (not the first call's)."""
+    _, model = random_pair(4)
+    model.to(device)
+    first, second = torch.randint(4, 90, (3, 9), device=device), torch.randint(4, 90, (3, 12), device=device)
+    assert bucket(9 + 1) == bucket(12 + 1)
+    new_tokens(model, first, num_beams=num_beams, graph_decoding=True)
+    again = new_tokens(model, second, num_beams=num_beams, graph_decoding=True)
+    assert model._decoding_graphs.captures == 1
+    assert torch.equal(again, new_tokens(model, second, num_beams=num_beams, graph_decoding=False))
+
+
+def test_buckets_hold_nearby_lengths_with_little_padding():
+    assert [bucket(n) for n in (1, 15, 16, 17, 64, 65, 128, 129, 200, 1000)] == [
+        16, 16, 16, 32, 64, 80, 128, 144, 208, 1024
+    ]  # fmt: skip
+    assert all(n <= bucket(n) <= n + max(15, n // 8) for n in range(1, 3000))
+
+
+def test_kept_graphs_are_bounded_least_recently_used_first(monkeypatch):
+    monkeypatch.setenv("VASWANI_GRAPH_CACHE", "2")
+    _, model = random_pair(5)
+    batches = [torch.randint(4, 90, (rows, 6)) for rows in (1, 2, 3)]
+    for ids in batches:  # three shapes, two kept: the first is dropped
+        new_tokens(model, ids, num_beams=4, graph_decoding=True)
+    graphs = model._decoding_graphs
+    assert (graphs.captures, len(graphs.searches)) == (3, 2)
+    new_tokens(model, batches[2], num_beams=4, graph_decoding=True)  # kept: replayed
+    assert graphs.captures == 3
+    new_tokens(model, batches[0], num_beams=4, graph_decoding=True)  # dropped: captured again
+    assert graphs.captures == 4
+    assert [key.rows for key in graphs.searches] == [3, 1]
+
+
+def test_kept_graphs_follow_the_weights_and_go_with_the_model():
+    """Resized embeddings are new tensors (a kept graph would read the old ones): every kept graph is dropped and
+    the next call captures anew. A copied model keeps none; a deleted model frees its graphs."""
+    _, model = random_pair(6)
+    ids = torch.randint(4, 90, (2, 7))
+    new_tokens(model, ids, num_beams=4, graph_decoding=True)
+    model.resize_token_embeddings(model.config.vocab_size + 8)
+    resized = new_tokens(model, ids, num_beams=4, graph_decoding=True)
+    assert model._decoding_graphs.captures == 2
+    assert torch.equal(resized, new_tokens(model, ids, num_beams=4, graph_decoding=False))
+    twin = copy.deepcopy(model)
+    assert not twin._decoding_graphs.searches and torch.equal(new_tokens(twin, ids, num_beams=4), resized)
+    kept = weakref.ref(next(iter(model._decoding_graphs.searches.values())))
+    del model, twin
+    gc.collect()
+    assert kept() is None
+
+
+def test_a_replay_refuses_a_buffer_that_moved():
+    """A graph reads the addresses it captured: a step that rebinds a buffer instead of writing into it would
+    replay on stale memory on a GPU, so the CPU's stand-in fails."""
+    _, model = random_pair(7)
+    ids = torch.randint(4, 90, (2, 7))
+    new_tokens(model, ids, num_beams=4, graph_decoding=True)
+    search = next(iter(model._decoding_graphs.searches.values()))
+    search.tokens = search.tokens.clone()
+    with pytest.raises(RuntimeError, match="moved"):
+        new_tokens(model, ids, num_beams=4, graph_decoding=True)
 
 
 def test_the_static_cache_reorders_beams_in_place():
@@ -179,7 +265,7 @@ def test_features_that_need_the_eager_search_get_it(feature, monkeypatch):
     def refuse(*args):
         raise AssertionError("the static search ran")
 
-    monkeypatch.setattr(generation_vaswani, "StaticDecodingState", refuse)
+    monkeypatch.setattr(generation_vaswani, "graphed_search", refuse)
     same = model.generate(graph_decoding=True, **kwargs)
     sequences = same.sequences if hasattr(same, "sequences") else same
     assert torch.equal(sequences, eager.sequences if hasattr(eager, "sequences") else eager)

@@ -155,7 +155,7 @@ class DecodingState:
         self.encoder_hidden = encoder_hidden
         self.source_mask = source_mask
         self.encoder_mask = self._encoder_mask()
-        self.cache = EncoderDecoderCache(self._self_attention_cache(), DynamicCache(config=model.config))
+        self.cache = EncoderDecoderCache(self._self_attention_cache(), self._cross_attention_cache())
         self.example_ids = torch.arange(encoder_hidden.shape[0] // (1 if self.fold else rows_per_example))
         self.shortlist: torch.LongTensor | None = None
         self.within = False
@@ -167,6 +167,10 @@ class DecodingState:
         if self.rows_per_example > 1:
             cache.layers[:] = [VaswaniBeamSearchCacheLayer() for _ in cache.layers]
         return cache
+
+    def _cross_attention_cache(self) -> DynamicCache:
+        """The cross-attention cache: keys and values of the encoder output, computed at the first step."""
+        return DynamicCache(config=self.model.config)
 
     def restrict(self, allowed: torch.LongTensor, within: bool = False) -> None:
         """Score only the `allowed` target ids (sorted; a vocabulary shortlist): the output projection multiplies

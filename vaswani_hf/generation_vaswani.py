@@ -41,7 +41,7 @@ from transformers.utils import logging
 from .alignment_vaswani import with_alignments
 from .decoding_state_vaswani import DecodingState, ModelProducts
 from .fast_products_vaswani import FastCpuProducts
-from .graph_search_vaswani import StaticDecodingState, fits, graph_decoding, static_beam_search, static_greedy_search
+from .graph_search_vaswani import fits, graph_decoding, graphed_search
 from .lexical_vaswani import LexicalRequests, constrained_beam_search
 from .search_vaswani import LENGTH_PENALTY_TYPES, DecodingSettings, beam_search, greedy_search
 
@@ -348,9 +348,7 @@ class VaswaniGenerationMixin:
         mask = source.attention_mask.to(self.device) if source.attention_mask is not None else None
         if (isinstance(self, torch.nn.Module) and shortlist is None and graph_decoding(graphs, hidden.device)
                 and fits(settings, self)):  # fmt: skip
-            state = StaticDecodingState(self, hidden, mask, settings.num_beams, settings.max_new_tokens)
-            search = static_beam_search if settings.num_beams > 1 else static_greedy_search
-            return self._output(settings, search(settings, state))
+            return self._output(settings, graphed_search(self, settings, hidden, mask))
         state = self._decoding_state(hidden, mask, settings.num_beams, fast)
         if settings.constraints is not None:
             search = constrained_beam_search

@@ -1,37 +1,57 @@
 # Copyright 2026 The vaswani-hf authors. Licensed under the Apache License, Version 2.0.
-"""Section 6.1's searches with static shapes, so that a GPU replays each decoder step as one CUDA graph.
+"""Section 6.1's searches with static shapes, so that a GPU replays each search step as one CUDA graph, and keeps
+the graph for the next call of the same shape.
 
-On a GPU a decoding step's arithmetic takes microseconds, while its ~150 kernel launches and the Python around them
-take milliseconds. This room runs the same searches as `search_vaswani.py`: greedy's argmax rule, and beam search
-through the very same `advance_beams`. It keeps every shape fixed for the whole call, so one decoder step can be
-captured once and replayed:
-- the self-attention cache is preallocated (`StaticBeamCacheLayer`), and beam search's reordering copies rows in
-  place inside the captured step;
+On a GPU a decoding step's arithmetic takes microseconds, while its few hundred kernel launches and the Python
+around them take milliseconds. This room runs the same searches as `search_vaswani.py`: greedy's argmax rule, and
+beam search through the very same `advance_beams`. Every shape is fixed, so that the whole step (cache reordering,
+decoder, output projection, log-softmax, the logits processors, top-k and the beam update) is captured once and
+replayed:
+- the self- and cross-attention caches are preallocated (`StaticBeamCacheLayer`, `StaticLayer`), and beam
+  search's reordering copies rows in place inside the captured step;
 - a sentence whose search is over stays in the batch with its results frozen (`Beams.keep_where`), where the
   eager search would drop it;
-- no step reads a device value on the host: the search asks whether every sentence is done only once every
-  `DONE_CHECK_EVERY` steps.
+- the step number is a device tensor, and no step reads a device value on the host: the search asks whether
+  every sentence is done only once every `DONE_CHECK_EVERY` steps.
+
+A captured search and its buffers (`GraphedSearch`) are kept on the model (`DecodingGraphs`), keyed by shape: a
+later call with the same rows, beams, source-length bucket, step bucket, dtype and step settings replays without
+capturing. Source lengths and step limits are rounded up to buckets (`bucket`), so that a file's batches repeat
+shapes; the padding is masked, and each sentence still ends at its own limit. At most `VASWANI_GRAPH_CACHE`
+searches (default 4) are kept, least recently used dropped first, and all of them once the model's weights move.
 
 Same tokens and scores as the eager searches (tests/test_graph_decoding.py). It is used where a CUDA model decodes
 with the paper's settings and no translator feature that needs the eager search (`fits`). The switch:
 `generate(graph_decoding=False)` or `VASWANI_GRAPH_DECODING=0` keeps the eager search. `graph_decoding=True` on
-a CPU model runs this search without a graph, which is how the tests cover its logic.
+a CPU model runs this search with `ReplayedStep` in place of a CUDA graph, which is how the tests cover it.
 Shipped as Hub remote code: imports only torch, transformers and the files beside it.
 """
 
 from __future__ import annotations
 
 import os
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, fields, replace
 
 import torch
 from transformers.cache_utils import Cache, StaticLayer
 
 from .decoding_state_vaswani import DecodingState, ModelProducts
-from .search_vaswani import Beams, DecodingSettings, advance_beams, apply_processors, log_softmax_in_place
+from .search_vaswani import (
+    Beams,
+    DecodingSettings,
+    advance_beams,
+    apply_processors,
+    log_softmax_in_place,
+    write_step,
+)
 
 # How often (in steps) the search reads on the host whether every sentence is done: one wait for the GPU per
 # this many steps, and at most this many - 1 steps computed past the end.
 DONE_CHECK_EVERY = 8
+# How many captured searches a model keeps (`VASWANI_GRAPH_CACHE`; 0 keeps none: every call captures anew).
+DEFAULT_KEPT = 4
 
 
 def graph_decoding(asked: bool | None, device: torch.device) -> bool:
@@ -59,6 +79,13 @@ def fits(settings: DecodingSettings, model) -> bool:
     )
 
 
+def bucket(n: int) -> int:
+    """`n` rounded up to a multiple of 16 (past 256, of a sixteenth of the power of two above it): at most 15 more,
+    or 1/8 more for long inputs, so that batches of nearby lengths share one captured search."""
+    multiple = max(16, 1 << max((n - 1).bit_length() - 4, 0))
+    return -(-n // multiple) * multiple
+
+
 class StaticBeamCacheLayer(StaticLayer):
     """A preallocated self-attention cache layer (Transformers' `StaticLayer`) whose beam-search reordering copies
     rows in place: the tensors keep their addresses, which a captured CUDA graph reads and writes."""
@@ -70,135 +97,317 @@ class StaticBeamCacheLayer(StaticLayer):
 
 
 class StaticDecodingState(DecodingState):
-    """The decoder state of a static-shape search: every row stays for the whole call, the self-attention cache
-    holds `steps` positions, and beam search's reordering waits in `parents` until the next step.
+    """The decoder state of a static-shape search, reused call after call: the encoder output padded to a bucket
+    of source positions, both attention caches preallocated, and beam search's reordering waiting in `parents`
+    until the next step. `load` takes a new call's encoder output into the same tensors."""
 
-    On CUDA the second step is captured as a CUDA graph (`torch.cuda.CUDAGraph`) and later steps replay it: the
-    graph reads `tokens` and `parents`, reorders the cache, runs the decoder and the output projection, and writes
-    `output`. The first step runs eagerly because it also computes cross-attention's keys and values, which later
-    steps read from the cache."""
-
-    def __init__(self, model, encoder_hidden: torch.Tensor, source_mask: torch.Tensor | None, rows_per_example: int,
-                 steps: int, capture: bool | None = None):  # fmt: skip
-        self.steps = steps
-        super().__init__(model, encoder_hidden, source_mask, rows_per_example, ModelProducts)
-        self.capture = encoder_hidden.device.type == "cuda" if capture is None else capture
-        self.parents: torch.LongTensor | None = None
-        self.graph: torch.cuda.CUDAGraph | None = None
-        self.steps_run = 0
+    def __init__(self, model, rows: int, source_length: int, rows_per_example: int, steps: int,
+                 dtype: torch.dtype, device: torch.device):  # fmt: skip
+        self.steps, self.source_length = steps, source_length
+        hidden = torch.zeros(rows, source_length, model.config.d_model, dtype=dtype, device=device)
+        mask = torch.zeros(rows, source_length, dtype=torch.long, device=device)
+        mask[:, 0] = 1  # a padded mask, so that the encoder mask below is a tensor that `load` fills
+        super().__init__(model, hidden, mask, rows_per_example, ModelProducts)
+        beams = rows * rows_per_example
+        self.parents = torch.arange(beams, device=device) if rows_per_example > 1 else None
 
     def _self_attention_cache(self) -> Cache:
         layers = self.model.config.decoder_layers
         return Cache(layers=[StaticBeamCacheLayer(max_cache_len=self.steps) for _ in range(layers)])
 
+    def _cross_attention_cache(self) -> Cache:
+        layers = self.model.config.decoder_layers
+        return Cache(layers=[StaticLayer(max_cache_len=self.source_length) for _ in range(layers)])
+
     @property
-    def layers(self) -> list[StaticBeamCacheLayer]:
-        return self.cache.self_attention_cache.layers
+    def layers(self) -> list[StaticLayer]:
+        return [*self.cache.self_attention_cache.layers, *self.cache.cross_attention_cache.layers]
+
+    def load(self, encoder_hidden: torch.Tensor, source_mask: torch.Tensor | None) -> None:
+        """A new call's encoder output and padding mask, padded to this state's source positions; both caches
+        start empty (the first step computes cross-attention's keys and values again)."""
+        length = encoder_hidden.shape[1]
+        self.encoder_hidden[:, :length].copy_(encoder_hidden)
+        self.encoder_hidden[:, length:].zero_()
+        self.source_mask.zero_()
+        self.source_mask[:, :length] = 1 if source_mask is None else source_mask
+        self.encoder_mask.copy_(self._encoder_mask())
+        for layer in self.layers:
+            layer.cumulative_length.zero_()
+        self.cache.is_updated = dict.fromkeys(range(len(self.cache.cross_attention_cache.layers)), False)
+        if self.parents is not None:
+            self.parents.copy_(torch.arange(self.parents.shape[0], device=self.parents.device))
 
     def reorder(self, row_idx: torch.LongTensor) -> None:
-        if self.parents is None:
-            self.parents = row_idx.clone()
-        else:
-            self.parents.copy_(row_idx)
+        self.parents.copy_(row_idx)
 
     def keep(self, examples: torch.Tensor) -> None:
         raise RuntimeError("a static-shape search keeps every sentence in the batch until the call ends")
 
-    def step(self, tokens: torch.LongTensor) -> torch.Tensor:
-        """The step a graph captures: follow the surviving beams, one decoder step, the output projection."""
+    def logits(self, tokens: torch.LongTensor) -> torch.Tensor:
+        """Follow the surviving beams, one decoder step, the output projection: (vocabulary, rows) logits."""
         if self.parents is not None:
-            for layer in self.layers:
+            for layer in self.cache.self_attention_cache.layers:
                 layer.reorder_cache(self.parents)
         return self.products.logits(self.model, self._decoder_step(tokens))
 
-    def logits(self, tokens: torch.LongTensor) -> torch.Tensor:
-        """(rows,) ids -> (vocabulary, rows) float32 logits; from a graph's replay after the first step on CUDA."""
-        self.steps_run += 1
-        if self.graph is not None:
-            self.tokens.copy_(tokens)
-            self.graph.replay()
-            return self.output
-        if self.capture and self.steps_run == 2:
-            return self._capture(tokens)
-        return self.step(tokens)
+    def buffers(self) -> list[torch.Tensor]:
+        tensors = [self.encoder_hidden, self.encoder_mask] + ([self.parents] if self.parents is not None else [])
+        for layer in self.layers:
+            tensors += [layer.cumulative_length, *((layer.keys, layer.values) if layer.is_initialized else ())]
+        return tensors
 
-    def _capture(self, tokens: torch.LongTensor) -> torch.Tensor:
-        """Capture `step` as a CUDA graph and replay it once for this step.
 
-        CUDA asks for one eager run on a side stream before a capture; that run must leave the state as it found
-        it, so it reorders by the identity and its cache position is wound back (the row it writes is overwritten
-        by the replay)."""
-        self.tokens = tokens.clone()
-        lengths = [layer.cumulative_length.clone() for layer in self.layers]
-        parents = self.parents.clone() if self.parents is not None else None
-        if parents is not None:
-            self.parents.copy_(torch.arange(parents.shape[0], device=parents.device))
+class ReplayedStep:
+    """What a CUDA graph does, without capturing: `replay()` runs the captured step again. The CPU's stand-in for
+    `torch.cuda.CUDAGraph`, so that the tests run the graphed search's every line. A graph reads and writes
+    addresses, so a replay checks that every buffer of the search is still where it was at capture."""
+
+    def __init__(self, step: Callable[[], None], buffers: Callable[[], list[torch.Tensor]]):
+        self.step, self.buffers = step, buffers
+        self.addresses = [t.data_ptr() for t in buffers()]
+
+    def replay(self) -> None:
+        if [t.data_ptr() for t in self.buffers()] != self.addresses:
+            raise RuntimeError("a buffer of the captured search step moved: a CUDA graph would read stale memory")
+        self.step()
+
+
+class GraphedSearch:
+    """One shape's search: its decoding state, its search buffers and its captured step, kept across calls.
+
+    A call `begin`s (its encoder output and limits into the buffers), then runs steps: the first eagerly (it also
+    computes cross-attention's keys and values), the second eagerly on a side stream the first time (CUDA's warm-up
+    before a capture), then the step is captured once and replayed from then on, in this call and the next."""
+
+    def __init__(self, settings: DecodingSettings, state: StaticDecodingState, capture: bool):
+        device = state.encoder_hidden.device
+        # the graph reads these tensors: they are this search's own, on its device
+        suppress = settings.suppress.to(device) if settings.suppress is not None else None
+        self.settings = replace(settings.on(device), suppress=suppress)
+        self.settings.limits = self.settings.limits.clone()
+        self.state, self.capture = state, capture
+        self.step_index = torch.zeros((), dtype=torch.long, device=device)
+        self.done = torch.zeros(state.encoder_hidden.shape[0], dtype=torch.bool, device=device)
+        rows = state.encoder_hidden.shape[0] * state.rows_per_example
+        self.tokens = torch.full((rows,), settings.start, dtype=torch.long, device=device)
+        self.graph: torch.cuda.CUDAGraph | ReplayedStep | None = None
+        self.warmed = False
+        self.captures = 0
+
+    def begin(self, settings: DecodingSettings, encoder_hidden: torch.Tensor, mask: torch.Tensor | None) -> None:
+        self.state.load(encoder_hidden, mask)
+        self.settings.limits.copy_(settings.limits)
+        self.step_index.zero_()
+        self.done.zero_()
+        self.tokens.fill_(self.settings.start)
+
+    def advance(self) -> None:
+        """One search step, in place in the buffers: the function a CUDA graph captures."""
+        raise NotImplementedError
+
+    def result(self) -> dict:
+        raise NotImplementedError
+
+    def buffers(self) -> list[torch.Tensor]:
+        return [*self.state.buffers(), self.step_index, self.done, self.tokens, self.settings.limits, self.settings.eos]
+
+    def run(self, steps: int) -> dict:
+        for step in range(steps):
+            if step == 0:  # it also computes cross-attention's keys and values: never captured
+                self.advance()
+            elif self.graph is not None:
+                self.graph.replay()
+            elif not self.warmed:
+                self.warm_up()
+            else:
+                self._capture()
+            if (step + 1) % DONE_CHECK_EVERY == 0 and bool(self.done.all()):
+                break
+        return self.result()
+
+    def warm_up(self) -> None:
+        """A real step, on a side stream on CUDA, as CUDA asks before a capture."""
+        self.warmed = True
+        if not self.capture:
+            return self.advance()
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
-            self.step(self.tokens)
+            self.advance()
         torch.cuda.current_stream().wait_stream(stream)
-        for layer, length in zip(self.layers, lengths, strict=True):
-            layer.cumulative_length.copy_(length)
-        if parents is not None:
-            self.parents.copy_(parents)
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
-            self.output = self.step(self.tokens)
+
+    def _capture(self) -> None:
+        """Capture `advance` (nothing runs while a CUDA graph is captured), then replay it for this step."""
+        self.captures += 1
+        if self.capture:
+            self.graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self.graph):
+                self.advance()
+        else:
+            self.graph = ReplayedStep(self.advance, self.buffers)
         self.graph.replay()
-        return self.output
 
 
-def all_done(step: int, done: torch.BoolTensor) -> bool:
-    """Every `DONE_CHECK_EVERY` steps, whether every sentence's search is over (the one wait for the device)."""
-    return (step + 1) % DONE_CHECK_EVERY == 0 and bool(done.all())
-
-
-def static_greedy_search(settings: DecodingSettings, state: StaticDecodingState) -> dict:
+class GraphedGreedySearch(GraphedSearch):
     """`search_vaswani.greedy_search` with every row kept: a finished row's later tokens are not recorded."""
-    rows = state.encoder_hidden.shape[0]
-    device = state.encoder_hidden.device
-    settings = settings.on(device)
-    generated = torch.full((rows, settings.max_new_tokens), settings.fill, dtype=torch.long, device=device)
-    lengths = torch.zeros(rows, dtype=torch.long, device=device)
-    done = torch.zeros(rows, dtype=torch.bool, device=device)
-    tokens = torch.full((rows,), settings.start, dtype=torch.long, device=device)
-    for step in range(settings.max_new_tokens):
-        scores = apply_processors(settings, state.logits(tokens).t(), step, settings.limits, None, None,
+
+    def __init__(self, settings: DecodingSettings, state: StaticDecodingState, capture: bool):
+        super().__init__(settings, state, capture)
+        rows, device = self.tokens.shape[0], self.tokens.device
+        self.generated = torch.full((rows, state.steps), settings.fill, dtype=torch.long, device=device)
+        self.lengths = torch.zeros(rows, dtype=torch.long, device=device)
+
+    def begin(self, settings: DecodingSettings, encoder_hidden: torch.Tensor, mask: torch.Tensor | None) -> None:
+        super().begin(settings, encoder_hidden, mask)
+        self.generated.fill_(self.settings.fill)
+        self.lengths.zero_()
+
+    def advance(self) -> None:
+        settings, step, done = self.settings, self.step_index, self.done
+        scores = apply_processors(settings, self.state.logits(self.tokens).t(), step, settings.limits, None, None,
                                   sync_free=True)  # fmt: skip
         tokens = scores.argmax(-1)
-        generated[:, step] = torch.where(done, settings.fill, tokens)
+        write_step(self.generated, step, torch.where(done, settings.fill, tokens))
         ends = ~done & (torch.isin(tokens, settings.eos) | (step + 1 >= settings.limits))
-        lengths = torch.where(ends, step + 1, lengths)
-        done = done | ends
-        if all_done(step, done):
-            break
-    return {"sequences": generated, "lengths": lengths}
+        self.lengths.copy_(torch.where(ends, step + 1, self.lengths))
+        done.logical_or_(ends)
+        self.tokens.copy_(tokens)
+        step.add_(1)
+
+    def result(self) -> dict:
+        return {"sequences": self.generated.clone(), "lengths": self.lengths.clone()}
+
+    def buffers(self) -> list[torch.Tensor]:
+        return [*super().buffers(), self.generated, self.lengths]
 
 
-def static_beam_search(settings: DecodingSettings, state: StaticDecodingState) -> dict:
+class GraphedBeamSearch(GraphedSearch):
     """`search_vaswani.beam_search` with every sentence kept: a sentence whose search is over keeps the results
     it had then (`Beams.keep_where`), and its rows go on computing what nobody reads."""
-    device = state.encoder_hidden.device
-    settings = settings.on(device)
-    batch, k = state.encoder_hidden.shape[0], settings.num_beams
-    search = Beams.start(settings, batch, device)
-    done = torch.zeros(batch, dtype=torch.bool, device=device)
-    row_limits = settings.limits.repeat_interleave(k)
-    tokens = torch.full((batch * k,), settings.start, dtype=torch.long, device=device)
-    for step in range(settings.max_new_tokens):
-        log_probs = log_softmax_in_place(state.logits(tokens))
+
+    def __init__(self, settings: DecodingSettings, state: StaticDecodingState, capture: bool):
+        super().__init__(settings, state, capture)
+        self.beams = Beams.start(self.settings, self.done.shape[0], self.done.device, steps=state.steps)
+
+    def begin(self, settings: DecodingSettings, encoder_hidden: torch.Tensor, mask: torch.Tensor | None) -> None:
+        super().begin(settings, encoder_hidden, mask)
+        self.beams.copy_(Beams.start(self.settings, self.done.shape[0], self.done.device, steps=self.state.steps))
+
+    def advance(self) -> None:
+        settings, step, search = self.settings, self.step_index, self.beams
+        row_limits = settings.limits.repeat_interleave(settings.num_beams)
+        log_probs = log_softmax_in_place(self.state.logits(self.tokens))
         log_probs = apply_processors(settings, log_probs, step, row_limits, None, None, sync_free=True)
         advanced = advance_beams(settings, step, log_probs, search)
-        search = advanced.beams.keep_where(done, search)
-        done = done | advanced.done
-        state.reorder(advanced.parent_rows.flatten())
-        tokens = search.running[:, :, step].flatten()
-        if all_done(step, done):
-            break
-    n = settings.num_return_sequences
-    return {
-        "sequences": search.finished[:, :n].flatten(0, 1),
-        "scores": search.finished_scores[:, :n].flatten(),
-        "lengths": search.finished_lengths[:, :n].flatten(),
-    }
+        search.copy_(advanced.beams.keep_where(self.done, search))
+        self.done.logical_or_(advanced.done)
+        self.state.reorder(advanced.parent_rows.flatten())
+        self.tokens.copy_(search.running.index_select(2, step.view(1)).flatten())
+        step.add_(1)
+
+    def result(self) -> dict:
+        n = self.settings.num_return_sequences
+        return {
+            "sequences": self.beams.finished[:, :n].flatten(0, 1).clone(),
+            "scores": self.beams.finished_scores[:, :n].flatten().clone(),
+            "lengths": self.beams.finished_lengths[:, :n].flatten().clone(),
+        }
+
+    def buffers(self) -> list[torch.Tensor]:
+        return [*super().buffers(), *(getattr(self.beams, f.name) for f in fields(self.beams))]
+
+
+@dataclass(frozen=True)
+class GraphKey:
+    """What a captured search's shapes and step depend on: a call with an equal key replays its graph."""
+
+    rows: int
+    beams: int
+    source_bucket: int
+    step_bucket: int
+    dtype: torch.dtype
+    device: torch.device
+    step_settings: tuple  # every setting the captured step reads as a constant
+
+    @classmethod
+    def of(cls, model, settings: DecodingSettings, encoder_hidden: torch.Tensor) -> GraphKey:
+        # one more position than the longest source, so that the bucket always holds padding and the encoder mask
+        # is a tensor (a source without padding gives none)
+        source = bucket(encoder_hidden.shape[1] + 1)
+        steps = bucket(settings.max_new_tokens)
+        tensors = ("eos", "suppress", "limits", "bad_words", "user_processors", "prefix", "constraints")
+        constant = tuple(
+            (f.name, getattr(settings, f.name)) for f in fields(settings) if f.name not in tensors and f.name not in
+            ("max_new_tokens", "return_dict", "output_scores", "output_logits", "sequence_scores")
+        )  # fmt: skip
+        # Transformers' "never" with its own penalty reads max_new_tokens as the step's constant
+        exact = settings.max_new_tokens if settings.early_stopping == "never" and not settings.gnmt else None
+        suppress = tuple(settings.suppress.tolist()) if settings.suppress is not None else None
+        step_settings = (*constant, tuple(settings.eos.tolist()), suppress, exact, model.training,
+                         model.config._attn_implementation)  # fmt: skip
+        return cls(encoder_hidden.shape[0], settings.num_beams, source, steps, encoder_hidden.dtype,
+                   encoder_hidden.device, step_settings)  # fmt: skip
+
+
+class DecodingGraphs:
+    """The captured searches of one model, kept on it (so freed with it): at most `kept` of them, the least
+    recently used dropped first, and all of them once a parameter or buffer of the model moves (a graph reads
+    the addresses it was captured with). A search in use is taken out, so two threads never share one."""
+
+    def __init__(self, kept: int):
+        self.kept = kept
+        self.searches: OrderedDict[GraphKey, GraphedSearch] = OrderedDict()
+        self.weights: tuple = ()
+        self.captures = 0  # every capture of every search it has held (the tests count them)
+
+    def __reduce__(self):  # a copied or pickled model keeps no graphs (they hold the original's addresses)
+        return DecodingGraphs, (self.kept,)
+
+    @staticmethod
+    def of(model) -> DecodingGraphs:
+        graphs = model.__dict__.get("_decoding_graphs")
+        if graphs is None:
+            kept = int(os.environ.get("VASWANI_GRAPH_CACHE", DEFAULT_KEPT))
+            graphs = model.__dict__["_decoding_graphs"] = DecodingGraphs(kept)
+        return graphs
+
+    def take(self, key: GraphKey, model) -> GraphedSearch | None:
+        weights = tuple(t.data_ptr() for t in (*model.parameters(), *model.buffers()))
+        if weights != self.weights:
+            self.searches.clear()
+            self.weights = weights
+        return self.searches.pop(key, None)
+
+    def give_back(self, key: GraphKey, search: GraphedSearch) -> None:
+        self.captures += search.captures
+        search.captures = 0
+        if self.kept <= 0:
+            return
+        self.searches[key] = search
+        while len(self.searches) > self.kept:
+            self.searches.popitem(last=False)
+
+    def clear(self) -> None:
+        self.searches.clear()
+
+
+def graphed_search(model, settings: DecodingSettings, encoder_hidden: torch.Tensor, mask: torch.Tensor | None,
+                   capture: bool | None = None) -> dict:  # fmt: skip
+    """Decode with the captured search of this call's shape, captured now if the model keeps none (`fits` said
+    this search can run `settings`). `capture`: a CUDA graph (default on CUDA), else `ReplayedStep`."""
+    graphs = DecodingGraphs.of(model)
+    key = GraphKey.of(model, settings, encoder_hidden)
+    search = graphs.take(key, model)
+    if search is None:
+        model.get_decoder().embed_positions.cover(key.step_bucket)  # before capture: a graph cannot grow the table
+        state = StaticDecodingState(model, key.rows, key.source_bucket, settings.num_beams, key.step_bucket,
+                                    encoder_hidden.dtype, encoder_hidden.device)  # fmt: skip
+        capture = encoder_hidden.device.type == "cuda" if capture is None else capture
+        kind = GraphedBeamSearch if settings.num_beams > 1 else GraphedGreedySearch
+        search = kind(settings, state, capture)
+        graphs.take(key, model)  # where the table grew, every graph kept before reads the old one: drop them
+    search.begin(settings, encoder_hidden, mask)
+    result = search.run(settings.max_new_tokens)
+    graphs.give_back(key, search)
+    return result

@@ -174,16 +174,26 @@ def apply_processors(settings: DecodingSettings, scores: torch.Tensor, step: int
     `scores` are (rows, vocabulary); `step` tokens were generated before this one; `limits` are each row's most
     generated tokens; `input_ids()` builds the decoder input so far, only for the processors that read it;
     `row_examples` is the example each row decodes (on the CPU; needed with a target prefix); `sync_free` never
-    reads a device value on the host (a static-shape search), at the price of a masked copy every step.
+    reads a device value on the host (a captured search step, whose `step` is a device tensor), at the price of a
+    masked copy every step for each rule that depends on the step.
     """
     if settings.bad_words is not None:
         scores = settings.bad_words(input_ids(), scores)
-    if step < settings.min_new_tokens:
-        scores[:, settings.eos] = -math.inf
-    if settings.forced_bos is not None and step == 0:
-        force(scores, None, settings.forced_bos)
-    if settings.forced_eos is not None and step == settings.max_new_tokens - 1:
-        force(scores, None, settings.forced_eos)
+    if sync_free:
+        rows = scores.shape[:1]
+        if settings.min_new_tokens:
+            scores[:, settings.eos] = torch.where(step < settings.min_new_tokens, -math.inf, scores[:, settings.eos])
+        if settings.forced_bos is not None:
+            force(scores, (step == 0).expand(rows), settings.forced_bos)
+        if settings.forced_eos is not None:  # the last step is the longest limit's (`limits.max()` is max_new_tokens)
+            force(scores, (step + 1 >= limits.max()).expand(rows), settings.forced_eos)
+    else:
+        if step < settings.min_new_tokens:
+            scores[:, settings.eos] = -math.inf
+        if settings.forced_bos is not None and step == 0:
+            force(scores, None, settings.forced_bos)
+        if settings.forced_eos is not None and step == settings.max_new_tokens - 1:
+            force(scores, None, settings.forced_eos)
     if settings.suppress is not None:
         scores[:, settings.suppress] = -math.inf
     if settings.limit_eos is not None:
@@ -278,8 +288,9 @@ class Beams:
     limits: torch.LongTensor  # (batch,) the most tokens each sentence generates
 
     @classmethod
-    def start(cls, settings: DecodingSettings, batch: int, device: torch.device) -> Beams:
-        beams, steps = settings.num_beams, settings.max_new_tokens
+    def start(cls, settings: DecodingSettings, batch: int, device: torch.device, steps: int | None = None) -> Beams:
+        """The search before its first step; `steps` (at least max_new_tokens) columns of tokens."""
+        beams, steps = settings.num_beams, steps or settings.max_new_tokens
         running = torch.full((batch, beams, steps), settings.fill, dtype=torch.long, device=device)
         running_scores = torch.zeros(batch, beams, device=device)
         running_scores[:, 1:] = -1e9  # the beams start identical: let only the first one propose at step 0
@@ -301,6 +312,11 @@ class Beams:
 
         return Beams(*(pick(getattr(self, f.name), getattr(before, f.name)) for f in fields(self)))
 
+    def copy_(self, other: Beams) -> None:
+        """Take `other`'s values into these tensors, in place (a captured step writes where its graph reads)."""
+        for f in fields(self):
+            getattr(self, f.name).copy_(getattr(other, f.name))
+
 
 @dataclass
 class BeamStep:
@@ -319,9 +335,9 @@ def advance_beams(settings: DecodingSettings, step: int, log_probs: torch.Tensor
     """Section 6.1, one step, for (batch * num_beams, vocabulary) processed log-probabilities: every beam proposes
     its best `candidates` continuations; the best `candidates` of a sentence's beams are kept; those ending in EOS
     among the first `num_beams` become finished hypotheses (scored with the length penalty), the best `num_beams`
-    others go on. Tensor work only (no value goes to the host), so a static-shape search (`graph_search_vaswani`)
-    runs it as it is."""
-    k, candidates, steps = settings.num_beams, settings.candidates, settings.max_new_tokens
+    others go on. A hypothesis that reaches its sentence's limit ends there. Tensor work only (no value goes to
+    the host), so a captured search step (`graph_search_vaswani`) runs it as it is, `step` a device tensor."""
+    k, candidates, steps = settings.num_beams, settings.candidates, beams.running.shape[-1]
     batch, device = beams.running.shape[0], log_probs.device
     values, token_ids = top_k_per_row(log_probs, candidates)
     totals = (values + beams.running_scores.view(-1, 1)).reshape(batch, k * candidates)
@@ -329,8 +345,8 @@ def advance_beams(settings: DecodingSettings, step: int, log_probs: torch.Tensor
     top_beams = top_index // candidates
     top_tokens = token_ids.reshape(batch, k * candidates).gather(1, top_index)
     top_sequences = beams.running.gather(1, top_beams[..., None].expand(-1, -1, steps))  # a new tensor
-    top_sequences[:, :, step] = top_tokens
-    ends = torch.isin(top_tokens, settings.eos) | (step + 2 > steps)
+    write_step(top_sequences, step, top_tokens)
+    ends = torch.isin(top_tokens, settings.eos) | (step + 2 > beams.limits[:, None])
 
     # the best beams that go on
     running_scores, next_index = (top_scores + ends.float() * -1e9).topk(k, dim=-1)
@@ -343,7 +359,7 @@ def advance_beams(settings: DecodingSettings, step: int, log_probs: torch.Tensor
     finished_scores, merged_index = torch.cat([beams.finished_scores, scored], dim=1).topk(k, dim=-1)
     merged = torch.cat([beams.finished, top_sequences], dim=1)
     finished = merged.gather(1, merged_index[..., None].expand(-1, -1, steps))
-    lengths = torch.cat([beams.finished_lengths, torch.full_like(top_scores, step + 1, dtype=torch.long)], dim=1)
+    lengths = torch.cat([beams.finished_lengths, torch.zeros_like(top_scores, dtype=torch.long) + (step + 1)], dim=1)
     is_finished = torch.cat([beams.is_finished, just_finished], dim=1).gather(1, merged_index)
 
     done, improvable = sentence_done(settings, step, running_scores, finished_scores, is_finished,
@@ -352,6 +368,14 @@ def advance_beams(settings: DecodingSettings, step: int, log_probs: torch.Tensor
     new = Beams(running, running_scores, finished, finished_scores, lengths.gather(1, merged_index), is_finished,
                 improvable, beams.limits)  # fmt: skip
     return BeamStep(new, parent_rows, done, top_beams, next_index, merged_index)
+
+
+def write_step(tensor: torch.Tensor, step: int | torch.Tensor, values: torch.Tensor) -> None:
+    """`tensor[..., step] = values`, also where `step` is a device tensor (a captured step reads no host value)."""
+    if isinstance(step, int):
+        tensor[..., step] = values
+    else:
+        tensor.index_copy_(-1, step.view(1), values.unsqueeze(-1))
 
 
 def beam_search(settings: DecodingSettings, state: DecodingState) -> dict:
@@ -512,7 +536,7 @@ def sentence_done(settings: DecodingSettings, step: int, running_scores: torch.T
     if settings.gnmt:
         n = settings.num_return_sequences if settings.early_stopping is True else settings.num_beams
         largest_penalty = torch.maximum(
-            torch.as_tensor(settings.penalty(limits.float())), torch.tensor(float(settings.penalty(step + 2)))
+            torch.as_tensor(settings.penalty(limits.float())), torch.as_tensor(settings.penalty(step + 2))
         )
         reachable = running_scores[:, 0] / largest_penalty
         return finished_scores[:, n - 1] > reachable, improvable

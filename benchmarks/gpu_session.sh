@@ -1,0 +1,95 @@
+#!/usr/bin/env bash
+# One lent GPU, one call of about nine minutes: everything a GPU session measures and checks, written under $OUT.
+#   1. benchmarks/gpu.py: decoding against Marian on the same card (graphed search on a first call, which captures,
+#      and on later calls, which replay kept graphs), and the training step (eager, compiled, `--speedups auto`'s
+#      trial, chunked_loss among its candidates); a torch.profiler table of one beam-4 batch-64 call, eager and graphed;
+#   2. a WMT-shaped corpus of 1M pairs (open vocabulary) prepared with `vaswani prepare`, then
+#      benchmarks/train_pipeline.py: `vaswani train` against its bare step at the paper's batch;
+#   3. the whole default test suite with CUDA visible, with the time left (pytest-xdist; each result logged as it
+#      comes, so a suite cut short still says what passed).
+# Wheels (Transformers and what it needs, as docs/performance.md says) and make_corpus.py travel in $CARRY.
+#
+#   bash benchmarks/gpu_session.sh                        # on the device machine
+#   GPU_SESSION_DRY=1 bash benchmarks/gpu_session.sh      # its parts on a CPU, tiny: a dry run before the lease
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/gpu_session}
+CARRY=${CARRY:-.carry}
+BUDGET=${GPU_SESSION_SECONDS:-540}
+DRY=${GPU_SESSION_DRY:-0}
+mkdir -p "$OUT"
+left() { echo $((BUDGET - SECONDS)); }
+say() { echo "[$(date +%T) +${SECONDS}s] $*" | tee -a "$OUT/session.log"; }
+
+if ls "$CARRY"/*.whl >/dev/null 2>&1; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+        "$CARRY"/*.whl >>"$OUT/session.log" 2>&1 && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+    python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . >>"$OUT/session.log" 2>&1
+fi
+python3 - <<'EOF' | tee -a "$OUT/session.log"
+import platform, torch, transformers, datasets, tokenizers, pyarrow
+name = torch.cuda.get_device_name() if torch.cuda.is_available() else "no CUDA"
+print(f"{name}; torch {torch.__version__}, CUDA {torch.version.cuda}, Transformers {transformers.__version__}, "
+      f"datasets {datasets.__version__}, tokenizers {tokenizers.__version__}, pyarrow {pyarrow.__version__}, "
+      f"Python {platform.python_version()}, {torch.get_num_threads()} CPU threads")
+EOF
+
+if [ "$DRY" = 1 ]; then
+    GPU=(--quick --device cpu --cases train greedy-b1 beam4-b1)
+    PAIRS=5000 PIPELINE=(--preset tiny --steps 2 4 --max-tokens 512 --bare-shape 16 32 --precision fp32)
+    SUITE=(tests/test_graph_decoding.py -k "kept or bucket or replay")
+    PROFILE_ARGS="tiny cpu"
+else
+    GPU=(--rounds 5)
+    PAIRS=1000000 PIPELINE=(--steps 40 160)
+    SUITE=(-n 15)
+    PROFILE_ARGS="base cuda"
+fi
+
+say "1. decoding and the training step against Marian"
+timeout 300 python3 benchmarks/gpu.py "${GPU[@]}" --out "$OUT/gpu.md" >>"$OUT/session.log" 2>&1 || say "gpu.py: exit $?"
+# shellcheck disable=SC2086
+timeout 60 python3 - $PROFILE_ARGS >"$OUT/profile.txt" 2>&1 <<'EOF' || say "profile: exit $?"
+import sys, torch
+sys.path.insert(0, "benchmarks")
+from compare_marian import PRESETS, batch, build_marian
+from vaswani_hf.convert import marian_to_vaswani
+preset, device = sys.argv[1], torch.device(sys.argv[2])
+PRESETS.setdefault("tiny", dict(vocab_size=500, d_model=32, layers=2, heads=4, ffn=64))
+model = marian_to_vaswani(build_marian(preset)).to(device).eval()
+source = batch(preset, 64, 24, seed=3).to(device)
+for graphs in (False, True):
+    run = lambda: model.generate(input_ids=source, num_beams=4, min_new_tokens=40, max_new_tokens=40,
+                                 max_length_offset=None, length_penalty_type="hf", graph_decoding=graphs)
+    run(), run()
+    activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with torch.profiler.profile(activities=activities) as profile:
+        run()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+    key = "cuda_time_total" if device.type == "cuda" else "cpu_time_total"
+    print(f"## beam 4, batch 64, 40 tokens, graph_decoding={graphs}\n")
+    print(profile.key_averages().table(sort_by=key, row_limit=25, max_name_column_width=60))
+EOF
+
+say "2. a WMT-shaped corpus, vaswani prepare, vaswani train against its bare step"
+CORPUS=/tmp/gpu_session_corpus PREPARED=/tmp/gpu_session_prepared
+rm -rf "$CORPUS" "$PREPARED"
+MAKE_CORPUS=$CARRY/make_corpus.py
+[ -f "$MAKE_CORPUS" ] || MAKE_CORPUS=../shared/scale/make_corpus.py
+timeout 120 python3 "$MAKE_CORPUS" "$CORPUS" "$PAIRS" --vocab open >>"$OUT/session.log" 2>&1 || say "corpus: exit $?"
+TQDM_DISABLE=1 /usr/bin/env time -v timeout 180 python3 -m vaswani_hf.cli prepare --data "$CORPUS" --src en --tgt de \
+    --vocab_size 32000 --bpe_sample_lines 300000 --output_dir "$PREPARED" \
+    >>"$OUT/session.log" 2>&1 || say "prepare: exit $?"
+timeout 200 python3 benchmarks/train_pipeline.py --data "$PREPARED" "${PIPELINE[@]}" --out "$OUT/train_pipeline.md" \
+    >>"$OUT/session.log" 2>&1 || say "train_pipeline: exit $?"
+
+say "3. the default suite with CUDA visible, $(left) s left: the CUDA runs first, then the rest"
+for part in gpu rest; do
+    if [ "$part" = gpu ]; then marks=(-m "gpu and not slow"); else marks=(-m "not gpu and not slow"); fi
+    [ "$DRY" = 1 ] && marks=()
+    timeout "$(( $(left) > 30 ? $(left) : 30 ))" python3 -m pytest "${SUITE[@]}" "${marks[@]}" -v -p no:cacheprovider \
+        -rfE >"$OUT/suite-$part.log" 2>&1
+    say "suite ($part): exit $? ($(grep -c ' PASSED' "$OUT/suite-$part.log") passed," \
+        "$(grep -c ' FAILED' "$OUT/suite-$part.log") failed lines); $(tail -n 1 "$OUT/suite-$part.log")"
+done

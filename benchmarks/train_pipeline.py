@@ -1,0 +1,102 @@
+#!/usr/bin/env python
+"""`vaswani train` end to end against its bare training step: how much of the step's pace the whole pipeline keeps.
+
+Two `vaswani train` runs on the same prepared data (a folder written by `vaswani prepare`), `--steps A B` updates
+each, no evaluation, no saving; their difference is the steady pace, free of the start (model build, data
+loading, the first batches): (B's target tokens - A's) / (B's seconds - A's). Beside it, the bare step
+(`training_speed.step_seconds`: forward, backward, Adam on a random batch already on the device) at `--bare-shape`
+rows x tokens, the paper's batch by default, with the same precision and speed-ups; its target tokens per second
+are rows x tokens / seconds. The ratio is the share of the bare step's pace that `vaswani train` keeps.
+
+    python benchmarks/train_pipeline.py --data PREPARED --out benchmarks/results/train_pipeline_h100.md   # on a GPU
+    python benchmarks/train_pipeline.py --data PREPARED --preset tiny --steps 2 4 --max-tokens 512 \\
+        --bare-shape 16 32 --precision fp32                                                              # a smoke run
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+from vaswani_hf import VaswaniConfig, VaswaniForConditionalGeneration
+from vaswani_hf.training_speed import Speedups, step_seconds
+
+
+def train(args: argparse.Namespace, steps: int, workdir: Path) -> dict:
+    command = [sys.executable, "-m", "vaswani_hf.cli", "train", "--data", str(args.data), "--src", args.src,
+               "--tgt", args.tgt, "--eval_split", "none", "--preset", args.preset, "--max_tokens", str(args.max_tokens),
+               "--max_steps", str(steps), "--save_strategy", "no", "--eval_strategy", "no", "--logging_steps",
+               "1000", "--disable_tqdm", "true", "--seed", "1", "--precision", args.precision, "--speedups",
+               args.speedups, "--output_dir", str(workdir / f"run-{steps}"), "--overwrite_output_dir",
+               *args.train_args]  # fmt: skip
+    result = subprocess.run(command, capture_output=True, text=True)
+    (workdir / f"run-{steps}.log").write_text(result.stdout + result.stderr)
+    summaries = [line for line in result.stdout.splitlines() if line.startswith("{")]
+    if result.returncode or not summaries:
+        tail = (result.stderr or result.stdout).strip().splitlines()[-3:]
+        raise SystemExit(f"vaswani train --max_steps {steps} failed: {' | '.join(tail)}")
+    summary = json.loads(summaries[-1])
+    summary["tokens"] = summary["target_tokens_per_s"] * summary["seconds"]
+    return summary
+
+
+def vocabulary_size(data: Path) -> int:
+    """The prepared folder's tokenizer size, so the bare step's model has the trained model's output layer."""
+    from vaswani_hf.prepared_cache import load_tokenizer
+
+    tokenizer = next(data.rglob("tokenizer.json"), None)
+    return len(load_tokenizer(tokenizer.parent)) if tokenizer else 32000
+
+
+def main(argv: list[str] | None = None) -> str:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--data", type=Path, required=True, help="a folder written by `vaswani prepare`")
+    parser.add_argument("--src", default="en")
+    parser.add_argument("--tgt", default="de")
+    parser.add_argument("--preset", default="base")
+    parser.add_argument("--max-tokens", type=int, default=24576, help="vaswani train's --max_tokens")
+    parser.add_argument("--steps", type=int, nargs=2, default=[40, 160], metavar=("A", "B"))
+    parser.add_argument("--bare-shape", type=int, nargs=2, default=[512, 48], metavar=("ROWS", "TOKENS"))
+    parser.add_argument("--precision", default="bf16", choices=["bf16", "fp32"])
+    parser.add_argument("--speedups", default="off", help="vaswani train's --speedups, and the bare step's")
+    parser.add_argument("--train-args", nargs=argparse.REMAINDER, default=[], help="more `vaswani train` args")
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args(argv)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    with tempfile.TemporaryDirectory() as tmp:
+        short, long = (train(args, steps, Path(tmp)) for steps in args.steps)
+    steady = (long["tokens"] - short["tokens"]) / max(long["seconds"] - short["seconds"], 1e-9)
+    config = getattr(VaswaniConfig, args.preset)(vocab_size=vocabulary_size(args.data))
+    speedups = Speedups.parse(args.speedups) or Speedups()
+    rows, length = args.bare_shape
+    bare = rows * length / step_seconds(VaswaniForConditionalGeneration(config), device, rows, length,
+                                        args.precision, speedups)  # fmt: skip
+    name = torch.cuda.get_device_name() if device.type == "cuda" else "CPU"
+    text = "\n".join([
+        f"# `vaswani train` against its bare step ({args.preset}, {args.precision}, --speedups {args.speedups})", "",
+        f"{name}; torch {torch.__version__}; data {args.data.name}, --max_tokens {args.max_tokens}; runs of "
+        f"{args.steps[0]} and {args.steps[1]} updates; bare step at {rows} x {length} target tokens.", "",
+        "| what | target tokens/s | share of the bare step |", "|---|---:|---:|",
+        f"| bare step (random batch on the device) | {bare:,.0f} | 1.00 |",
+        f"| `vaswani train`, steady ({args.steps[0]} -> {args.steps[1]} updates) | {steady:,.0f} | "
+        f"{steady / bare:.2f} |",
+        f"| `vaswani train` {args.steps[1]} updates, start included | {long['target_tokens_per_s']:,.0f} | "
+        f"{long['target_tokens_per_s'] / bare:.2f} |", "",
+        f"Runs: {json.dumps({k: short[k] for k in ('steps', 'seconds', 'target_tokens_per_s', 'speedups')})}; "
+        f"{json.dumps({k: long[k] for k in ('steps', 'seconds', 'target_tokens_per_s', 'speedups')})}",
+    ])  # fmt: skip
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(text + "\n")
+    print(text)
+    return text
+
+
+if __name__ == "__main__":
+    main()
