@@ -243,10 +243,14 @@ def main(argv: list[str] | None = None) -> str:
         results[case] = contenders
         print(f"{case}: " + ", ".join(f"{c.label} {statistics.median(c.times) * 1000:.1f} ms" for c in contenders),
               flush=True)  # fmt: skip
-    text = report(args, results, checks, device)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text + "\n")
+    return publish(report(args, results, checks, device), args.out)
+
+
+def publish(text: str, out: Path | None) -> str:
+    """A report printed, and written to `out` where given."""
+    if out:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(text + "\n")
     print(text)
     return text
 

@@ -81,8 +81,9 @@ timeout 120 python3 "$MAKE_CORPUS" "$CORPUS" "$PAIRS" --vocab open >>"$OUT/sessi
 TQDM_DISABLE=1 /usr/bin/env time -v timeout 180 python3 -m vaswani_hf.cli prepare --data "$CORPUS" --src en --tgt de \
     --vocab_size 32000 --bpe_sample_lines 300000 --output_dir "$PREPARED" \
     >>"$OUT/session.log" 2>&1 || say "prepare: exit $?"
-timeout 200 python3 benchmarks/train_pipeline.py --data "$PREPARED" "${PIPELINE[@]}" --out "$OUT/train_pipeline.md" \
-    >>"$OUT/session.log" 2>&1 || say "train_pipeline: exit $?"
+timeout 200 python3 benchmarks/train_pipeline.py --data "$PREPARED" "${PIPELINE[@]}" --logs /tmp/gpu_session_runs \
+    --out "$OUT/train_pipeline.md" >>"$OUT/session.log" 2>&1 || say "train_pipeline: exit $?"
+tail -n 5 /tmp/gpu_session_runs/*.log >>"$OUT/session.log" 2>&1
 
 say "3. the default suite with CUDA visible, $(left) s left: the CUDA runs first, then the rest"
 for part in gpu rest; do

@@ -24,6 +24,9 @@ from pathlib import Path
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).parent))
+from gpu import publish  # noqa: E402 (a script beside this one)
+
 from vaswani_hf import VaswaniConfig, VaswaniForConditionalGeneration
 from vaswani_hf.training_speed import Speedups, step_seconds
 
@@ -35,14 +38,17 @@ def train(args: argparse.Namespace, steps: int, workdir: Path) -> dict:
                "1000", "--disable_tqdm", "true", "--seed", "1", "--precision", args.precision, "--speedups",
                args.speedups, "--output_dir", str(workdir / f"run-{steps}"), "--overwrite_output_dir",
                *args.train_args]  # fmt: skip
-    result = subprocess.run(command, capture_output=True, text=True)
-    (workdir / f"run-{steps}.log").write_text(result.stdout + result.stderr)
-    summaries = [line for line in result.stdout.splitlines() if line.startswith("{")]
-    if result.returncode or not summaries:
-        tail = (result.stderr or result.stdout).strip().splitlines()[-3:]
-        raise SystemExit(f"vaswani train --max_steps {steps} failed: {' | '.join(tail)}")
+    print(f"vaswani train --max_steps {steps} ...", flush=True)
+    log = workdir / f"train-{steps}.log"
+    with log.open("w") as output:  # on disk as it goes: a run stopped by a time limit still shows how far it got
+        returncode = subprocess.run(command, stdout=output, stderr=subprocess.STDOUT, text=True).returncode
+    lines = log.read_text().splitlines()
+    summaries = [line for line in lines if line.startswith("{")]
+    if returncode or not summaries:
+        raise SystemExit(f"vaswani train --max_steps {steps} failed: {' | '.join(lines[-3:])} (log: {log})")
     summary = json.loads(summaries[-1])
     summary["tokens"] = summary["target_tokens_per_s"] * summary["seconds"]
+    print(json.dumps(summary), flush=True)
     return summary
 
 
@@ -66,11 +72,14 @@ def main(argv: list[str] | None = None) -> str:
     parser.add_argument("--precision", default="bf16", choices=["bf16", "fp32"])
     parser.add_argument("--speedups", default="off", help="vaswani train's --speedups, and the bare step's")
     parser.add_argument("--train-args", nargs=argparse.REMAINDER, default=[], help="more `vaswani train` args")
+    parser.add_argument("--logs", type=Path, help="a folder for the runs' logs (default: a temporary one)")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     with tempfile.TemporaryDirectory() as tmp:
-        short, long = (train(args, steps, Path(tmp)) for steps in args.steps)
+        logs = args.logs or Path(tmp)
+        logs.mkdir(parents=True, exist_ok=True)
+        short, long = (train(args, steps, logs) for steps in args.steps)
     steady = (long["tokens"] - short["tokens"]) / max(long["seconds"] - short["seconds"], 1e-9)
     config = getattr(VaswaniConfig, args.preset)(vocab_size=vocabulary_size(args.data))
     speedups = Speedups.parse(args.speedups) or Speedups()
@@ -91,11 +100,7 @@ def main(argv: list[str] | None = None) -> str:
         f"Runs: {json.dumps({k: short[k] for k in ('steps', 'seconds', 'target_tokens_per_s', 'speedups')})}; "
         f"{json.dumps({k: long[k] for k in ('steps', 'seconds', 'target_tokens_per_s', 'speedups')})}",
     ])  # fmt: skip
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text + "\n")
-    print(text)
-    return text
+    return publish(text, args.out)
 
 
 if __name__ == "__main__":

@@ -406,7 +406,7 @@ def beam_search(settings: DecodingSettings, state: DecodingState) -> dict:
         if step == 0 and getattr(state, "fold", False):
             # the beams of a sentence are identical before the first step: run one row per sentence, and let the
             # self-attention cache's next copy give each beam its own (reorderings are applied lazily)
-            columns = state.logits(tokens[::beams]).repeat_interleave(beams, dim=1)  # (vocabulary, rows)
+            columns = repeat_columns(state.logits(tokens[::beams]), beams)  # (vocabulary, rows)
             state.reorder(torch.arange(batch, device=device).repeat_interleave(beams))
         else:
             columns = state.logits(tokens)  # (vocabulary, rows)
@@ -455,6 +455,14 @@ def beam_search(settings: DecodingSettings, state: DecodingState) -> dict:
     if history is not None:
         result.update(history.outputs())
     return result
+
+
+def repeat_columns(columns: torch.Tensor, times: int) -> torch.Tensor:
+    """Each row's (vocabulary, rows) logits `times` times, in the layout they came in: the log-softmax then runs
+    over a contiguous dimension (on a GPU, over a strided one it took 35 ms for 256 rows of 58,000 logits)."""
+    if columns.t().is_contiguous():
+        return columns.t().repeat_interleave(times, dim=0).t()
+    return columns.repeat_interleave(times, dim=1)
 
 
 def log_softmax_in_place(columns: torch.Tensor) -> torch.Tensor:
