@@ -24,9 +24,9 @@ from transformers import AutoTokenizer
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from compare_marian import machine  # noqa: E402
 
-from vaswani_hf.data import load_split  # noqa: E402
-from vaswani_hf.preparation import _fork_context, _learn_bpe, _read_text, _text_table  # noqa: E402
-from vaswani_hf.prepared_cache import PreparationRequest  # noqa: E402
+from vaswani_hf.data.preparation import _fork_context, _learn_bpe, _read_text, _text_table  # noqa: E402
+from vaswani_hf.data.prepared_cache import PreparationRequest  # noqa: E402
+from vaswani_hf.data.readers import load_split  # noqa: E402
 
 
 def learn(request: PreparationRequest, text: str, folder: str) -> int:

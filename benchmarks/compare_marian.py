@@ -2,7 +2,7 @@
 """Vaswani vs Transformers' Marian: same configuration, same weights, timed side by side (issue 5).
 
 Builds a `MarianMTModel` with the paper's sizes and random weights, converts it with
-`vaswani_hf.convert.marian_to_vaswani` (so both compute the same function), checks that they agree (logits and
+`vaswani_hf.interop.convert.marian_to_vaswani` (so both compute the same function), checks that they agree (logits and
 greedy/beam outputs), then times every case interleaved: each round runs every contender once, in an order that
 alternates between rounds, after warm-up rounds; the table gives the median and the spread (min-max over rounds)
 of tokens per second, and the ratio to Marian measured in the same rounds.
@@ -14,16 +14,16 @@ Cases (`--cases`, default all):
                generate() with `--new-tokens` new tokens forced (min = max), fp32
 
 Contenders: Marian and Vaswani in fp32 eager for every case; for `train` also both under naive
-`torch.autocast("cpu", torch.bfloat16)` and our bf16 path (`vaswani_hf.precision.MasterWeightAdamW`: bf16 weights
+`torch.autocast("cpu", torch.bfloat16)` and our bf16 path (`vaswani_hf.model.precision.MasterWeightAdamW`: bf16 weights
 and activations, fp32 master weights, fp32 loss and CPU attention); `--compile` adds torch.compile'd Vaswani
 (training, and Transformers' static-cache compiled greedy decoding, also with torch's guard evaluation skipped after
 warm-up: `without_guard_evaluation`); `--ctranslate2` adds the exported CTranslate2 model (generation cases; once it
 has run, the PyTorch contenders in the same process ran at about 0.6x their speed on a Sapphire Rapids until its
 Translator was freed, so compare it with them in a run of its own); `--precisions` adds the inference precisions of
-`vaswani_hf.precision` to the generation cases: bf16 where the CPU has it natively, int8 (torch's dynamic
+`vaswani_hf.model.precision` to the generation cases: bf16 where the CPU has it natively, int8 (torch's dynamic
 quantization, the library's choice, and torchao's two int8 configurations when torchao is installed), and
 CTranslate2 int8 with `--ctranslate2`; `--onnx` adds the ONNX export run by onnxruntime in our own search
-(`vaswani_hf.onnx`), fp32 and int8 graphs; `--shortlist N` adds Vaswani fp32 (and int8 with `--precisions`) scoring
+(`interop.onnx`), fp32 and int8 graphs; `--shortlist N` adds Vaswani fp32 (and int8 with `--precisions`) scoring
 N fixed random target tokens, the size of a batch's vocabulary shortlist (`vaswani shortlist`; its BLEU cost is
 measured on real data by benchmarks/shortlist_speed.py, not here).
 
@@ -73,7 +73,7 @@ from torch.nn import functional as F
 from transformers import MarianConfig, MarianMTModel
 from transformers.utils import logging as hf_logging
 
-from vaswani_hf.convert import marian_to_vaswani
+from vaswani_hf.interop.convert import marian_to_vaswani
 
 PRESETS = {
     "base": dict(vocab_size=37000, d_model=512, layers=6, heads=8, ffn=2048),
@@ -290,7 +290,7 @@ def contenders_for(case: str, args, marian, vaswani, extras: dict) -> list[Conte
 
 def onnx_runners(args, vaswani) -> dict:
     """The model exported to ONNX (fp32 and int8 graphs), each run by onnxruntime inside our own search."""
-    from vaswani_hf.onnx import OnnxSeq2Seq, export_onnx
+    from vaswani_hf.interop.onnx import OnnxSeq2Seq, export_onnx
 
     runners = {}
     for label, quantize in (("onnxruntime fp32", None), ("onnxruntime int8", "int8")):
@@ -300,8 +300,8 @@ def onnx_runners(args, vaswani) -> dict:
 
 
 def precision_models(args, vaswani) -> tuple[dict, list[str]]:
-    """The inference precisions of `vaswani_hf.precision` this CPU can run fast, and what was left out and why."""
-    from vaswani_hf.precision import quantize_int8, resolve_precision
+    """The inference precisions of `vaswani_hf.model.precision` this CPU can run fast, and what was left out and why."""
+    from vaswani_hf.model.precision import quantize_int8, resolve_precision
 
     models, notes = {"int8 (torch dynamic)": quantize_int8(vaswani)}, []
     auto = resolve_precision("auto", "cpu")  # its reason names a oneDNN cap when one is set (emulated AVX2)
@@ -446,7 +446,7 @@ ISA_LIMITS = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "
 def machine() -> str:
     import transformers
 
-    from vaswani_hf.precision import cpu_name
+    from vaswani_hf.model.precision import cpu_name
 
     flags = set()
     with contextlib.suppress(OSError):
@@ -475,7 +475,7 @@ def write_report(args, results: dict, checks: list[str], memory: dict, path: Pat
         "",
         f"Machine: {machine()}.",
         "",
-        "Agreement (same weights through `vaswani_hf.convert.marian_to_vaswani`): " + "; ".join(checks) + ".",
+        "Agreement (same weights through `vaswani_hf.interop.convert.marian_to_vaswani`): " + "; ".join(checks) + ".",
         "",
         "| case | contender | tokens/s (median) | spread | x Marian fp32 | x Vaswani fp32 | peak RSS |",
         "|---|---|---:|---:|---:|---:|---:|",
@@ -591,7 +591,7 @@ def main(argv: list[str] | None = None) -> None:
         m["opt_fp32"], m["opt_ac"] = adam(m["fp32"]), adam(m["ac"])
         v["opt_fp32"], v["opt_ac"] = adam(v["fp32"]), adam(v["ac"])
         if not args.no_bf16:
-            from vaswani_hf.precision import MasterWeightAdamW
+            from vaswani_hf.model.precision import MasterWeightAdamW
 
             v["bf16"] = copy.deepcopy(vaswani).to(torch.bfloat16)
             v["opt_bf16"] = MasterWeightAdamW(

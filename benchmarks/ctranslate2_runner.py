@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 
 from vaswani_hf import VaswaniForConditionalGeneration
-from vaswani_hf.export import export_ctranslate2
+from vaswani_hf.interop.export import export_ctranslate2
 
 
 class CTranslate2Runner:

@@ -9,7 +9,7 @@ every call; the table gives medians and the ratio to Marian eager measured in th
 Cases:
   train              a training step (forward, backward, Adam) at `--train-shape` rows x tokens, bf16 autocast:
                      Marian eager; ours eager, ours compiled (torch.compile), ours with the speed-ups `--speedups
-                     auto` would choose (vaswani_hf.training_speed); with 6*N*D throughput in TFLOP/s
+                     auto` would choose (vaswani_hf.training.training_speed); with 6*N*D throughput in TFLOP/s
   greedy-b1, beam4-b1, beam4-b64, beam4-b64-bf16, greedy-b256-bf16
                      generate() with `--new-tokens` tokens forced (min = max): Marian eager, Marian with
                      `cache_implementation="static"` alone, as a user passes it (Transformers compiles its greedy
@@ -49,9 +49,9 @@ from compare_marian import (  # noqa: E402 (a script beside this one)
     vaswani_loss,
 )
 
-from vaswani_hf.convert import marian_to_vaswani  # noqa: E402
-from vaswani_hf.graph_search_vaswani import DecodingGraphs  # noqa: E402
-from vaswani_hf.training_speed import (  # noqa: E402
+from vaswani_hf.interop.convert import marian_to_vaswani  # noqa: E402
+from vaswani_hf.model.graph_search_vaswani import DecodingGraphs  # noqa: E402
+from vaswani_hf.training.training_speed import (  # noqa: E402
     adam_for,
     choose_speedups,
     compile_in_place,

@@ -53,7 +53,7 @@ timeout 60 python3 - $PROFILE_ARGS >"$OUT/profile.txt" 2>&1 <<'EOF' || say "prof
 import sys, torch
 sys.path.insert(0, "benchmarks")
 from compare_marian import PRESETS, batch, build_marian
-from vaswani_hf.convert import marian_to_vaswani
+from vaswani_hf.interop.convert import marian_to_vaswani
 preset, device = sys.argv[1], torch.device(sys.argv[2])
 PRESETS.setdefault("tiny", dict(vocab_size=500, d_model=32, layers=2, heads=4, ffn=64))
 model = marian_to_vaswani(build_marian(preset)).to(device).eval()

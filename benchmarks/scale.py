@@ -159,7 +159,9 @@ def ddp_row(data: Path, work: Path, env: dict) -> dict:
            "CUDA_VISIBLE_DEVICES": ""}  # fmt: skip
     shutil.rmtree(work / "cache-ddp", ignore_errors=True)
     shutil.rmtree(work / "ddp", ignore_errors=True)
-    probe = "import resource, vaswani_hf.recipe; print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20)"
+    probe = (
+        "import resource, vaswani_hf.training.recipe; print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20)"
+    )
     idle = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env)
     (work / "rank_wrapper.py").write_text(RANK_WRAPPER)  # each rank reports its own peak RSS
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",

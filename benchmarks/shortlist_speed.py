@@ -18,9 +18,9 @@ import torch
 from compare_marian import machine
 
 from vaswani_hf import VaswaniConfig, VaswaniForConditionalGeneration
-from vaswani_hf.data import load_split
-from vaswani_hf.inference import load_for_inference, score, translate_nbest
-from vaswani_hf.shortlist import Shortlist
+from vaswani_hf.data.readers import load_split
+from vaswani_hf.translation.inference import load_for_inference, score, translate_nbest
+from vaswani_hf.translation.shortlist import Shortlist
 
 
 def interleaved(jobs: dict, rounds: int) -> dict[str, float]:

@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from gpu import publish  # noqa: E402 (a script beside this one)
 
 from vaswani_hf import VaswaniConfig, VaswaniForConditionalGeneration
-from vaswani_hf.training_speed import Speedups, step_seconds
+from vaswani_hf.training.training_speed import Speedups, step_seconds
 
 
 def train(args: argparse.Namespace, steps: int, workdir: Path) -> dict:
@@ -54,7 +54,7 @@ def train(args: argparse.Namespace, steps: int, workdir: Path) -> dict:
 
 def vocabulary_size(data: Path) -> int:
     """The prepared folder's tokenizer size, so the bare step's model has the trained model's output layer."""
-    from vaswani_hf.prepared_cache import load_tokenizer
+    from vaswani_hf.data.prepared_cache import load_tokenizer
 
     tokenizer = next(data.rglob("tokenizer.json"), None)
     return len(load_tokenizer(tokenizer.parent)) if tokenizer else 32000

@@ -43,7 +43,7 @@ ROWS = {
 def machine() -> str:
     if torch.cuda.is_available():
         return f"{torch.cuda.get_device_name()}, torch {torch.__version__}, CUDA {torch.version.cuda}"
-    from vaswani_hf.precision import cpu_name
+    from vaswani_hf.model.precision import cpu_name
 
     return f"{cpu_name()} ({platform.machine()}), torch {torch.__version__}, CPU"
 

@@ -21,10 +21,10 @@ from pathlib import Path
 
 import torch
 
-from vaswani_hf.averaging import average_checkpoints, last_checkpoints
-from vaswani_hf.data import load_split
-from vaswani_hf.ensemble import Ensemble
-from vaswani_hf.inference import load_for_inference, score, translate_nbest
+from vaswani_hf.data.readers import load_split
+from vaswani_hf.training.averaging import average_checkpoints, last_checkpoints
+from vaswani_hf.translation.ensemble import Ensemble
+from vaswani_hf.translation.inference import load_for_inference, score, translate_nbest
 
 
 def run(model, tokenizer, sources, **kwargs) -> tuple[list[str], float]:

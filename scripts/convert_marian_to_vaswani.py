@@ -10,7 +10,7 @@ decodes as Marian does (its generation config is carried over); `--paper-decodin
 import argparse
 import sys
 
-from vaswani_hf.convert import convert_marian_checkpoint
+from vaswani_hf.interop.convert import convert_marian_checkpoint
 
 
 def main(argv: list[str] | None = None) -> int:

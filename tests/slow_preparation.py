@@ -10,7 +10,8 @@ import time
 import torch.distributed
 import torch.distributed.distributed_c10d
 
-from vaswani_hf import cli, preparation
+from vaswani_hf import cli
+from vaswani_hf.data import preparation
 
 LOG = os.environ["VASWANI_TEST_LOG"]
 DELAY = float(os.environ["VASWANI_TEST_PREPARE_SECONDS"])

@@ -9,8 +9,8 @@ import torch
 from huggingface_hub.errors import StrictDataclassError
 
 from vaswani_hf import VaswaniConfig, VaswaniForConditionalGeneration
-from vaswani_hf.data import load_split, read_parallel
-from vaswani_hf.inference import load_for_inference
+from vaswani_hf.data.readers import load_split, read_parallel
+from vaswani_hf.translation.inference import load_for_inference
 
 from .helpers import TINY_RUN, broken_copy, vaswani
 

@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from vaswani_hf.recipe import noam_learning_rate
-from vaswani_hf.tasks import english, german
+from vaswani_hf.data.tasks import english, german
+from vaswani_hf.training.recipe import noam_learning_rate
 
 from .helpers import TINY_RUN, vaswani
 
@@ -154,7 +154,7 @@ def test_translate_nbest_prints_moses_blocks_best_first(trained):
 def test_score_is_the_forced_decoding_log_probability(trained, tmp_path):
     import torch
 
-    from vaswani_hf.inference import load_for_inference
+    from vaswani_hf.translation.inference import load_for_inference
 
     out, _ = trained
     (tmp_path / "src").write_text("seven\ntwenty-one , five\n", encoding="utf-8")
@@ -182,7 +182,7 @@ def test_score_is_the_forced_decoding_log_probability(trained, tmp_path):
 
 def test_translate_streams_a_file_in_windows_and_token_batches(tmp_path, trained):
     # windows of 7 lines, batches of at most 20 padded tokens: the same lines, in the same order, as one window
-    from vaswani_hf.tasks import english
+    from vaswani_hf.data.tasks import english
 
     lines = [english(n) + (" , " + english(n * 7 % 997) if n % 3 else "") for n in range(1, 41)]
     source = tmp_path / "in.en"
@@ -200,7 +200,7 @@ def test_translate_streams_a_file_in_windows_and_token_batches(tmp_path, trained
 
 def test_translate_stream_reads_one_window_before_it_answers(trained):
     # a million-line file never sits in memory: the first results come after `window` lines were read
-    from vaswani_hf.inference import load_for_inference, translate_stream
+    from vaswani_hf.translation.inference import load_for_inference, translate_stream
 
     model, tokenizer = load_for_inference(trained[0], device="cpu")
     pulled = []

@@ -121,7 +121,7 @@ def test_the_marker_parser_sees_what_a_reader_sees(tmp_path):
 @pytest.fixture(scope="session")
 def workspace(tmp_path_factory) -> Path:
     """The folder the blocks run in, as a user's after `vaswani train` (tiny settings)."""
-    from vaswani_hf.tasks import builtin_splits
+    from vaswani_hf.data.tasks import builtin_splits
 
     root = tmp_path_factory.mktemp("docs") / "work"
     root.mkdir()

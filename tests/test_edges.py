@@ -159,7 +159,7 @@ def test_learned_positions_cut_the_source_plus_50_limit_at_the_table():
 
 @pytest.fixture(scope="module")
 def translator(trained):
-    from vaswani_hf.inference import load_for_inference
+    from vaswani_hf.translation.inference import load_for_inference
 
     model, tokenizer = load_for_inference(trained[0])
     return model, tokenizer
@@ -255,8 +255,8 @@ def test_a_trained_checkpoint_does_not_smooth_later_losses(trained):
 
 
 def test_trainer_smooths_training_steps_only(tmp_path):
-    from vaswani_hf.recipe import VaswaniTrainingArguments
-    from vaswani_hf.trainer import VaswaniTrainer
+    from vaswani_hf.training.recipe import VaswaniTrainingArguments
+    from vaswani_hf.training.trainer import VaswaniTrainer
 
     model = tiny(dropout=0.0)
     # use_cpu: the inputs below stay on the CPU (where CUDA is visible, Trainer would move the model to it)

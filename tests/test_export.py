@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from vaswani_hf.inference import load_for_inference
-from vaswani_hf.tasks import builtin_splits
+from vaswani_hf.data.tasks import builtin_splits
+from vaswani_hf.translation.inference import load_for_inference
 
 from .helpers import TRAINED_RUN, vaswani
 
@@ -39,7 +39,7 @@ def test_export_greedy_outputs_equal_ours(exported):
 
 def test_export_refuses_a_mismatched_vocabulary(tmp_path):
     from vaswani_hf import VaswaniConfig, VaswaniForConditionalGeneration
-    from vaswani_hf.export import export_ctranslate2
+    from vaswani_hf.interop.export import export_ctranslate2
 
     model = VaswaniForConditionalGeneration(VaswaniConfig.tiny())
     with pytest.raises(ValueError, match="vocabulary has 5 tokens but the model 99"):

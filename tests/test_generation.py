@@ -177,7 +177,7 @@ def test_handing_over_a_beam_mode_warns_about_the_gnmt_penalty(caplog):
 
 
 def test_beam_search_keeps_one_encoder_row_per_source():
-    from vaswani_hf.decoding_state_vaswani import DecodingState, VaswaniBeamSearchCacheLayer
+    from vaswani_hf.model.decoding_state_vaswani import DecodingState, VaswaniBeamSearchCacheLayer
 
     model = tiny_model()
     src = torch.tensor([[5, 6, 7, 2, 0, 0], [8, 9, 10, 11, 12, 2], [13, 14, 2, 0, 0, 0]])
@@ -210,7 +210,7 @@ def test_static_cache_decoding_equals_dynamic(positions):
 def test_beam_cache_layer_reorders_and_appends_like_transformers_layer():
     from transformers.cache_utils import DynamicLayer
 
-    from vaswani_hf.decoding_state_vaswani import VaswaniBeamSearchCacheLayer
+    from vaswani_hf.model.decoding_state_vaswani import VaswaniBeamSearchCacheLayer
 
     torch.manual_seed(0)
     ours, reference = VaswaniBeamSearchCacheLayer(), DynamicLayer()

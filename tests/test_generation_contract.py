@@ -13,7 +13,7 @@ from transformers import LogitsProcessor, LogitsProcessorList, StoppingCriteria,
 from transformers.generation.streamers import BaseStreamer
 
 from vaswani_hf import VaswaniConfig, VaswaniForConditionalGeneration
-from vaswani_hf.search_vaswani import gnmt_length_penalty
+from vaswani_hf.model.search_vaswani import gnmt_length_penalty
 
 from .test_decoding_parity import EOS, PAD, padded_batch, random_pair
 

@@ -19,8 +19,9 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from vaswani_hf import VaswaniConfig, VaswaniForConditionalGeneration, generation_vaswani, validation_vaswani
-from vaswani_hf.graph_search_vaswani import (
+from vaswani_hf import VaswaniConfig, VaswaniForConditionalGeneration
+from vaswani_hf.model import generation_vaswani, validation_vaswani
+from vaswani_hf.model.graph_search_vaswani import (
     DONE_CHECK_EVERY,
     GraphedBeamSearch,
     GraphedGreedySearch,

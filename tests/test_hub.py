@@ -12,7 +12,7 @@ import pytest
 from transformers import pipeline
 
 from vaswani_hf import VaswaniTranslationPipeline
-from vaswani_hf.inference import load_for_inference, translate
+from vaswani_hf.translation.inference import load_for_inference, translate
 
 from .fake_hub import FakeHub
 from .helpers import vaswani

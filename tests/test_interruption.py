@@ -12,9 +12,9 @@ import pytest
 import torch
 from transformers import TrainerCallback
 
-from vaswani_hf.averaging import STOP_MARKER, list_checkpoints, load_weights
-from vaswani_hf.tasks import number_pairs
-from vaswani_hf.trainer import STAGING_DIR
+from vaswani_hf.data.tasks import number_pairs
+from vaswani_hf.training.averaging import STOP_MARKER, list_checkpoints, load_weights
+from vaswani_hf.training.trainer import STAGING_DIR
 
 from .test_recipe import make_trainer, tokenizer  # noqa: F401  (fixture)
 
@@ -158,7 +158,7 @@ def test_a_finished_run_stays_finished_when_resumed_again(data, tmp_path):
 
 @pytest.mark.parametrize("damage", ["truncated weights", "no optimizer state", "trainer state not JSON"])
 def test_the_newest_checkpoint_that_loads_is_resumed_and_none_is_an_error(damage, tokenizer, tmp_path):  # noqa: F811
-    from vaswani_hf.trainer import resumable_checkpoint, why_not_resumable
+    from vaswani_hf.training.trainer import resumable_checkpoint, why_not_resumable
 
     trainer = make_trainer(tokenizer, tmp_path, max_steps=2, save_strategy="steps", save_steps=1)
     trainer.train()

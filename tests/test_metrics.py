@@ -12,7 +12,7 @@ import sacrebleu
 from transformers import AutoTokenizer, EvalPrediction
 
 from vaswani_hf.cli import main
-from vaswani_hf.metrics import compute_metrics, load_metric, load_metrics, score_with
+from vaswani_hf.translation.metrics import compute_metrics, load_metric, load_metrics, score_with
 
 from .helpers import TINY_RUN, vaswani
 

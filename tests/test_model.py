@@ -10,7 +10,7 @@ from safetensors import safe_open
 from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM
 
 from vaswani_hf import VaswaniConfig, VaswaniForConditionalGeneration, VaswaniModel
-from vaswani_hf.modeling_vaswani import CACHE_FIELD  # `cache` from Transformers 5.24, `past_key_values` before
+from vaswani_hf.model.modeling_vaswani import CACHE_FIELD  # `cache` from Transformers 5.24, `past_key_values` before
 
 from .helpers import remote_code_outputs
 
@@ -286,7 +286,7 @@ def test_modeling_files_import_only_torch_transformers_and_each_other():
     import ast
     from pathlib import Path
 
-    package = Path(__file__).resolve().parents[1] / "vaswani_hf"
+    package = Path(__file__).resolve().parents[1] / "vaswani_hf" / "model"
 
     # every file named *_vaswani.py ships as remote code (`hub.PUSHED_FILES`, the files `save_pretrained` copies)
     remote_code = tuple(path.stem for path in package.glob("*_vaswani.py"))

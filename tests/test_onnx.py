@@ -5,16 +5,16 @@ import pytest
 import torch
 
 from vaswani_hf import VaswaniConfig, VaswaniForConditionalGeneration
-from vaswani_hf.ensemble import Ensemble
-from vaswani_hf.inference import evaluate, load_for_inference
-from vaswani_hf.tasks import builtin_splits
+from vaswani_hf.data.tasks import builtin_splits
+from vaswani_hf.translation.ensemble import Ensemble
+from vaswani_hf.translation.inference import evaluate, load_for_inference
 
 from .helpers import vaswani
 from .test_decoding_parity import padded_batch, random_pair
 
 pytest.importorskip("onnxruntime")
 pytest.importorskip("onnxscript")
-from vaswani_hf.onnx import GRAPHS, OnnxSeq2Seq, export_onnx  # noqa: E402
+from vaswani_hf.interop.onnx import GRAPHS, OnnxSeq2Seq, export_onnx  # noqa: E402
 
 SOURCES = [source for source, _ in builtin_splits()["test"][:64]]
 

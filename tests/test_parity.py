@@ -10,8 +10,8 @@ from torch import nn
 from transformers import AutoModelForSeq2SeqLM, MarianConfig, MarianMTModel
 
 from vaswani_hf import VaswaniConfig
-from vaswani_hf.convert import torch_transformer_to_vaswani
-from vaswani_hf.modeling_vaswani import VaswaniSinusoidalPositionalEncoding
+from vaswani_hf.interop.convert import torch_transformer_to_vaswani
+from vaswani_hf.model.modeling_vaswani import VaswaniSinusoidalPositionalEncoding
 
 from .helpers import paper_marian_config
 

@@ -1,5 +1,5 @@
 """Precision by hardware: bf16 weights with fp32 master weights, the auto choice and its refusals, int8
-(`vaswani_hf.precision`)."""
+(`vaswani_hf.model.precision`)."""
 
 import json
 from types import SimpleNamespace
@@ -9,9 +9,10 @@ import torch
 from datasets import Dataset
 from safetensors.torch import load_file
 
-from vaswani_hf import VaswaniConfig, VaswaniForConditionalGeneration, precision
-from vaswani_hf.precision import MasterWeightAdamW, quantize_int8, resolve_precision
-from vaswani_hf.trainer import VaswaniTrainer, VaswaniTrainingArguments
+from vaswani_hf import VaswaniConfig, VaswaniForConditionalGeneration
+from vaswani_hf.model import precision
+from vaswani_hf.model.precision import MasterWeightAdamW, quantize_int8, resolve_precision
+from vaswani_hf.training.trainer import VaswaniTrainer, VaswaniTrainingArguments
 
 from .helpers import forget_measured_ways
 
@@ -80,7 +81,7 @@ def test_bf16_model_trains_and_copies_fp32_masters_back():
         assert torch.equal(param, master)
 
 
-# --- precision by hardware (vaswani_hf.precision) ---------------------------------------------------------------
+# --- precision by hardware (vaswani_hf.model.precision) ---------------------------------------------------------------
 
 
 @pytest.fixture(params=["none", "avx512_bf16", "amx"])
@@ -156,7 +157,7 @@ def test_the_measurement_itself_runs(monkeypatch):
 def test_the_decoding_measurement_times_settled_searches(monkeypatch):
     """Timed while the fp32 model's searches still try each way in turn (slower ones included), beam decoding in
     bf16 measured 1.40-1.63x fp32 on an AMD EPYC (Zen 4), settled 1.10-1.33x, nearer the base model's 1.05-1.29x."""
-    from vaswani_hf import fast_products_vaswani as fp
+    from vaswani_hf.model import fast_products_vaswani as fp
 
     monkeypatch.undo()
     forget_measured_ways(monkeypatch)
@@ -345,7 +346,7 @@ def test_int8_model_generates_close_to_fp32_and_refuses_to_be_saved(tmp_path):
 def test_averaging_bf16_checkpoints_gives_an_fp32_model(tmp_path):
     from transformers import AutoModelForSeq2SeqLM
 
-    from vaswani_hf.averaging import average_checkpoints
+    from vaswani_hf.training.averaging import average_checkpoints
 
     models = []
     for step in (1, 2):
@@ -363,7 +364,7 @@ def test_averaging_bf16_checkpoints_gives_an_fp32_model(tmp_path):
 
 
 def test_int8_serves_on_the_cpu_even_on_a_gpu_machine(monkeypatch):
-    from vaswani_hf.inference import default_device
+    from vaswani_hf.translation.inference import default_device
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     assert default_device("fp32") == default_device("auto") == "cuda"

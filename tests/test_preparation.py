@@ -1,4 +1,4 @@
-"""Data prepared once (`vaswani_hf.preparation`): the same tokens as the tokenizer gives, in the narrowest id type; a
+"""Data prepared once (`data.preparation`): the same tokens as the tokenizer gives, in the narrowest id type; a
 cache keyed by content that is reused, never stale or half-written, and prepares only the splits asked for;
 evaluation splits kept whole; readers that stream and name the line of bad input at any size; numpy reads of Arrow
 offsets, and batches packed as before."""
@@ -14,12 +14,12 @@ import numpy as np
 import pytest
 from datasets import Dataset
 
-from vaswani_hf.batching import TokenBudgetBatchSampler
-from vaswani_hf.data import jsonl_chunks, load_split, split_chunks
-from vaswani_hf.preparation import prepare
-from vaswani_hf.prepared import PreparedData, token_lengths
-from vaswani_hf.prepared_cache import PreparationRequest, cache_dir
-from vaswani_hf.tasks import number_pairs
+from vaswani_hf.data.batching import TokenBudgetBatchSampler
+from vaswani_hf.data.preparation import prepare
+from vaswani_hf.data.prepared import PreparedData, token_lengths
+from vaswani_hf.data.prepared_cache import PreparationRequest, cache_dir
+from vaswani_hf.data.readers import jsonl_chunks, load_split, split_chunks
+from vaswani_hf.data.tasks import number_pairs
 
 from .helpers import TINY_RUN, vaswani
 
@@ -65,7 +65,7 @@ def test_prepared_tokens_are_the_tokenizers_and_counts_are_recorded(tmp_path, ca
 
 
 def test_worker_processes_give_the_same_files_as_one(tmp_path, monkeypatch):
-    from vaswani_hf import preparation
+    from vaswani_hf.data import preparation
 
     monkeypatch.setattr(preparation, "SHARD_ROWS", 70)  # five shards: a pool of 2 workers takes them
     folder = write_corpus(tmp_path / "data")
@@ -138,7 +138,7 @@ def test_ids_wider_than_two_bytes_are_stored_as_int32():
     import pyarrow as pa
     from tokenizers import Tokenizer, models, pre_tokenizers, processors
 
-    from vaswani_hf.prepared import encode_table
+    from vaswani_hf.data.prepared import encode_table
 
     tokenizer = Tokenizer(models.WordLevel({f"w{i}": i for i in range(70_000)}, unk_token="w3"))
     tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
@@ -154,8 +154,8 @@ def test_clearing_the_cache_takes_each_lock_and_space_is_checked_first(tmp_path,
 
     from filelock import FileLock
 
-    from vaswani_hf import prepared_cache
-    from vaswani_hf.prepared_cache import clear_cache
+    from vaswani_hf.data import prepared_cache
+    from vaswani_hf.data.prepared_cache import clear_cache
 
     folder = write_corpus(tmp_path / "data")
     prepared = prepare(source(folder), quiet=True)
@@ -185,7 +185,8 @@ def test_a_stale_staging_folder_is_never_trusted_and_is_cleared(tmp_path, cache)
 
 KILLED = """
 import sys, time
-from vaswani_hf import preparation, prepared_cache
+from vaswani_hf.data import preparation
+from vaswani_hf.data import prepared_cache
 real = preparation._tokenize
 def tokenize_then_hang(*args, **kwargs):
     real(*args, **kwargs)
@@ -211,7 +212,8 @@ def test_a_preparation_killed_midway_leaves_nothing_a_later_run_trusts(tmp_path,
 
 RACER = """
 import sys
-from vaswani_hf import preparation, prepared_cache
+from vaswani_hf.data import preparation
+from vaswani_hf.data import prepared_cache
 p = preparation.prepare(prepared_cache.PreparationRequest(sys.argv[1], "en", "de", vocab_size=120), workers=1)
 print("reused" if p.reused else "built", p.path)
 """
@@ -382,7 +384,7 @@ def test_the_scale_benchmark_runs_at_a_size_of_seconds(tmp_path):
     assert row.count("GiB") == 2 and "CPU: " in out.read_text()
 
 
-# --- the word-by-word tokenizing trick (vaswani_hf.word_tokenizing): the same ids as the tokenizer whole ---------
+# --- the word-by-word tokenizing trick (vaswani_hf.data.word_tokenizing): the same ids as the tokenizer whole ---------
 
 
 TRICKY = ["x  y", "x ▁b", "a▁b", "foo</s>bar <unk>", "a\tb", "ab,cd ... (e) ?", " lead", "trail ", "", "Ünï wörd .",
@@ -393,9 +395,9 @@ TRICKY = ["x  y", "x ▁b", "a▁b", "foo</s>bar <unk>", "a\tb", "ab,cd ... (e) 
 def test_tokenizing_word_by_word_gives_the_tokenizers_ids(split_punctuation):
     import pyarrow as pa
 
-    from vaswani_hf import word_tokenizing
-    from vaswani_hf.prepared import encode_table
-    from vaswani_hf.tokenization import train_shared_bpe
+    from vaswani_hf.data import word_tokenizing
+    from vaswani_hf.data.prepared import encode_table
+    from vaswani_hf.data.tokenization import train_shared_bpe
 
     rng = np.random.default_rng(0)
     alphabet = list("abcdefgh ,.-'ÄöÜß▁") + ["  ", "</s>"]
@@ -412,8 +414,8 @@ def test_tokenizing_word_by_word_gives_the_tokenizers_ids(split_punctuation):
 def test_the_word_trick_is_off_for_other_tokenizers_and_by_its_switch(monkeypatch, tmp_path):
     from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
 
-    from vaswani_hf import word_tokenizing
-    from vaswani_hf.tokenization import train_shared_bpe
+    from vaswani_hf.data import word_tokenizing
+    from vaswani_hf.data.tokenization import train_shared_bpe
 
     ours = train_shared_bpe([s for pair in PAIRS for s in pair], 150).backend_tokenizer
     lowercased = Tokenizer.from_str(ours.to_str())

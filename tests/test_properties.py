@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from vaswani_hf import VaswaniConfig, VaswaniForConditionalGeneration
-from vaswani_hf.modeling_vaswani import CACHE_FIELD  # `cache` from Transformers 5.24, `past_key_values` before
+from vaswani_hf.model.modeling_vaswani import CACHE_FIELD  # `cache` from Transformers 5.24, `past_key_values` before
 
 VOCAB = 40
 PROPERTY = settings(max_examples=12, deadline=None)

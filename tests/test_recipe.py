@@ -12,13 +12,19 @@ import torch
 from transformers import TrainerCallback, get_scheduler
 
 from vaswani_hf import VaswaniConfig, VaswaniForConditionalGeneration
-from vaswani_hf.averaging import STOP_MARKER, average_checkpoints, last_checkpoints, list_checkpoints, load_weights
-from vaswani_hf.batching import TokenBudgetBatchSampler
-from vaswani_hf.data import load_split
-from vaswani_hf.recipe import DataArguments, ModelArguments, VaswaniTrainingArguments, build_trainer, train
-from vaswani_hf.tasks import number_pairs
-from vaswani_hf.tokenization import train_shared_bpe
-from vaswani_hf.trainer import STAGING_DIR, GracefulStopCallback, noam_learning_rate
+from vaswani_hf.data.batching import TokenBudgetBatchSampler
+from vaswani_hf.data.readers import load_split
+from vaswani_hf.data.tasks import number_pairs
+from vaswani_hf.data.tokenization import train_shared_bpe
+from vaswani_hf.training.averaging import (
+    STOP_MARKER,
+    average_checkpoints,
+    last_checkpoints,
+    list_checkpoints,
+    load_weights,
+)
+from vaswani_hf.training.recipe import DataArguments, ModelArguments, VaswaniTrainingArguments, build_trainer, train
+from vaswani_hf.training.trainer import STAGING_DIR, GracefulStopCallback, noam_learning_rate
 
 from .helpers import TINY_RUN, vaswani
 
@@ -121,7 +127,7 @@ def test_punctuation_gets_vocabulary_entries_of_its_own():
 
 
 def test_bpe_dropout_resegments_every_draw_and_keeps_the_text(tokenizer):
-    from vaswani_hf.tokenization import BPEDropoutPairs
+    from vaswani_hf.data.tokenization import BPEDropoutPairs
 
     pairs = PAIRS["train"][:20]
     plain = tokenizer([s for s, _ in pairs], text_target=[t for _, t in pairs])
@@ -136,7 +142,7 @@ def test_bpe_dropout_resegments_every_draw_and_keeps_the_text(tokenizer):
 
 
 def test_bpe_dropout_trains_on_every_kept_pair_and_refuses_bad_settings(tokenizer, tmp_path):
-    from vaswani_hf.tokenization import BPEDropoutPairs
+    from vaswani_hf.data.tokenization import BPEDropoutPairs
 
     args = {"output_dir": str(tmp_path), "max_tokens": 160, "report_to": "none", "use_cpu": True}
     trainer = build_trainer(PAIRS, DataArguments(max_length=64, bpe_dropout=0.1), ModelArguments(preset="tiny"),
@@ -309,7 +315,7 @@ def test_a_datasets_folder_loads_like_a_hub_dataset(tmp_path):
 
 
 def test_overlong_training_pairs_are_dropped_and_counted(tokenizer, caplog):
-    from vaswani_hf.recipe import tokenize_pairs
+    from vaswani_hf.training.recipe import tokenize_pairs
 
     pairs = [("one", "eins"), (" , ".join(["seven hundred seventy-seven"] * 20), "x")]
     dataset = tokenize_pairs(pairs, tokenizer, max_length=32)
@@ -318,7 +324,7 @@ def test_overlong_training_pairs_are_dropped_and_counted(tokenizer, caplog):
 
 
 def test_config_overrides_set_fields_and_paper_symbols_and_refuse_typos():
-    from vaswani_hf.recipe import ModelArguments, build_model
+    from vaswani_hf.training.recipe import ModelArguments, build_model
 
     tokenizer = train_shared_bpe(["one two three", "eins zwei drei"], 60)
     model = build_model(ModelArguments(preset="small", config_overrides="N=2,d_model=64,d_ff=128,h=2,"
@@ -361,7 +367,7 @@ def test_averaging_that_would_find_no_checkpoints_is_refused(tmp_path, capsys, s
 
 @pytest.mark.parametrize("implementation", ["eager", "sdpa"])
 def test_attn_implementation_reaches_the_model_and_changes_no_numbers(implementation):
-    from vaswani_hf.recipe import ModelArguments, build_model
+    from vaswani_hf.training.recipe import ModelArguments, build_model
 
     tokenizer = train_shared_bpe(["one two three", "eins zwei drei"], 60)
     torch.manual_seed(0)
@@ -376,7 +382,7 @@ def test_attn_implementation_reaches_the_model_and_changes_no_numbers(implementa
 
 
 def test_an_unknown_attn_implementation_is_refused_by_name():
-    from vaswani_hf.recipe import ModelArguments, build_model
+    from vaswani_hf.training.recipe import ModelArguments, build_model
 
     tokenizer = train_shared_bpe(["one two three", "eins zwei drei"], 60)
     with pytest.raises(ValueError, match="flashy"):

@@ -1,4 +1,4 @@
-"""The opt-in regularizers of vaswani_hf/regularization.py. R-Drop: its loss as the paper defines it, computed here
+"""The opt-in regularizers of training/regularization.py. R-Drop: its loss as the paper defines it, computed here
 independently with `F.kl_div` on the logits of the two dropout passes, and what a run with it does. Token drop on
 the source: which tokens it replaces and how often, and that a training step's loss is the loss on the dropped
 source."""
@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch.nn import functional as F
 
-from vaswani_hf.regularization import drop_source_tokens, r_drop_loss
+from vaswani_hf.training.regularization import drop_source_tokens, r_drop_loss
 
 from .test_recipe import make_trainer, tokenizer  # noqa: F401 (a fixture)
 
@@ -50,7 +50,7 @@ def test_without_dropout_r_drop_is_the_plain_loss(tokenizer, tmp_path):  # noqa:
 
 
 def test_the_trainer_steps_on_r_drops_loss_and_a_run_trains(tokenizer, tmp_path):  # noqa: F811
-    from vaswani_hf.recipe import train
+    from vaswani_hf.training.recipe import train
 
     trainer = make_trainer(tokenizer, tmp_path, dropout=0.3, r_drop_alpha=1.0)
     model = trainer.model.train()
@@ -65,7 +65,7 @@ def test_the_trainer_steps_on_r_drops_loss_and_a_run_trains(tokenizer, tmp_path)
 
 
 def test_a_negative_alpha_is_refused(tmp_path):
-    from vaswani_hf.trainer import VaswaniTrainingArguments
+    from vaswani_hf.training.trainer import VaswaniTrainingArguments
 
     with pytest.raises(ValueError, match="r_drop_alpha must be 0"):
         VaswaniTrainingArguments(output_dir=str(tmp_path), r_drop_alpha=-1.0, use_cpu=True, report_to=[])
@@ -110,7 +110,7 @@ def test_a_training_step_with_token_drop_is_the_loss_on_the_dropped_source(token
 
 @pytest.mark.parametrize("p", [-0.1, 1.0])
 def test_a_token_drop_outside_zero_to_one_is_refused(tmp_path, p):
-    from vaswani_hf.trainer import VaswaniTrainingArguments
+    from vaswani_hf.training.trainer import VaswaniTrainingArguments
 
     with pytest.raises(ValueError, match="source_token_dropout must be a probability"):
         VaswaniTrainingArguments(output_dir=str(tmp_path), source_token_dropout=p, use_cpu=True, report_to=[])

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from vaswani_hf.cli import main
-from vaswani_hf.inference import load_for_inference, translate_nbest
-from vaswani_hf.source_lines import LineReport, pieces_of, rejoined
+from vaswani_hf.translation.inference import load_for_inference, translate_nbest
+from vaswani_hf.translation.source_lines import LineReport, pieces_of, rejoined
 
 from .helpers import broken_copy, vaswani
 

@@ -7,8 +7,8 @@ import pytest
 import torch
 from transformers import DataCollatorForSeq2Seq
 
-from vaswani_hf.batching import TokenBudgetBatchSampler
-from vaswani_hf.training_speed import (
+from vaswani_hf.data.batching import TokenBudgetBatchSampler
+from vaswani_hf.training.training_speed import (
     MARGIN,
     MIN_STEPS_TO_MEASURE,
     BucketPadding,
@@ -156,7 +156,7 @@ def test_a_measured_step_leaves_the_model_as_it_was(tokenizer, tmp_path):  # noq
 
 @pytest.mark.parametrize("sharded", [False, True])
 def test_auto_leaves_compile_out_for_a_sharded_model(sharded, monkeypatch, tokenizer, tmp_path):  # noqa: F811
-    from vaswani_hf import training_speed
+    from vaswani_hf.training import training_speed
 
     measure, asked = timings(compile=0.5, fused_adam=0.9)
     monkeypatch.setattr(training_speed, "step_seconds", lambda model, device, rows, length, precision, s: measure(s))
@@ -173,7 +173,7 @@ def test_the_trainer_takes_the_optimizer_chosen_and_the_run_summary_names_it(tok
     assert eager.args.optim == "adamw_torch"
     default = make_trainer(tokenizer, tmp_path / "c")  # auto on a CPU: Trainer's own default, as before
     assert default.args.optim == type(default.args).__dataclass_fields__["optim"].default
-    from vaswani_hf.recipe import train
+    from vaswani_hf.training.recipe import train
 
     assert train(eager)["speedups"].startswith("eager")
 
@@ -183,7 +183,7 @@ def test_compiled_training_compiles_once_per_bucket_and_learns_as_eager(tokenize
     """torch.compile on CPU, a tiny model: the loss curve of eager training, and no recompilation per batch."""
     from torch._dynamo.utils import counters
 
-    from vaswani_hf.recipe import train
+    from vaswani_hf.training.recipe import train
 
     eager = make_trainer(tokenizer, tmp_path / "eager", speedups="off", max_steps=12, dropout=0.0)
     compiled = make_trainer(tokenizer, tmp_path / "compiled", speedups="compile", max_steps=12, dropout=0.0)
@@ -227,7 +227,7 @@ def test_the_chunked_loss_equals_the_whole_one_with_its_gradients(label_smoothin
 
 
 def test_a_run_with_chunked_loss_trains_as_one_without(tokenizer, tmp_path):  # noqa: F811
-    from vaswani_hf.trainer import VaswaniTrainer
+    from vaswani_hf.training.trainer import VaswaniTrainer
 
     losses = []
     for asked in ("off", "chunked_loss"):

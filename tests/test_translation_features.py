@@ -10,13 +10,13 @@ from huggingface_hub.errors import StrictDataclassError
 from transformers import LogitsProcessor
 
 from vaswani_hf import VaswaniConfig, VaswaniForConditionalGeneration
-from vaswani_hf.decoding_state_vaswani import DecodingState
-from vaswani_hf.ensemble import Ensemble
-from vaswani_hf.inference import load_for_inference, score, translate_nbest, word_alignment
-from vaswani_hf.precision import quantize_int8
-from vaswani_hf.search_vaswani import gnmt_length_penalty
-from vaswani_hf.shortlist import Shortlist, build_shortlist
-from vaswani_hf.tasks import builtin_splits
+from vaswani_hf.data.tasks import builtin_splits
+from vaswani_hf.model.decoding_state_vaswani import DecodingState
+from vaswani_hf.model.precision import quantize_int8
+from vaswani_hf.model.search_vaswani import gnmt_length_penalty
+from vaswani_hf.translation.ensemble import Ensemble
+from vaswani_hf.translation.inference import load_for_inference, score, translate_nbest, word_alignment
+from vaswani_hf.translation.shortlist import Shortlist, build_shortlist
 
 from .helpers import vaswani
 from .test_decoding_parity import EOS, PAD, padded_batch, random_pair
@@ -79,7 +79,7 @@ def test_alignments_do_not_depend_on_padding_or_batch(loaded):
 
 def test_word_alignment_merges_pieces_into_words(loaded):
     _, tokenizer = loaded
-    from vaswani_hf.inference import _words_by_decoding, _words_by_offsets
+    from vaswani_hf.translation.inference import _words_by_decoding, _words_by_offsets
 
     text = "three hundred twenty-one , seven"
     encoding = tokenizer(text, return_offsets_mapping=True)
@@ -230,7 +230,7 @@ def test_an_ensemble_decodes_with_the_mean_log_probabilities():
 def test_an_ensemble_beam_search_starts_on_one_row_per_sentence_unchanged(monkeypatch):
     """Beam search's first step runs one row per sentence when every member folds its beams (`fold`): the same
     hypotheses and scores as running every beam's row."""
-    from vaswani_hf.ensemble import EnsembleDecodingState
+    from vaswani_hf.translation.ensemble import EnsembleDecodingState
 
     models = []
     for seed in (0, 1):

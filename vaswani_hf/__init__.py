@@ -4,14 +4,32 @@ Importing the package registers the `vaswani` model type with `AutoConfig`, `Aut
 `AutoModelForSeq2SeqLM`, and marks the classes so `save_pretrained` ships their code for
 `trust_remote_code=True` loading where this package is not installed. It also brings back the `translation`
 pipeline task, which Transformers 5 removed, served by `VaswaniTranslationPipeline` for any seq2seq model.
+
+The package's parts are its folders: `model/` (what ships as remote code), `data/`, `training/`, `translation/`,
+`interop/`, and the `vaswani` command on top (`cli.py`). The names the documentation shows are importable from here;
+those outside the model load their part on first use, so `import vaswani_hf` stays light.
 """
+
+import importlib
 
 from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM, pipelines
 
-from .configuration_vaswani import VaswaniConfig
-from .modeling_vaswani import VaswaniForConditionalGeneration, VaswaniModel, VaswaniPreTrainedModel
-from .pipeline_vaswani import VaswaniTranslationPipeline
-from .search_vaswani import gnmt_length_penalty
+from .model.configuration_vaswani import VaswaniConfig
+from .model.modeling_vaswani import VaswaniForConditionalGeneration, VaswaniModel, VaswaniPreTrainedModel
+from .model.pipeline_vaswani import VaswaniTranslationPipeline
+from .model.search_vaswani import gnmt_length_penalty
+
+# name -> the module that defines it, imported on first use (PEP 562)
+_LAZY = {
+    "quantize_int8": "model.precision",
+    "resolve_precision": "model.precision",
+    "compute_metrics": "translation.metrics",
+    "Ensemble": "translation.ensemble",
+    "OnnxSeq2Seq": "interop.onnx",
+    "marian_to_vaswani": "interop.convert",
+    "convert_marian_checkpoint": "interop.convert",
+    "torch_transformer_to_vaswani": "interop.convert",
+}
 
 __version__ = "0.1.0"
 
@@ -28,6 +46,15 @@ pipelines.PIPELINE_REGISTRY.register_pipeline(
     "translation", pipeline_class=VaswaniTranslationPipeline, pt_model=AutoModelForSeq2SeqLM, type="text"
 )
 
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 __all__ = [
     "VaswaniConfig",
     "VaswaniForConditionalGeneration",
@@ -36,4 +63,5 @@ __all__ = [
     "VaswaniTranslationPipeline",
     "gnmt_length_penalty",
     "__version__",
+    *_LAZY,
 ]

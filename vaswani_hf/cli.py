@@ -49,7 +49,7 @@ def _repeated_metrics_joined(argv: list[str]) -> list[str]:
 
 
 def train_command(argv: list[str]) -> int:
-    from .recipe import DataArguments, ModelArguments, VaswaniTrainingArguments, run_training
+    from .training.recipe import DataArguments, ModelArguments, VaswaniTrainingArguments, run_training
 
     parser = HfArgumentParser((DataArguments, ModelArguments, VaswaniTrainingArguments), prog="vaswani train")
     if argv and argv[0] in ("-h", "--help"):
@@ -58,7 +58,7 @@ def train_command(argv: list[str]) -> int:
     argv = _repeated_metrics_joined(argv)
     builtin = _is_builtin(argv)
     given = {a.lstrip("-").replace("-", "_").split("=")[0] for a in argv if a.startswith("--")}
-    # The command picks the precision by the hardware (vaswani_hf.precision); the Python class keeps fp32.
+    # The command picks the precision by the hardware (vaswani_hf.model.precision); the Python class keeps fp32.
     defaults = {"precision": "auto", **(BUILTIN_DEFAULTS if builtin else {})}
     if "preset" in given:  # the narrowing belongs to the built-in default preset, not to one asked for
         given.add("config_overrides")
@@ -69,9 +69,9 @@ def train_command(argv: list[str]) -> int:
 
 
 def prepare_command(argv: list[str]) -> int:
-    from .preparation import prepare, say
-    from .prepared_cache import clear_cache
-    from .recipe import DataArguments
+    from .data.preparation import prepare, say
+    from .data.prepared_cache import clear_cache
+    from .training.recipe import DataArguments
 
     parser = HfArgumentParser(DataArguments, prog="vaswani prepare",
                               description="Read, learn the BPE vocabulary and tokenize a corpus once, into a folder "
@@ -99,7 +99,7 @@ def prepare_command(argv: list[str]) -> int:
 
 
 def push_command(argv: list[str]) -> int:
-    from .hub import push
+    from .interop.hub import push
 
     parser = argparse.ArgumentParser(prog="vaswani push", description="Share a saved model on the Hugging Face Hub.")
     parser.add_argument("model_dir")
@@ -115,8 +115,8 @@ def push_command(argv: list[str]) -> int:
 
 
 def attention_command(argv: list[str]) -> int:
-    from .attention import write_attention_maps
-    from .inference import load_for_inference
+    from .translation.attention import write_attention_maps
+    from .translation.inference import load_for_inference
 
     parser = argparse.ArgumentParser(
         prog="vaswani attention", description="Heat maps of every layer and head for one sentence (PNG)."
@@ -134,8 +134,8 @@ def attention_command(argv: list[str]) -> int:
 
 
 def average_command(argv: list[str]) -> int:
-    from .averaging import average_checkpoints, last_checkpoints
-    from .inference import check_model_folder
+    from .training.averaging import average_checkpoints, last_checkpoints
+    from .translation.inference import check_model_folder
 
     parser = argparse.ArgumentParser(prog="vaswani average", description="Average the last N checkpoints of a run.")
     parser.add_argument("run_dir", help="the --output_dir of a training run (holding checkpoint-* folders)")
@@ -154,8 +154,8 @@ def average_command(argv: list[str]) -> int:
 
 
 def export_command(argv: list[str]) -> int:
-    from .export import export_ctranslate2, tokenizer_vocabulary
-    from .inference import load_for_inference
+    from .interop.export import export_ctranslate2, tokenizer_vocabulary
+    from .translation.inference import load_for_inference
 
     parser = argparse.ArgumentParser(prog="vaswani export", description="Export a saved model to another engine.")
     parser.add_argument("model_dir")
@@ -173,7 +173,7 @@ def export_command(argv: list[str]) -> int:
         parser.error("give the output folder: vaswani export MODEL OUTPUT_DIR (or --output_dir OUTPUT_DIR)")
     model, tokenizer = load_for_inference(args.model_dir, device="cpu")
     if args.format == "onnx":
-        from .onnx import export_onnx
+        from .interop.onnx import export_onnx
 
         output = export_onnx(model, tokenizer, output_dir, args.quantization)
         print(f"ONNX graphs written to {output} ({args.quantization or 'float32'}); translate with `vaswani translate "

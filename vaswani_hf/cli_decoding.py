@@ -22,13 +22,13 @@ def at_least_one(text: str) -> int:
 
 
 def _add_precision(parser: argparse.ArgumentParser) -> None:
-    from .precision import PRECISIONS
+    from .model.precision import PRECISIONS
 
     parser.add_argument("--precision", choices=PRECISIONS, default="auto",
                         help="auto (default): on a CPU with native bf16 (AMX-BF16 or AVX512-BF16), bf16 if it "
                         "measured faster than fp32 on this machine (timed once, then cached); bf16 on GPUs that have "
                         "it; else fp32. int8: dynamic quantization for CPU serving (never picked by auto); see "
-                        "vaswani_hf.precision")  # fmt: skip
+                        "vaswani_hf.model.precision")  # fmt: skip
 
 
 def _add_decoding(parser: argparse.ArgumentParser) -> None:
@@ -44,7 +44,7 @@ def _decoding(args: argparse.Namespace) -> dict:
 
 
 def _add_long_lines(parser: argparse.ArgumentParser) -> None:
-    from .source_lines import LONG_LINES
+    from .translation.source_lines import LONG_LINES
 
     parser.add_argument("--long-lines", choices=LONG_LINES, default="cut",
                         help="a line longer than the model reads: cut (default: translate its first tokens, with a "
@@ -81,11 +81,11 @@ def _model_dirs(parser: argparse.ArgumentParser, args: argparse.Namespace) -> li
 
 def _load(args: argparse.Namespace, model_dirs: list[str]):
     """The model (or ensemble) in the precision asked for, which is said on stderr (stdout holds the results)."""
-    from .inference import check_model_folder, default_device, is_local, load_for_inference
-    from .precision import resolve_precision
+    from .model.precision import resolve_precision
+    from .translation.inference import check_model_folder, default_device, is_local, load_for_inference
 
     if getattr(args, "engine", "torch") == "onnxruntime":
-        from .onnx import OnnxSeq2Seq
+        from .interop.onnx import OnnxSeq2Seq
 
         if args.precision != "auto":
             raise ValueError(f"--precision {args.precision} is for the torch engine: an onnxruntime folder runs the "
@@ -105,7 +105,7 @@ def _load(args: argparse.Namespace, model_dirs: list[str]):
     model, tokenizer = loaded[0]
     if len(loaded) == 1:
         return model, tokenizer, choice
-    from .ensemble import Ensemble
+    from .translation.ensemble import Ensemble
 
     for folder, (_, other) in zip(model_dirs[1:], loaded[1:], strict=True):
         if other.get_vocab() != tokenizer.get_vocab():
@@ -116,8 +116,8 @@ def _load(args: argparse.Namespace, model_dirs: list[str]):
 
 
 def translate_command(argv: list[str]) -> int:
-    from .inference import translate_stream
-    from .source_lines import LineReport
+    from .translation.inference import translate_stream
+    from .translation.source_lines import LineReport
 
     parser = argparse.ArgumentParser(
         prog="vaswani translate",
@@ -172,7 +172,7 @@ def translate_command(argv: list[str]) -> int:
     model, tokenizer, _ = _load(args, model_dirs)
     lexical = _lexical_files(args, tokenizer, total)
     if args.shortlist is not None:
-        from .shortlist import Shortlist
+        from .translation.shortlist import Shortlist
 
         lexical["shortlist"] = Shortlist.load(args.shortlist or model_dirs[0], tokenizer)
     report = LineReport()
@@ -192,7 +192,7 @@ def translate_command(argv: list[str]) -> int:
 def _lexical_files(args: argparse.Namespace, tokenizer, input_lines: int | None) -> dict:
     """--constraints / --prefix, read and checked in full before anything is translated (so a bad line stops the
     run with nothing written), as `translate_stream`'s `constraints` / `prefixes`."""
-    from .inference import lexical_ids
+    from .translation.inference import lexical_ids
 
     lexical = {}
     for name, kind, key in (("constraints", "constraint", "constraints"), ("prefix", "prefix", "prefixes")):
@@ -227,7 +227,7 @@ def _stream_lines(path: str | None):
 
 
 def score_command(argv: list[str]) -> int:
-    from .inference import load_for_inference, score_translations
+    from .translation.inference import load_for_inference, score_translations
 
     parser = argparse.ArgumentParser(
         prog="vaswani score",
@@ -257,11 +257,11 @@ def _read_lines(path: str | None) -> list[str]:
 
 
 def evaluate_command(argv: list[str]) -> int:
-    from .data import load_split
-    from .inference import evaluate
-    from .metrics import load_metrics
-    from .source_lines import LineReport
-    from .tasks import builtin_splits
+    from .data.readers import load_split
+    from .data.tasks import builtin_splits
+    from .translation.inference import evaluate
+    from .translation.metrics import load_metrics
+    from .translation.source_lines import LineReport
 
     parser = argparse.ArgumentParser(prog="vaswani evaluate", description="BLEU/chrF of a model with sacrebleu.")
     _add_models(parser)
@@ -298,8 +298,8 @@ def evaluate_command(argv: list[str]) -> int:
 def shortlist_command(argv: list[str]) -> int:
     from transformers import AutoTokenizer
 
-    from .data import load_split
-    from .shortlist import build_shortlist
+    from .data.readers import load_split
+    from .translation.shortlist import build_shortlist
 
     parser = argparse.ArgumentParser(prog="vaswani shortlist", description="Build a vocabulary shortlist from "
                                      "training data and save it beside the model (translate --shortlist).")  # fmt: skip

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import torch
 
-from ..configuration_vaswani import VaswaniConfig
-from ..modeling_vaswani import VaswaniForConditionalGeneration
+from ...model.configuration_vaswani import VaswaniConfig
+from ...model.modeling_vaswani import VaswaniForConditionalGeneration
 
 TOKENIZER_FILES = (
     "source.spm",

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from .modeling_vaswani import VaswaniForConditionalGeneration
+from ..model.modeling_vaswani import VaswaniForConditionalGeneration
 
 ACTIVATIONS = {"relu": "RELU", "gelu": "GELU", "gelu_new": "GELUTanh", "swish": "SWISH", "silu": "SWISH"}
 

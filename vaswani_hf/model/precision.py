@@ -28,7 +28,7 @@ Measured on the base preset, 2 threads (`benchmarks/compare_marian.py`; figures 
   built-in one, deprecated but present in the pinned torch; `quantize_int8` says so if a torch release removes it.
   int8 is never picked by `auto`: it changes the model's numbers by more than rounding, so it is asked for.
 
-    from vaswani_hf.precision import quantize_int8, resolve_precision
+    from vaswani_hf.model.precision import quantize_int8, resolve_precision
     model = quantize_int8(model)                        # CPU serving; the fp32 model is not changed
     choice = resolve_precision("auto", "cpu")           # Precision(name="bf16", reason="auto: ... AVX512-BF16")
     model = choice.apply(model)                          # inference: cast or quantize
@@ -276,7 +276,7 @@ def quantize_int8(model: torch.nn.Module) -> torch.nn.Module:
 def _refuse_to_save(*args, **kwargs) -> None:
     raise ValueError(
         "this model is quantized to int8 for serving; its packed weights are not a checkpoint. Save the fp32 model "
-        "and quantize after loading (vaswani_hf.precision.quantize_int8, or --precision int8)."
+        "and quantize after loading (vaswani_hf.model.precision.quantize_int8, or --precision int8)."
     )
 
 

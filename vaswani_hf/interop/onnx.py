@@ -34,9 +34,9 @@ from torch import nn
 from transformers import AutoTokenizer, GenerationConfig
 from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 
-from .configuration_vaswani import VaswaniConfig
-from .generation_vaswani import VaswaniGenerationMixin
-from .modeling_vaswani import VaswaniForConditionalGeneration
+from ..model.configuration_vaswani import VaswaniConfig
+from ..model.generation_vaswani import VaswaniGenerationMixin
+from ..model.modeling_vaswani import VaswaniForConditionalGeneration
 
 GRAPHS = ("encoder_model.onnx", "decoder_model.onnx", "decoder_with_past_model.onnx")
 OPSET = 18
@@ -287,7 +287,7 @@ class OnnxSeq2Seq(VaswaniGenerationMixin):
 
     @classmethod
     def with_tokenizer(cls, folder: str | Path, threads: int | None = None):
-        from .inference import check_model_folder
+        from ..translation.inference import check_model_folder
 
         if Path(folder).is_dir():  # config and tokenizer first, then the graphs (`cls`)
             check_model_folder(folder, weights=False)

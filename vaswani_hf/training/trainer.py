@@ -24,9 +24,9 @@ from transformers import Seq2SeqTrainer, Seq2SeqTrainingArguments, TrainerCallba
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, SaveStrategy, SchedulerType, rotate_checkpoints
 from transformers.utils import CONFIG_NAME
 
+from ..data.batching import TokenBudgetBatchSampler
+from ..model.precision import MasterWeightAdamW, Precision, resolve_precision
 from .averaging import STOP_MARKER, list_checkpoints, load_weights
-from .batching import TokenBudgetBatchSampler
-from .precision import MasterWeightAdamW, Precision, resolve_precision
 from .regularization import drop_source_tokens, with_r_drop
 from .training_speed import (
     BucketPadding,
@@ -78,7 +78,7 @@ class VaswaniTrainingArguments(Seq2SeqTrainingArguments):
     precision: str | None = field(
         default=None,
         metadata={"help": "fp32, bf16, or auto: bf16 where the hardware runs it natively (CPUs with AMX-BF16 or "
-                  "AVX512-BF16, GPUs with bf16), else fp32 (vaswani_hf.precision). bf16 on CPU trains a bf16 model "
+                  "AVX512-BF16, GPUs with bf16), else fp32 (model/precision.py). bf16 on CPU trains a bf16 model "
                   "with fp32 master weights, on GPU it is autocast; the final model is saved in fp32. Default: "
                   "fp32 (`vaswani train`: auto)", "choices": ["auto", "fp32", "bf16"]},
     )  # fmt: skip
@@ -86,20 +86,20 @@ class VaswaniTrainingArguments(Seq2SeqTrainingArguments):
     r_drop_alpha: float = field(
         default=0.0,
         metadata={"help": "R-Drop (Liang et al., 2021): run each batch twice with independent dropout and add alpha "
-                  "times the symmetric KL divergence of the two predictions to the loss (vaswani_hf.regularization); "
+                  "times the symmetric KL divergence of the two predictions to the loss (training/regularization.py); "
                   "0 = off, the paper's recipe. Costs a second forward and backward of every batch"},
     )  # fmt: skip
     source_token_dropout: float = field(
         default=0.0,
         metadata={"help": "token drop on the source (Zhang et al., 2020): while training, replace each source token "
-                  "(not padding or </s>) by <unk> with this probability (vaswani_hf.regularization); 0 = off, the "
+                  "(not padding or </s>) by <unk> with this probability (training/regularization.py); 0 = off, the "
                   "paper's recipe"},
     )  # fmt: skip
     speedups: str = field(
         default="auto",
         metadata={"help": "auto: on a GPU, measure a few steps and keep what is faster (torch.compile with bucketed "
                   "batches, fused Adam, TF32 for fp32, the loss in chunks; none on a CPU); off; or a comma list of "
-                  "compile, fused_adam, tf32, chunked_loss (vaswani_hf.training_speed)"},
+                  "compile, fused_adam, tf32, chunked_loss (vaswani_hf.training.training_speed)"},
     )  # fmt: skip
     label_smoothing_factor: float = field(
         default=0.1,
@@ -210,13 +210,13 @@ class VaswaniTrainer(Seq2SeqTrainer):
             raise TypeError(f"VaswaniTrainer needs VaswaniTrainingArguments (token budget, label smoothing, "
                             f"precision), got {type(args).__name__}.")  # fmt: skip
         if args.bf16_weights and model is not None:
-            model.to(torch.bfloat16)  # see vaswani_hf.precision; `train` writes the fp32 master weights back
+            model.to(torch.bfloat16)  # see vaswani_hf.model.precision; `train` writes the fp32 master weights back
         super().__init__(model, args, *rest, **kwargs)
         self.label_smoother = None  # ours is the model's loss with `label_smoothing`, see compute_loss
         self.train_lengths = train_lengths
         self.token_sampler: TokenBudgetBatchSampler | None = None
         self.target_tokens_seen = 0
-        # the speed-ups `build_trainer` chose (vaswani_hf.training_speed); none when the trainer is built by hand
+        # the speed-ups `build_trainer` chose (`training_speed`); none when the trainer is built by hand
         self.speedups: Speedups = getattr(args, "speedups_choice", None) or Speedups(decided=False)
         self.buckets: list[int] | None = None
         if self.speedups.decided:
@@ -286,7 +286,7 @@ class VaswaniTrainer(Seq2SeqTrainer):
     def create_optimizer(self, model=None) -> torch.optim.Optimizer:
         if not self.args.bf16_weights or self.optimizer is not None:
             return super().create_optimizer(model)
-        # The model is bf16 (see `vaswani_hf.precision`): Adam steps fp32 master copies of its weights.
+        # The model is bf16 (see `vaswani_hf.model.precision`): Adam steps fp32 master copies of its weights.
         model = model or self.model
         decay = set(self.get_decay_parameter_names(model))
         named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]

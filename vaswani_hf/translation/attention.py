@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from .alignment_vaswani import forced_attentions
+from ..model.alignment_vaswani import forced_attentions
 
 KINDS = {"encoder": "encoder self-attention", "decoder": "decoder self-attention", "cross": "cross-attention"}
 

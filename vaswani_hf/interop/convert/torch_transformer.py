@@ -10,8 +10,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..configuration_vaswani import VaswaniConfig
-from ..modeling_vaswani import VaswaniForConditionalGeneration
+from ...model.configuration_vaswani import VaswaniConfig
+from ...model.modeling_vaswani import VaswaniForConditionalGeneration
 
 
 def torch_transformer_to_vaswani(

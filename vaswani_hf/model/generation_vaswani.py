@@ -123,7 +123,7 @@ class VaswaniGenerationMixin:
     Transformers') and `max_length_offset` (each output at most source length + offset tokens, EOS forced there;
     `None` for Transformers' `max_length`). An explicit `max_length`/`max_new_tokens` wins over the offset.
 
-    Extra arguments of `generate()`: `vocabulary_shortlist` (target ids to score, `vaswani_hf.shortlist`),
+    Extra arguments of `generate()`: `vocabulary_shortlist` (target ids to score, `vaswani_hf.translation.shortlist`),
     `output_sequence_scores=True` (beam search's `sequences_scores` alone; Transformers' `output_scores` also keeps
     every step's (rows x vocabulary) scores), `return_alignments`, `force_words`, `target_prefix`, `word_start_ids`,
     `cpu_fast_paths` (False: the model's own products, without `fast_products_vaswani`; default: on unless the
@@ -334,7 +334,7 @@ class VaswaniGenerationMixin:
 
     def _decoding_state(self, hidden: torch.Tensor, mask: torch.Tensor | None, rows_per_example: int,
                         fast: bool = True):  # fmt: skip
-        """What the searches step: this model's decoder (another engine's runner gives its own, vaswani_hf.onnx),
+        """What the searches step: this model's decoder (another engine's runner gives its own: interop.onnx),
         its products computed the fastest measured way on CPU where `fast` (the `cpu_fast_paths` switch)."""
         products = FastCpuProducts if fast and hidden.device.type == "cpu" else ModelProducts
         return DecodingState(self, hidden, mask, rows_per_example, products)

@@ -25,18 +25,18 @@ from transformers import (
 )
 from transformers.trainer_utils import TrainOutput
 
+from ..data.preparation import DEFAULT_BPE_SAMPLE, prepare, say
+from ..data.prepared import InMemoryData, PreparedData, TokenizedData, token_lengths
+from ..data.prepared_cache import PreparationRequest, cache_dir, load_tokenizer, tokenizer_hash
+from ..data.readers import Pairs, load_split
+from ..data.tasks import builtin_splits
+from ..data.tokenization import BPEDropoutPairs, train_shared_bpe
+from ..interop.hub import write_training_card
+from ..model.configuration_vaswani import PAPER_ALIASES, VaswaniConfig
+from ..model.modeling_vaswani import VaswaniForConditionalGeneration
+from ..translation.inference import load_model
+from ..translation.metrics import decode, load_metrics, metric_name, score_with
 from .averaging import average_checkpoints, last_checkpoints, list_checkpoints, load_weights
-from .configuration_vaswani import PAPER_ALIASES, VaswaniConfig
-from .data import Pairs, load_split
-from .hub import write_training_card
-from .inference import load_model
-from .metrics import decode, load_metrics, metric_name, score_with
-from .modeling_vaswani import VaswaniForConditionalGeneration
-from .preparation import DEFAULT_BPE_SAMPLE, prepare, say
-from .prepared import InMemoryData, PreparedData, TokenizedData, token_lengths
-from .prepared_cache import PreparationRequest, cache_dir, load_tokenizer, tokenizer_hash
-from .tasks import builtin_splits
-from .tokenization import BPEDropoutPairs, train_shared_bpe
 from .trainer import (
     GracefulStopCallback,
     VaswaniTrainer,
@@ -170,7 +170,7 @@ def evaluation_set(data: TokenizedData, split: str, max_samples: int | None = No
 
 class TranslationMetrics:
     """`compute_metrics` for Seq2SeqTrainer with `predict_with_generate`: sacreBLEU's BLEU and chrF, and the
-    `metrics` asked for, through 🤗 Evaluate (`vaswani_hf.metrics`).
+    `metrics` asked for, through 🤗 Evaluate (`vaswani_hf.translation.metrics`).
 
     `VaswaniTrainer` calls `expect(dataset)` before each evaluation. Rows beyond the data set (DDP pads its last
     batches by repeating examples) are cut, and the remaining rows' labels must be the data set's, in order: no
@@ -266,7 +266,7 @@ def build_trainer(
 ) -> VaswaniTrainer:
     """The paper's recipe on Seq2SeqTrainer: model (new or fine-tuned), token-budget batches, Noam schedule,
     label smoothing, BLEU `compute_metrics` on the evaluation split when there is one. `data`: prepared data
-    (`vaswani_hf.preparation`), or pairs in memory by split, tokenized here."""
+    (`vaswani_hf.data.preparation`), or pairs in memory by split, tokenized here."""
     if isinstance(data, dict):
         data = InMemoryData(data, tokenizer, data_args.train_split, data_args.max_length)
     set_seed(training_args.seed)
@@ -390,7 +390,7 @@ def training_data(data_args: DataArguments, model_args: ModelArguments, training
     - the built-in task: its pairs in memory, and a BPE vocabulary trained on them;
     - a folder written by `vaswani prepare`: its vocabulary and splits, memory-mapped;
     - raw data (a folder or a Hub dataset): its training split and the evaluation split prepared once into the
-      cache (`vaswani_hf.preparation`) by the first process to take the lock while the others wait on it (a file
+      cache (`vaswani_hf.data.preparation`) by the first process to take the lock while the others wait on it (a file
       lock, not a collective that a distributed run could time out), then memory-mapped by all; a rerun, --resume
       or another run with the same data and vocabulary options finds it there.
     Fine-tuning keeps the checkpoint's vocabulary; one without a fast tokenizer reads its pairs into memory."""

@@ -35,7 +35,6 @@ from tqdm.auto import tqdm
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
 from . import word_tokenizing
-from .data import DropEmptyPairs, split_chunks
 from .prepared import MANIFEST, SPLIT_FILE, PreparedData, check_filtered, encode_table
 from .prepared_cache import (
     PreparationRequest,
@@ -46,6 +45,7 @@ from .prepared_cache import (
     staging_folder,
     tokenizer_hash,
 )
+from .readers import DropEmptyPairs, split_chunks
 from .tokenization import train_shared_bpe
 
 SHARD_ROWS = 100_000  # rows a tokenizing task takes: small enough for a steady progress bar

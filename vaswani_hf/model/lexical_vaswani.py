@@ -221,7 +221,7 @@ class LexicalRequests:
     `force_words`: one list of phrases per example, each phrase a list of token ids; every phrase appears in the
     output. `force_words_ids` is Transformers' (4.x) name for phrases shared by every example. `word_start_ids`:
     the ids of the tokens that begin a word; with them a phrase counts only where a word ends after it
-    (`PhraseConstraints`; `vaswani_hf.inference.word_start_ids` reads them from a tokenizer).
+    (`PhraseConstraints`; `vaswani_hf.translation.inference.word_start_ids` reads them from a tokenizer).
     The length limit of an example grows to fit its prefix and phrases (tokens of both, plus EOS).
     """
 

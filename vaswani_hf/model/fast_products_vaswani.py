@@ -505,7 +505,7 @@ def output_logits(model, hidden: torch.Tensor) -> torch.Tensor:
     """
     weight = getattr(model.get_output_embeddings(), "weight", None)
     rows = hidden.shape[0]
-    # int8 models (`vaswani_hf.precision`) hold a packed or subclassed weight: their own module computes the product
+    # int8 models (`precision.py`) hold a packed or subclassed weight: their own module computes the product
     if hidden.device.type != "cpu" or rows > 256 or type(weight) is not torch.nn.Parameter:
         return _product_by_rows(model, weight, hidden)
     key = _output_key(weight, rows)

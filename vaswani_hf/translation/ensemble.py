@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import torch
 from transformers import GenerationConfig
 
-from .generation_vaswani import Source, VaswaniGenerationMixin
+from ..model.generation_vaswani import Source, VaswaniGenerationMixin
 
 # config fields every member must share: the vocabulary and the ids that start, end and pad a sequence
 SHARED_FIELDS = ("vocab_size", "pad_token_id", "eos_token_id", "decoder_start_token_id", "unk_token_id")
@@ -74,7 +74,7 @@ class Ensemble(VaswaniGenerationMixin):
     The generation config (beam size, length penalty, source + 50 limit) is the first model's. Members may differ
     in size and architecture (a base and a big model, checkpoints of one run, runs with other seeds), but not in
     their vocabulary or special tokens, and must sit on one device. Members can be PyTorch models in any precision
-    or `vaswani_hf.onnx.OnnxSeq2Seq` folders.
+    or `vaswani_hf.interop.onnx.OnnxSeq2Seq` folders.
     """
 
     def __init__(self, models: Sequence) -> None:

@@ -15,10 +15,10 @@ from safetensors import SafetensorError
 from tqdm.auto import tqdm
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, PreTrainedTokenizerBase
 
-from .configuration_vaswani import VaswaniConfig
+from ..model.configuration_vaswani import VaswaniConfig
+from ..model.modeling_vaswani import VaswaniForConditionalGeneration
+from ..model.precision import Precision, resolve_precision
 from .metrics import load_metrics, score_with
-from .modeling_vaswani import VaswaniForConditionalGeneration
-from .precision import Precision, resolve_precision
 from .source_lines import LineReport, pieces_of, rejoined, source_limit
 
 
@@ -88,7 +88,7 @@ def default_device(precision: str | Precision = "fp32") -> str:
 
 def load_for_inference(model_dir: str | Path, device: str | None = None, precision: str | Precision = "fp32"):
     """Model (on the GPU when there is one) and tokenizer of a saved model directory; they must match.
-    `precision` (fp32, bf16, int8 or auto; see `vaswani_hf.precision`) casts or quantizes the model for serving."""
+    `precision` (fp32, bf16, int8 or auto; see `model.precision`) casts or quantizes the model for serving."""
     model = load_model(model_dir, tokenizer=True)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     if len(tokenizer) > model.config.vocab_size:
@@ -140,7 +140,7 @@ def translate_nbest(
     `batch_size` sentences and `max_tokens` padded source tokens.
 
     An empty sentence (or one of white space only) is not translated: its one candidate is ("", None). A sentence
-    longer than the model reads is handled as `long_lines` says (`vaswani_hf.source_lines`: "cut" with a warning,
+    longer than the model reads is handled as `long_lines` says (`source_lines`: "cut" with a warning,
     "split" at sentence ends and rejoined, or "error"), naming it by its number (`first_line` numbers the first);
     `report` counts what happened. A split sentence's constraints are refused (which piece would hold them?); its
     prefix starts its first piece.
@@ -148,7 +148,7 @@ def translate_nbest(
     `constraints`: per sentence, phrases every translation must contain (lexically constrained beam search);
     `prefixes`: per sentence, the text its translations start with ("" for none); `alignments`: (text, score,
     alignment) triples, the alignment in Moses' "i-j" format (source word i, translation word j, 0-based, words
-    split at whitespace; `word_alignment`); `shortlist`: a `vaswani_hf.shortlist.Shortlist`, each batch scoring
+    split at whitespace; `word_alignment`); `shortlist`: a `shortlist.Shortlist`, each batch scoring
     only its allowed target tokens. `model` may be an `Ensemble` or an ONNX runner (not for alignments)."""
     limit = source_limit(model, tokenizer)
     pieces = pieces_of(list(sentences), tokenizer, limit, long_lines, first_line, report)
@@ -406,5 +406,5 @@ def score_translations(
 
 def score(hypotheses: list[str], references: list[str], metrics: Iterable[str] = ()) -> dict:
     """Cased, detokenized corpus BLEU and chrF (section 6.1) with their signatures, and the `metrics` asked for
-    (`vaswani_hf.metrics`: packaged names, local 🤗 Evaluate modules, Hub ids when online)."""
+    (`vaswani_hf.translation.metrics`: packaged names, local 🤗 Evaluate modules, Hub ids when online)."""
     return score_with(load_metrics(metrics), hypotheses, references)

@@ -20,7 +20,7 @@ import torch
 import transformers
 from huggingface_hub import CommitInfo, EvalResult, HfApi, ModelCard, ModelCardData
 
-from .precision import cpu_name
+from ..model.precision import cpu_name
 
 logger = logging.getLogger(__name__)
 
@@ -191,8 +191,8 @@ def write_model_card(model_dir: str | Path, repo_id: str | None = None) -> Model
 def write_training_card(trainer, data_args, stats: dict, metrics: dict, source: str, builtin: bool, task: str) -> None:
     """What `vaswani train` leaves beside the model: training_facts.json, the attention map of one evaluation
     sentence (`source`, the first of the evaluation split), and the README.md model card."""
-    from .attention import write_attention_maps
-    from .inference import translate
+    from ..translation.attention import write_attention_maps
+    from ..translation.inference import translate
 
     training_args = trainer.args
     output_dir = Path(training_args.output_dir)
@@ -237,7 +237,7 @@ def push(
     """Upload a saved model folder in one commit: weights (safetensors), config with `auto_map`, generation
     config, the remote code (the `*_vaswani.py` files of PUSHED_FILES), tokenizer, card. Unchanged files are not
     sent again. The token comes from `token`, `HF_TOKEN` or `hf auth login`, as everywhere in huggingface_hub."""
-    from .inference import load_for_inference
+    from ..translation.inference import load_for_inference
 
     model_dir = Path(model_dir)
     model, _ = load_for_inference(model_dir, device="cpu")  # refuses incomplete or mismatched folders

@@ -25,7 +25,7 @@ def with_alignments(model, output, source) -> object:
     token) positions, one pair per output token: the source token its cross-attention weighs most, in the
     config's `alignment_layer`, averaged over `alignment_heads` (fairseq's hard alignment). Positions count the
     real tokens: the source without padding, the output from its first generated token. EOS and padding on
-    either side are left out. `vaswani_hf.inference` merges subword pieces into Moses `i-j` word pairs."""
+    either side are left out. `vaswani_hf.translation.inference` merges subword pieces into Moses `i-j` word pairs."""
     sequences = output.sequences
     rows_per_example = sequences.shape[0] // source.lengths.shape[0]
     repeat = lambda x: x.repeat_interleave(rows_per_example, dim=0) if x is not None else None  # noqa: E731

@@ -26,7 +26,7 @@ from pathlib import Path
 from filelock import FileLock, Timeout
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-from .data import folder_splits, split_chunks, split_files
+from .readers import folder_splits, split_chunks, split_files
 
 FORMAT = 2  # raise when the layout or the tokenized columns change: older preparations are then made anew
 HASHES = "file-hashes.json"

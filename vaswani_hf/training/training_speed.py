@@ -13,7 +13,7 @@ they change how fast a step runs:
 
 `--speedups auto` (the default) measures on a GPU: a few training steps of the run's model at one bucket's shape,
 eager first, then each speed-up alone; a speed-up is kept when its steps are at least `MARGIN` faster. On a CPU
-`auto` turns none on (the CPU paths were chosen by measurement elsewhere: `vaswani_hf.precision`). `off` turns all
+`auto` turns none on (the CPU paths were chosen by measurement elsewhere: `vaswani_hf.model.precision`). `off` turns all
 off; a comma list (`compile,fused_adam`) turns on exactly those. The run's summary prints the choice.
 """
 
