@@ -8,8 +8,11 @@
 #   3. the whole default test suite with CUDA visible, with the time left (pytest-xdist; each result logged as it
 #      comes, so a suite cut short still says what passed).
 # Wheels (Transformers and what it needs, as docs/performance.md says) and make_corpus.py travel in $CARRY.
+# The arguments name the parts to run (default: all three, in one call; the suite then gets what the measurements
+# leave, so a session that needs the whole suite on the card gives it a call of its own: `suite`).
 #
-#   bash benchmarks/gpu_session.sh                        # on the device machine
+#   bash benchmarks/gpu_session.sh                        # on the device machine: decoding training suite
+#   bash benchmarks/gpu_session.sh suite                  # the suite alone, with the whole call's time
 #   GPU_SESSION_DRY=1 bash benchmarks/gpu_session.sh      # its parts on a CPU, tiny: a dry run before the lease
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -17,6 +20,7 @@ OUT=${OUT:-/tmp/gpu_session}
 CARRY=${CARRY:-.carry}
 BUDGET=${GPU_SESSION_SECONDS:-540}
 DRY=${GPU_SESSION_DRY:-0}
+PARTS=" ${*:-decoding training suite} "
 mkdir -p "$OUT"
 left() { echo $((BUDGET - SECONDS)); }
 say() { echo "[$(date +%T) +${SECONDS}s] $*" | tee -a "$OUT/session.log"; }
@@ -46,6 +50,7 @@ else
     PROFILE_ARGS="base cuda"
 fi
 
+if [[ $PARTS == *" decoding "* ]]; then
 say "1. decoding and the training step against Marian"
 timeout 300 python3 benchmarks/gpu.py "${GPU[@]}" --out "$OUT/gpu.md" >>"$OUT/session.log" 2>&1 || say "gpu.py: exit $?"
 # shellcheck disable=SC2086
@@ -72,6 +77,9 @@ for graphs in (False, True):
     print(profile.key_averages().table(sort_by=key, row_limit=25, max_name_column_width=60))
 EOF
 
+fi
+
+if [[ $PARTS == *" training "* ]]; then
 say "2. a WMT-shaped corpus, vaswani prepare, vaswani train against its bare step"
 CORPUS=/tmp/gpu_session_corpus PREPARED=/tmp/gpu_session_prepared
 rm -rf "$CORPUS" "$PREPARED"
@@ -85,6 +93,9 @@ timeout 200 python3 benchmarks/train_pipeline.py --data "$PREPARED" "${PIPELINE[
     --out "$OUT/train_pipeline.md" >>"$OUT/session.log" 2>&1 || say "train_pipeline: exit $?"
 tail -n 5 /tmp/gpu_session_runs/*.log >>"$OUT/session.log" 2>&1
 
+fi
+
+[[ $PARTS == *" suite "* ]] || exit 0
 say "3. the default suite with CUDA visible, $(left) s left: the CUDA runs first, then the rest"
 for part in gpu rest; do
     if [ "$part" = gpu ]; then marks=(-m "gpu and not slow"); else marks=(-m "not gpu and not slow"); fi
