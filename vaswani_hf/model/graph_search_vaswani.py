@@ -392,21 +392,20 @@ class DecodingGraphs:
         self.searches.clear()
 
 
-def graphed_search(model, settings: DecodingSettings, encoder_hidden: torch.Tensor, mask: torch.Tensor | None,
-                   capture: bool | None = None) -> dict:  # fmt: skip
+def graphed_search(model, settings: DecodingSettings, encoder_hidden: torch.Tensor, mask: torch.Tensor | None) -> dict:
     """Decode with the captured search of this call's shape, captured now if the model keeps none (`fits` said
-    this search can run `settings`). `capture`: a CUDA graph (default on CUDA), else `ReplayedStep`."""
+    this search can run `settings`): a CUDA graph on CUDA, else `ReplayedStep`."""
     graphs = DecodingGraphs.of(model)
     key = GraphKey.of(model, settings, encoder_hidden)
+    # a graph cannot grow the sinusoid table: grow it first (a new table moves a buffer, and `take` then drops the
+    # graphs that read the old one)
+    model.get_decoder().embed_positions.cover(key.step_bucket)
     search = graphs.take(key, model)
     if search is None:
-        model.get_decoder().embed_positions.cover(key.step_bucket)  # before capture: a graph cannot grow the table
         state = StaticDecodingState(model, key.rows, key.source_bucket, settings.num_beams, key.step_bucket,
                                     encoder_hidden.dtype, encoder_hidden.device)  # fmt: skip
-        capture = encoder_hidden.device.type == "cuda" if capture is None else capture
         kind = GraphedBeamSearch if settings.num_beams > 1 else GraphedGreedySearch
-        search = kind(settings, state, capture)
-        graphs.take(key, model)  # where the table grew, every graph kept before reads the old one: drop them
+        search = kind(settings, state, capture=encoder_hidden.device.type == "cuda")
     search.begin(settings, encoder_hidden, mask)
     result = search.run(settings.max_new_tokens)
     graphs.give_back(key, search)
