@@ -12,7 +12,7 @@ import torch
 from transformers import TrainerCallback, get_scheduler
 
 from vaswani_hf import VaswaniConfig, VaswaniForConditionalGeneration
-from vaswani_hf.data.batching import TokenBudgetBatchSampler
+from vaswani_hf.data.batching import BatchRows, PadPairs, TokenBudgetBatchSampler
 from vaswani_hf.data.readers import load_split
 from vaswani_hf.data.tasks import number_pairs
 from vaswani_hf.data.tokenization import train_shared_bpe
@@ -105,6 +105,53 @@ def test_trainer_feeds_token_budget_batches(tokenizer, tmp_path):
     sizes = [batch["input_ids"].numel() for batch in loader]
     assert len(sizes) == len(loader) > 1 and max(sizes) <= 120
     assert sum(len(b) for b in trainer.token_sampler) == len(trainer.train_dataset)
+
+
+def test_batch_rows_make_the_seq2seq_collators_tensors(tokenizer, tmp_path):
+    from transformers import DataCollatorForSeq2Seq
+
+    from vaswani_hf.training.training_speed import BucketPadding
+
+    trainer = make_trainer(tokenizer, tmp_path)
+    model, dataset = trainer.model, trainer.train_dataset
+    dataset = dataset.select(np.random.default_rng(0).permutation(len(dataset)))  # an indices mapping over the table
+    rows, pad = BatchRows(dataset), PadPairs(model.config.pad_token_id, model.config.decoder_start_token_id)
+    collator = DataCollatorForSeq2Seq(tokenizer, model=model)
+    bucketed = [BucketPadding(c, [8, 16, 32, 64], 256, model.config.pad_token_id) for c in (pad, collator)]
+    for indices in ([0], [5, 1, 77, 30], list(range(40, 70))):
+        ours, theirs = pad(rows.__getitems__(indices)), collator(dataset.__getitems__(indices))
+        assert ours.keys() == theirs.keys() == {"input_ids", "attention_mask", "labels", "decoder_input_ids"}
+        for name in ours:
+            assert ours[name].dtype == theirs[name].dtype and torch.equal(ours[name], theirs[name]), name
+        ours, theirs = bucketed[0](rows.__getitems__(indices)), bucketed[1](dataset.__getitems__(indices))
+        assert all(torch.equal(ours[name], theirs[name]) for name in theirs)
+    with pytest.raises(ValueError, match="no labels column"):
+        BatchRows(dataset.remove_columns("labels"))
+
+
+def test_batch_rows_on_and_off_train_alike(tokenizer, tmp_path, device):
+    """--batch_rows false (Transformers' collator, row by row) and the default give the same batches and losses."""
+    runs = {}
+    for batch_rows in (True, False):
+        trainer = make_trainer(tokenizer, tmp_path / str(batch_rows), max_tokens=120, batch_rows=batch_rows,
+                               use_cpu=device == "cpu")  # fmt: skip
+        loader = trainer.get_train_dataloader()
+        assert isinstance(loader.dataset, BatchRows) is batch_rows
+        batches = [{k: v.cpu() for k, v in batch.items()} for batch in loader]
+        trainer.train()
+        runs[batch_rows] = batches, [log["loss"] for log in trainer.state.log_history if "loss" in log]
+    (fast, fast_losses), (plain, plain_losses) = runs[True], runs[False]
+    # the loader's defaults: 2 processes reading ahead into pinned memory on a GPU, the main process on a CPU
+    on_gpu = device == "cuda"
+    assert trainer.args.dataloader_num_workers == (2 if on_gpu else 0)
+    assert trainer.args.accelerator_config.non_blocking is on_gpu and (trainer.args.dataloader_pin_memory or not on_gpu)
+    ahead = [{k: v.cpu() for k, v in batch.items()} for batch in make_trainer(
+        tokenizer, tmp_path / "ahead", max_tokens=120, dataloader_num_workers=1).get_train_dataloader()]  # fmt: skip
+    assert len(fast) == len(plain) == len(ahead) > 1 and len(fast_losses) == 6
+    for ours, theirs, worker in zip(fast, plain, ahead, strict=True):
+        assert ours.keys() == theirs.keys() == worker.keys()
+        assert all(torch.equal(ours[k], theirs[k]) and torch.equal(ours[k], worker[k]) for k in ours)
+    assert fast_losses == (plain_losses if device == "cpu" else pytest.approx(plain_losses, rel=1e-5))
 
 
 # --- section 5.1: the shared BPE vocabulary -------------------------------------------------------------------

@@ -327,7 +327,7 @@ def train(trainer: VaswaniTrainer, resume: bool = False) -> dict:
         result = TrainOutput(trainer.state.global_step, losses[-1] if losses else float("nan"), {"train_runtime": 0.0})
     else:
         result = trainer.train(resume_from_checkpoint=checkpoint)
-    tokens = trainer.accelerator.reduce(torch.tensor(trainer.target_tokens_seen, device=args.device), "sum")
+    tokens = trainer.accelerator.reduce(torch.as_tensor(trainer.target_tokens_seen).to(args.device), "sum")
     trainer.save_model(args.output_dir)
     trainer.save_state()  # trainer_state.json: the log history (loss, BLEU, elapsed_s) for curves
     averaged = []

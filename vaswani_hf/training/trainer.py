@@ -12,6 +12,7 @@ import shutil
 import signal
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -20,11 +21,11 @@ import datasets
 import torch
 from torch.optim.lr_scheduler import LambdaLR
 from torch.utils.data import DataLoader
-from transformers import Seq2SeqTrainer, Seq2SeqTrainingArguments, TrainerCallback
+from transformers import DataCollatorForSeq2Seq, Seq2SeqTrainer, Seq2SeqTrainingArguments, TrainerCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, SaveStrategy, SchedulerType, rotate_checkpoints
 from transformers.utils import CONFIG_NAME
 
-from ..data.batching import TokenBudgetBatchSampler
+from ..data.batching import BatchRows, PadPairs, TokenBudgetBatchSampler
 from ..model.precision import MasterWeightAdamW, Precision, resolve_precision
 from .averaging import STOP_MARKER, list_checkpoints, load_weights
 from .regularization import drop_source_tokens, with_r_drop
@@ -121,6 +122,21 @@ class VaswaniTrainingArguments(Seq2SeqTrainingArguments):
     save_steps: float = field(default=1000)
     predict_with_generate: bool = field(default=True)
     ddp_find_unused_parameters: bool | None = field(default=False)
+    batch_rows: bool = field(
+        default=True,
+        metadata={"help": "read each token batch of a tokenized training set in one gather from its Arrow table and "
+                  "pad it in numpy (data/batching.py: the tensors DataCollatorForSeq2Seq makes, in a quarter of its "
+                  "host time); false: the data collator, row by row"},
+    )  # fmt: skip
+    dataloader_num_workers: int = field(
+        default=-1,
+        metadata={"help": "processes that read and pad batches ahead of the step; -1 (default): 2 when training on "
+                  "a GPU, so the card never waits for the host, 0 (the main process) on a CPU, where the step is "
+                  "the host's work"},
+    )  # fmt: skip
+    # Our compute_loss stops the run at a non-finite training loss, so Trainer's filter of such losses never
+    # sees one; left on, it reads the loss back from the device after every step, and the host stops feeding it.
+    logging_nan_inf_filter: bool = field(default=False)
 
     def __post_init__(self) -> None:
         # Under torchrun on a machine without GPUs, Accelerate only builds a gloo process group with use_cpu;
@@ -135,8 +151,13 @@ class VaswaniTrainingArguments(Seq2SeqTrainingArguments):
             self.dataloader_pin_memory = False  # pinning needs an accelerator; torch warns on every loader
             if int(os.environ.get("WORLD_SIZE", "1")) > 1:
                 self.use_cpu = True
+        on_gpu = torch.cuda.is_available() and not self.use_cpu
+        if self.dataloader_num_workers < 0:
+            self.dataloader_num_workers = 2 if on_gpu else 0
         self.precision_choice = self._resolve_precision()
         super().__post_init__()
+        # pinned batches copy to the card while it computes (Accelerate's send_to_device(non_blocking=True))
+        self.accelerator_config.non_blocking |= on_gpu and self.dataloader_pin_memory
         self._check_averaging()
         if self.r_drop_alpha < 0:
             raise ValueError(f"--r_drop_alpha must be 0 (off) or positive (the KL term's weight), got "
@@ -238,20 +259,36 @@ class VaswaniTrainer(Seq2SeqTrainer):
             seconds = time.perf_counter() - start
             print(f"batches: {len(self.train_lengths[0]):,} pairs packed into {len(self.token_sampler):,} batches of "
                   f"at most {max_tokens:,} tokens a side in {seconds:.1f} s", file=sys.stderr)  # fmt: skip
-        collator = self.data_collator
+        dataset, collator = self._batch_reader()
         if self.buckets is not None:  # compiled: every batch padded to one of a few shapes
             collator = BucketPadding(collator, self.buckets, max_tokens, self.model.config.pad_token_id)
-        dataset = self.train_dataset  # a `datasets.Dataset`, or BPEDropoutPairs whose items are model inputs
-        if isinstance(dataset, datasets.Dataset):
-            dataset = self._remove_unused_columns(dataset, description="training")
+        workers = self.args.dataloader_num_workers
         loader = DataLoader(
             dataset,
             batch_sampler=self.token_sampler,
             collate_fn=collator,
-            num_workers=self.args.dataloader_num_workers,
+            num_workers=workers,
             pin_memory=self.args.dataloader_pin_memory,
+            persistent_workers=self.args.dataloader_persistent_workers and workers > 0,
+            prefetch_factor=self.args.dataloader_prefetch_factor if workers else None,
         )
         return self.accelerator.prepare(loader)
+
+    def _batch_reader(self) -> tuple[torch.utils.data.Dataset, Callable]:
+        """The training set as the loader reads it, and the collator that makes its batches. A tokenized
+        `datasets.Dataset` with Transformers' seq2seq collator is read a batch at a time (`BatchRows` + `PadPairs`,
+        the same tensors) unless --batch_rows false; any other collator or dataset (BPEDropoutPairs, whose items
+        are model inputs) goes through the collator row by row."""
+        dataset, collator = self.train_dataset, self.data_collator
+        if not isinstance(dataset, datasets.Dataset):
+            return dataset, collator
+        dataset = self._remove_unused_columns(dataset, description="training")
+        default = type(collator) is DataCollatorForSeq2Seq and collator.label_pad_token_id == -100 and not (
+            collator.pad_to_multiple_of or collator.max_length) and collator.padding in (True, "longest")  # fmt: skip
+        if not (self.args.batch_rows and default and set(dataset.column_names) == {"input_ids", "labels"}):
+            return dataset, collator
+        config = self.model.config
+        return BatchRows(dataset), PadPairs(config.pad_token_id, config.decoder_start_token_id)
 
     def _run_epoch(self, model, epoch, *args, **kwargs):
         # Trainer cannot reach a batch sampler behind both a skip wrapper and a DDP shard wrapper on resume;
@@ -358,8 +395,8 @@ class VaswaniTrainer(Seq2SeqTrainer):
                     "before corrupting the weights. Lower the learning rate (--learning_rate / --lr_scale) or "
                     "raise --warmup_steps; with --fp16 prefer --bf16. Resume from the last checkpoint with --resume."
                 )
-            if "labels" in inputs:
-                self.target_tokens_seen += int((inputs["labels"] != -100).sum())
+            if "labels" in inputs:  # a tensor on the device: int() here would wait for the step every step
+                self.target_tokens_seen = self.target_tokens_seen + (inputs["labels"] != -100).sum()
         return result
 
     def _drop_source_tokens(self, model: torch.nn.Module, input_ids: torch.Tensor) -> torch.Tensor:
