@@ -45,7 +45,7 @@ if [ "$DRY" = 1 ]; then
     PROFILE_ARGS="tiny cpu"
 else
     GPU=(--rounds 5)
-    PAIRS=1000000 PIPELINE=(--steps 40 160)
+    PAIRS=1000000 PIPELINE=(--steps 40 160 --run-timeout 150)
     SUITE=(-n 15)
     PROFILE_ARGS="base cuda"
 fi
@@ -89,7 +89,7 @@ timeout 120 python3 "$MAKE_CORPUS" "$CORPUS" "$PAIRS" --vocab open >>"$OUT/sessi
 TQDM_DISABLE=1 /usr/bin/env time -v timeout 180 python3 -m vaswani_hf.cli prepare --data "$CORPUS" --src en --tgt de \
     --vocab_size 32000 --bpe_sample_lines 300000 --output_dir "$PREPARED" \
     >>"$OUT/session.log" 2>&1 || say "prepare: exit $?"
-timeout 200 python3 benchmarks/train_pipeline.py --data "$PREPARED" "${PIPELINE[@]}" --logs /tmp/gpu_session_runs \
+timeout 330 python3 benchmarks/train_pipeline.py --data "$PREPARED" "${PIPELINE[@]}" --logs /tmp/gpu_session_runs \
     --out "$OUT/train_pipeline.md" >>"$OUT/session.log" 2>&1 || say "train_pipeline: exit $?"
 tail -n 5 /tmp/gpu_session_runs/*.log >>"$OUT/session.log" 2>&1
 
