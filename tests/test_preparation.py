@@ -367,6 +367,15 @@ def test_prepare_then_train_on_the_prepared_folder_and_reuse_the_cache(tmp_path,
     assert not [p for p in cache.iterdir() if not p.name.endswith(".lock")]
 
 
+def test_prepare_shows_and_takes_no_training_options(tmp_path):
+    shown = vaswani("prepare", "--help")
+    assert shown.returncode == 0 and "--bpe_sample_lines" in shown.stdout
+    assert not {"--bpe_dropout", "--max_eval_samples", "--metric"} & set(shown.stdout.split())
+    given = vaswani("prepare", "--data", str(tmp_path), "--bpe-dropout=0.1", "--output_dir", str(tmp_path / "out"))
+    assert given.returncode == 2 and "--bpe_dropout: a training option, not a preparation one" in given.stderr
+    assert not (tmp_path / "out").exists()
+
+
 def test_a_prepared_folder_of_another_language_pair_is_refused(tmp_path):
     prepare(source(write_corpus(tmp_path / "data")), tmp_path / "prepared", quiet=True)
     result = vaswani("train", "--data", str(tmp_path / "prepared"), "--src", "de", "--tgt", "en", *TINY_RUN)

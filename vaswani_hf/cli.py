@@ -48,6 +48,14 @@ def _repeated_metrics_joined(argv: list[str]) -> list[str]:
     return rest + (["--metric", *metrics] if metrics else [])
 
 
+TRAINING_ONLY_DATA_ARGUMENTS = ("bpe_dropout", "max_eval_samples", "metric")
+
+
+def _option_names(argv: list[str]) -> set[str]:
+    """The options given, spelled with underscores and without their values: `--bpe-dropout=0.1` -> bpe_dropout."""
+    return {a.lstrip("-").replace("-", "_").split("=")[0] for a in argv if a.startswith("--")}
+
+
 def train_command(argv: list[str]) -> int:
     from .training.recipe import DataArguments, ModelArguments, VaswaniTrainingArguments, run_training
 
@@ -57,7 +65,7 @@ def train_command(argv: list[str]) -> int:
         return 0
     argv = _repeated_metrics_joined(argv)
     builtin = _is_builtin(argv)
-    given = {a.lstrip("-").replace("-", "_").split("=")[0] for a in argv if a.startswith("--")}
+    given = _option_names(argv)
     # The command picks the precision by the hardware (vaswani_hf.model.precision); the Python class keeps fp32.
     defaults = {"precision": "auto", **(BUILTIN_DEFAULTS if builtin else {})}
     if "preset" in given:  # the narrowing belongs to the built-in default preset, not to one asked for
@@ -81,6 +89,13 @@ def prepare_command(argv: list[str]) -> int:
                         help="evaluation splits to prepare beside the training split, each kept whole (default: "
                         "--eval_split, when the data holds it); one added later is prepared alone")  # fmt: skip
     parser.add_argument("--clear_cache", action="store_true", help="delete the cache of prepared data and stop")
+    # DataArguments also holds what only training reads: hidden here, and refused by name rather than ignored
+    for action in parser._actions:
+        if action.dest in TRAINING_ONLY_DATA_ARGUMENTS:
+            action.help = argparse.SUPPRESS
+    if given := [f"--{a}" for a in TRAINING_ONLY_DATA_ARGUMENTS if a in _option_names(argv)]:
+        parser.error(f"{', '.join(given)}: a training option, not a preparation one; give it to `vaswani train "
+                     "--data DIR` with the prepared folder.")  # fmt: skip
     data_args, args = parser.parse_args_into_dataclasses(argv)
     if args.clear_cache:
         folder, freed = clear_cache(say)
