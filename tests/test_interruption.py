@@ -2,6 +2,7 @@
 last complete checkpoint usable, and --resume reaches the same weights as an uninterrupted run."""
 
 import json
+import os
 import random
 import signal
 import subprocess
@@ -14,7 +15,7 @@ from transformers import TrainerCallback
 
 from vaswani_hf.data.tasks import number_pairs
 from vaswani_hf.training.averaging import STOP_MARKER, list_checkpoints, load_weights
-from vaswani_hf.training.trainer import STAGING_DIR
+from vaswani_hf.training.trainer import STAGING_DIR, _start_loader_process
 
 from .test_recipe import make_trainer, tokenizer  # noqa: F401  (fixture)
 
@@ -36,8 +37,9 @@ def command(data, out, *extra):
             "--output_dir", str(out), *extra]  # fmt: skip
 
 
-def run_until_checkpoint(data, out, step: int, *extra) -> subprocess.Popen:
-    process = subprocess.Popen(command(data, out, *extra), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+def run_until_checkpoint(data, out, step: int, *extra, group: bool = False) -> subprocess.Popen:
+    process = subprocess.Popen(command(data, out, *extra), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               start_new_session=group)  # fmt: skip
     deadline = time.time() + 300
     while not (out / f"checkpoint-{step}").is_dir():
         assert process.poll() is None, process.communicate()[1][-3000:]
@@ -75,6 +77,29 @@ def test_sigterm_writes_a_checkpoint_and_exits_cleanly_then_resume_matches(data,
     result = subprocess.run(command(data, out, "--resume"), capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-3000:]
     assert_same_weights(uninterrupted, out)
+
+
+@pytest.mark.parametrize("name", ["SIGTERM", "SIGINT"])
+def test_a_signal_to_the_whole_group_stops_cleanly_with_loader_processes(data, tmp_path, name):
+    """A cluster's scheduler signals every process of a job, a terminal's Ctrl-C the whole foreground group: the
+    loader processes (the default on a GPU) leave the signal to the run, which writes its checkpoint and stops."""
+    out, stop = tmp_path / "run", getattr(signal, name)
+    process = run_until_checkpoint(data, out, 20, "--dataloader_num_workers", "2", group=True)
+    os.killpg(process.pid, stop)
+    stdout, stderr = process.communicate(timeout=120)
+    assert process.returncode == 128 + stop, stderr[-3000:]
+    assert "Traceback" not in stderr and f"stopped by {name} at step" in stderr
+    stopped_at = int(stderr.split(f"stopped by {name} at step ")[1].split(":")[0])
+    assert list_checkpoints(out)[-1].name == f"checkpoint-{stopped_at}"
+
+
+def test_every_loader_with_processes_leaves_signals_to_the_run(tokenizer, tmp_path):  # noqa: F811
+    trainer = make_trainer(tokenizer, tmp_path / "budget", dataloader_num_workers=1)
+    fixed = make_trainer(tokenizer, tmp_path / "fixed", dataloader_num_workers=1, max_tokens=0)
+    loaders = [trainer.get_train_dataloader(), trainer.get_eval_dataloader(),
+               trainer.get_test_dataloader(trainer.eval_dataset), fixed.get_train_dataloader()]  # fmt: skip
+    assert all(loader.worker_init_fn.func is _start_loader_process for loader in loaders)
+    assert make_trainer(tokenizer, tmp_path / "main").get_eval_dataloader().num_workers == 0  # on a CPU: none
 
 
 def test_sigkill_at_a_random_moment_then_resume_matches(data, uninterrupted, tmp_path):

@@ -22,7 +22,13 @@ import torch
 from torch.optim.lr_scheduler import LambdaLR
 from torch.utils.data import DataLoader
 from transformers import DataCollatorForSeq2Seq, Seq2SeqTrainer, Seq2SeqTrainingArguments, TrainerCallback
-from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, SaveStrategy, SchedulerType, rotate_checkpoints
+from transformers.trainer_utils import (
+    PREFIX_CHECKPOINT_DIR,
+    SaveStrategy,
+    SchedulerType,
+    rotate_checkpoints,
+    seed_worker,
+)
 from transformers.utils import CONFIG_NAME
 
 from ..data.batching import BatchRows, PadPairs, TokenBudgetBatchSampler
@@ -55,6 +61,25 @@ def _noam_factor(completed_updates: int, warmup_steps: int) -> float:
     # the factor scales `learning_rate`, the curve's peak (reached at step = warmup).
     peak = noam_learning_rate(warmup_steps, 1, warmup_steps)
     return noam_learning_rate(completed_updates + 1, 1, warmup_steps) / peak
+
+
+def _start_loader_process(worker_id: int, then: Callable[[int], None] | None = None) -> None:
+    """A loader process leaves SIGINT and SIGTERM to the run. A cluster's scheduler signals every process of a job,
+    and a terminal's Ctrl-C the whole foreground group; the run finishes its step, writes a checkpoint and shuts its
+    loader processes down (GracefulStopCallback). A loader process that died of the signal first would end the run
+    with torch's "DataLoader worker is killed" instead."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if then is not None:
+        then(worker_id)
+
+
+def _leave_signals_to_the_run(loader: DataLoader) -> DataLoader:
+    """The loader, its processes started by `_start_loader_process` before the start function it had."""
+    start = loader.worker_init_fn
+    if loader.num_workers and getattr(start, "func", None) is not _start_loader_process:
+        loader.worker_init_fn = partial(_start_loader_process, then=start)
+    return loader
 
 
 @dataclass
@@ -249,7 +274,7 @@ class VaswaniTrainer(Seq2SeqTrainer):
     def get_train_dataloader(self) -> DataLoader:
         max_tokens = self.args.max_tokens
         if not max_tokens:
-            return super().get_train_dataloader()
+            return _leave_signals_to_the_run(super().get_train_dataloader())
         if self.train_lengths is None:
             raise ValueError("max_tokens needs the training pairs' lengths: pass train_lengths=(sources, targets).")
         start = time.perf_counter()
@@ -271,8 +296,16 @@ class VaswaniTrainer(Seq2SeqTrainer):
             pin_memory=self.args.dataloader_pin_memory,
             persistent_workers=self.args.dataloader_persistent_workers and workers > 0,
             prefetch_factor=self.args.dataloader_prefetch_factor if workers else None,
-        )
+            worker_init_fn=partial(_start_loader_process, then=partial(seed_worker, num_workers=workers,
+                                                                       rank=self.args.process_index)),
+        )  # fmt: skip
         return self.accelerator.prepare(loader)
+
+    def get_eval_dataloader(self, eval_dataset=None) -> DataLoader:
+        return _leave_signals_to_the_run(super().get_eval_dataloader(eval_dataset))
+
+    def get_test_dataloader(self, test_dataset) -> DataLoader:
+        return _leave_signals_to_the_run(super().get_test_dataloader(test_dataset))
 
     def _batch_reader(self) -> tuple[torch.utils.data.Dataset, Callable]:
         """The training set as the loader reads it, and the collator that makes its batches. A tokenized
