@@ -18,6 +18,7 @@ from functools import partial
 from pathlib import Path
 
 import datasets
+import numpy as np
 import torch
 from torch.optim.lr_scheduler import LambdaLR
 from torch.utils.data import DataLoader
@@ -251,7 +252,7 @@ class VaswaniTrainer(Seq2SeqTrainer):
     """
 
     def __init__(self, model=None, args: VaswaniTrainingArguments | None = None, *rest,
-                 train_lengths: tuple[list[int], list[int]] | None = None, **kwargs) -> None:  # fmt: skip
+                 train_lengths: tuple[np.ndarray, np.ndarray] | None = None, **kwargs) -> None:  # fmt: skip
         if not isinstance(args, VaswaniTrainingArguments):
             raise TypeError(f"VaswaniTrainer needs VaswaniTrainingArguments (token budget, label smoothing, "
                             f"precision), got {type(args).__name__}.")  # fmt: skip
@@ -268,7 +269,7 @@ class VaswaniTrainer(Seq2SeqTrainer):
         if self.speedups.decided:
             self.args.optim = "adamw_torch_fused" if self.speedups.fused_adam else "adamw_torch"
         if self.speedups.compile:
-            self.buckets = length_buckets(int(max(max(train_lengths[0]), max(train_lengths[1]))))
+            self.buckets = length_buckets(int(max(np.max(train_lengths[0]), np.max(train_lengths[1]))))  # not per row
             compile_in_place(self.model, len(self.buckets))
 
     def get_train_dataloader(self) -> DataLoader:
