@@ -98,7 +98,8 @@ def test_every_loader_with_processes_leaves_signals_to_the_run(tokenizer, tmp_pa
     fixed = make_trainer(tokenizer, tmp_path / "fixed", dataloader_num_workers=1, max_tokens=0)
     loaders = [trainer.get_train_dataloader(), trainer.get_eval_dataloader(),
                trainer.get_test_dataloader(trainer.eval_dataset), fixed.get_train_dataloader()]  # fmt: skip
-    assert all(loader.worker_init_fn.func is _start_loader_process for loader in loaders)
+    iterated = [getattr(loader, "base_dataloader", loader) for loader in loaders]  # what Accelerate's wrapper runs
+    assert all(loader.worker_init_fn.func is _start_loader_process for loader in iterated)
     assert make_trainer(tokenizer, tmp_path / "main").get_eval_dataloader().num_workers == 0  # on a CPU: none
 
 

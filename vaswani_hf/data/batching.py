@@ -11,6 +11,7 @@ import numpy as np
 import pyarrow as pa
 import torch
 from torch.utils.data import Dataset, Sampler
+from transformers.models.bart.modeling_bart import shift_tokens_right
 
 
 class TokenBudgetBatchSampler(Sampler[list[int]]):
@@ -179,15 +180,12 @@ class PadPairs:
 
     def __call__(self, rows: pa.Table) -> dict[str, torch.Tensor]:
         input_ids, source_lengths = self._pad(rows.column("input_ids"), self.pad_token_id)
-        labels, _ = self._pad(rows.column("labels"), -100)
-        decoder_input_ids = np.full_like(labels, self.pad_token_id)
-        decoder_input_ids[:, 0] = self.decoder_start_token_id
-        shifted = labels[:, :-1]
-        decoder_input_ids[:, 1:] = np.where(shifted == -100, self.pad_token_id, shifted)
+        labels = torch.from_numpy(self._pad(rows.column("labels"), -100)[0])
         attention_mask = (np.arange(input_ids.shape[1]) < source_lengths[:, None]).astype(np.int64)
-        batch = {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels,
-                 "decoder_input_ids": decoder_input_ids}  # fmt: skip
-        return {name: torch.from_numpy(array) for name, array in batch.items()}
+        # the model's own teacher-forcing shift (`prepare_decoder_input_ids_from_labels`)
+        decoder_input_ids = shift_tokens_right(labels, self.pad_token_id, self.decoder_start_token_id)
+        return {"input_ids": torch.from_numpy(input_ids), "attention_mask": torch.from_numpy(attention_mask),
+                "labels": labels, "decoder_input_ids": decoder_input_ids}  # fmt: skip
 
     @staticmethod
     def _pad(column: pa.ChunkedArray, fill: int) -> tuple[np.ndarray, np.ndarray]:

@@ -76,10 +76,12 @@ def _start_loader_process(worker_id: int, then: Callable[[int], None] | None = N
 
 
 def _leave_signals_to_the_run(loader: DataLoader) -> DataLoader:
-    """The loader, its processes started by `_start_loader_process` before the start function it had."""
-    start = loader.worker_init_fn
-    if loader.num_workers and getattr(start, "func", None) is not _start_loader_process:
-        loader.worker_init_fn = partial(_start_loader_process, then=start)
+    """The loader, its processes started by `_start_loader_process` before the start function it had. Accelerate's
+    prepared loader iterates the DataLoader it wraps (`base_dataloader`): that one starts the processes."""
+    iterated = getattr(loader, "base_dataloader", loader)
+    start = iterated.worker_init_fn
+    if iterated.num_workers and getattr(start, "func", None) is not _start_loader_process:
+        iterated.worker_init_fn = partial(_start_loader_process, then=start)
     return loader
 
 
@@ -297,10 +299,9 @@ class VaswaniTrainer(Seq2SeqTrainer):
             pin_memory=self.args.dataloader_pin_memory,
             persistent_workers=self.args.dataloader_persistent_workers and workers > 0,
             prefetch_factor=self.args.dataloader_prefetch_factor if workers else None,
-            worker_init_fn=partial(_start_loader_process, then=partial(seed_worker, num_workers=workers,
-                                                                       rank=self.args.process_index)),
-        )  # fmt: skip
-        return self.accelerator.prepare(loader)
+            worker_init_fn=partial(seed_worker, num_workers=workers, rank=self.args.process_index),
+        )
+        return _leave_signals_to_the_run(self.accelerator.prepare(loader))
 
     def get_eval_dataloader(self, eval_dataset=None) -> DataLoader:
         return _leave_signals_to_the_run(super().get_eval_dataloader(eval_dataset))
