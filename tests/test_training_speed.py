@@ -159,7 +159,10 @@ def test_auto_leaves_compile_out_for_a_sharded_model(sharded, monkeypatch, token
     from vaswani_hf.training import training_speed
 
     measure, asked = timings(compile=0.5, fused_adam=0.9)
-    monkeypatch.setattr(training_speed, "step_seconds", lambda model, device, rows, length, precision, s: measure(s))
+    monkeypatch.setattr(
+        training_speed, "step_times", lambda model, device, rows, length, precision, s: [measure(s)] * 5
+    )
+    monkeypatch.setenv("VASWANI_PRECISION_CACHE", str(tmp_path / "precision.json"))  # the trial is remembered there
     model = make_trainer(tokenizer, tmp_path).model
     choice = speedups_for_training("auto", model, CUDA, 160, ([3, 5, 7], [4, 6, 9]), None, "bf16", sharded=sharded)
     assert (choice.compile, choice.fused_adam) == (not sharded, True)

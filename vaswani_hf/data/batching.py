@@ -177,10 +177,20 @@ class PadPairs:
 
     pad_token_id: int
     decoder_start_token_id: int
+    pad_to_multiple_of: int = 1  # 8 on a GPU: a few shapes, not one per longest pair
+    vocab_size: int | None = None  # given: ids are checked here, on the host, so the model need not read them back
 
     def __call__(self, rows: pa.Table) -> dict[str, torch.Tensor]:
-        input_ids, source_lengths = self._pad(rows.column("input_ids"), self.pad_token_id)
-        labels = torch.from_numpy(self._pad(rows.column("labels"), -100)[0])
+        if self.vocab_size is not None:
+            for name in ("input_ids", "labels"):
+                values = rows.column(name).combine_chunks().values.to_numpy()
+                if len(values) and (values.min() < 0 or values.max() >= self.vocab_size):
+                    bad = int(values.max() if values.max() >= self.vocab_size else values.min())
+                    raise ValueError(f"the training set's {name} hold token id {bad}, outside the model's vocabulary "
+                                     f"[0, {self.vocab_size}): the data was tokenized with another vocabulary; "
+                                     "prepare it again with this model's tokenizer.")  # fmt: skip
+        input_ids, source_lengths = self._pad(rows.column("input_ids"), self.pad_token_id, self.pad_to_multiple_of)
+        labels = torch.from_numpy(self._pad(rows.column("labels"), -100, self.pad_to_multiple_of)[0])
         attention_mask = (np.arange(input_ids.shape[1]) < source_lengths[:, None]).astype(np.int64)
         # the model's own teacher-forcing shift (`prepare_decoder_input_ids_from_labels`)
         decoder_input_ids = shift_tokens_right(labels, self.pad_token_id, self.decoder_start_token_id)
@@ -188,11 +198,13 @@ class PadPairs:
                 "labels": labels, "decoder_input_ids": decoder_input_ids}  # fmt: skip
 
     @staticmethod
-    def _pad(column: pa.ChunkedArray, fill: int) -> tuple[np.ndarray, np.ndarray]:
-        """A list column as a (rows, longest) int64 array filled with `fill` past each row's end, and the lengths."""
+    def _pad(column: pa.ChunkedArray, fill: int, multiple: int = 1) -> tuple[np.ndarray, np.ndarray]:
+        """A list column as a (rows, longest rounded up to `multiple`) int64 array filled with `fill` past each
+        row's end, and the lengths."""
         column = column.combine_chunks()
         offsets = column.offsets.to_numpy()
         lengths = np.diff(offsets)
-        padded = np.full((len(lengths), int(lengths.max(initial=0))), fill, dtype=np.int64)
+        width = -(-int(lengths.max(initial=0)) // multiple) * multiple
+        padded = np.full((len(lengths), width), fill, dtype=np.int64)
         padded[np.arange(padded.shape[1]) < lengths[:, None]] = column.values.to_numpy()[offsets[0] : offsets[-1]]
         return padded, lengths

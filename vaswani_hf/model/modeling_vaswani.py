@@ -437,9 +437,11 @@ class VaswaniEncoder(VaswaniStack):
         if inputs_embeds is None:
             inputs_embeds = self.embed_tokens(input_ids)
         hidden_states = self.embed_positions(inputs_embeds * self.embed_scale)
-        attention_mask = create_bidirectional_mask(
-            config=self.config, inputs_embeds=inputs_embeds, attention_mask=attention_mask
-        )
+        # while training, no look at the mask's contents (whether it masks anything) from the host: that read
+        # would wait for the card every step, and token batches hold padding anyway
+        attention_mask = create_bidirectional_mask(config=self.config, inputs_embeds=inputs_embeds,
+                                                   attention_mask=attention_mask,
+                                                   allow_is_bidirectional_skip=not self.training)  # fmt: skip
         for layer in self.layers:
             hidden_states = layer(hidden_states, attention_mask, **kwargs)
         if self.layer_norm is not None:
@@ -494,6 +496,7 @@ class VaswaniDecoder(VaswaniStack):
             inputs_embeds=inputs_embeds,
             attention_mask=encoder_attention_mask,
             encoder_hidden_states=encoder_hidden_states,
+            allow_is_bidirectional_skip=not self.training,  # as in the encoder
         )
         for layer in self.layers:
             hidden_states = layer(

@@ -6,6 +6,9 @@ Shipped as Hub remote code beside the modeling file: it imports only torch (and 
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 import torch
@@ -98,9 +101,23 @@ def _check_stack(
             )
 
 
+_LABELS_CHECKED = contextvars.ContextVar("labels_checked_on_the_host", default=False)
+
+
+@contextlib.contextmanager
+def labels_checked_on_the_host() -> Iterator[None]:
+    """Inside the block, `check_labels` trusts its caller, who checked the ids before they reached the device (the
+    trainer's batches are checked in numpy): the check reads a device value back, which waits for the card."""
+    token = _LABELS_CHECKED.set(True)
+    try:
+        yield
+    finally:
+        _LABELS_CHECKED.reset(token)
+
+
 def check_labels(labels: torch.Tensor, vocab_size: int) -> None:
     """Target ids inside the vocabulary, or -100 for positions the loss ignores."""
-    if _tracing():
+    if _tracing() or _LABELS_CHECKED.get():
         return
     invalid = (labels != -100) & ((labels < 0) | (labels >= vocab_size))
     if invalid.any():

@@ -288,6 +288,7 @@ def build_trainer(
         planned,
         training_args.precision_choice.name,
         sharded=training_args.sharded,
+        compile_shapes=training_args.compile_shapes,
     )
     if data_args.bpe_dropout:
         train_set = BPEDropoutPairs(data.pairs(data_args.train_split), tokenizer, data_args.bpe_dropout)
@@ -327,6 +328,7 @@ def train(trainer: VaswaniTrainer, resume: bool = False) -> dict:
         result = TrainOutput(trainer.state.global_step, losses[-1] if losses else float("nan"), {"train_runtime": 0.0})
     else:
         result = trainer.train(resume_from_checkpoint=checkpoint)
+        trainer.check_finite()  # the updates since the last check: a non-finite loss must not reach the saved model
     tokens = trainer.accelerator.reduce(torch.as_tensor(trainer.target_tokens_seen).to(args.device), "sum")
     trainer.save_model(args.output_dir)
     trainer.save_state()  # trainer_state.json: the log history (loss, BLEU, elapsed_s) for curves
@@ -482,7 +484,7 @@ def run_training(
     if data_args.eval_split not in (*data.splits, "none"):  # a misspelt split must not skip the evaluation quietly
         raise ValueError(f"--eval_split {data_args.eval_split}: the data holds no such split (it has "
                          f"{', '.join(data.splits)}); name one of them, or none to train without it.")  # fmt: skip
-    stop = GracefulStopCallback()
+    stop = GracefulStopCallback(status=lambda: trainer.compile_watch and trainer.compile_watch.status)
     trainer = build_trainer(data, data_args, model_args, training_args, tokenizer,
                             callbacks=[stop, WallClockCallback(training_args.max_train_minutes)])  # fmt: skip
     main = trainer.is_world_process_zero()

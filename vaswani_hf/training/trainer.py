@@ -7,6 +7,7 @@ import copy
 import json
 import logging
 import math
+import multiprocessing
 import os
 import shutil
 import signal
@@ -34,14 +35,19 @@ from transformers.utils import CONFIG_NAME
 
 from ..data.batching import BatchRows, PadPairs, TokenBudgetBatchSampler
 from ..model.precision import MasterWeightAdamW, Precision, resolve_precision
+from ..model.validation_vaswani import labels_checked_on_the_host
 from .averaging import STOP_MARKER, list_checkpoints, load_weights
 from .regularization import drop_source_tokens, with_r_drop
+from .step_profile import StepProfile
 from .training_speed import (
     BucketPadding,
+    CompilePlan,
+    CompileWatch,
     Speedups,
+    compile_buckets,
     compile_in_place,
-    length_buckets,
     loss_keywords,
+    machine_key,
     tf32_products,
     uncompiled,
 )
@@ -162,7 +168,25 @@ class VaswaniTrainingArguments(Seq2SeqTrainingArguments):
                   "a GPU, so the card never waits for the host, 0 (the main process) on a CPU, where the step is "
                   "the host's work"},
     )  # fmt: skip
-    # Our compute_loss stops the run at a non-finite training loss, so Trainer's filter of such losses never
+    compile_shapes: int = field(
+        default=8,
+        metadata={"help": "with --speedups compile: the batch shapes (length buckets) compiled, chosen from the "
+                  "corpus's lengths to pad least (training_speed.compile_buckets); fewer compile sooner and pad "
+                  "more"},
+    )  # fmt: skip
+    profile_steps: int = field(
+        default=0,
+        metadata={"help": "print, after this many updates, where an update's time went: waiting for a batch, "
+                  "forward, loss, backward, optimizer, logging, read-backs of device values, batch shapes "
+                  "(training/step_profile.py); 0 = off"},
+    )  # fmt: skip
+    finite_check_steps: int = field(
+        default=100,
+        metadata={"help": "check that the training loss stayed finite every this many updates and before every log "
+                  "and save (the loss is watched on the device, so no update waits for the check); a non-finite "
+                  "loss stops the run naming the last good checkpoint, and none is written after it"},
+    )  # fmt: skip
+    # Our finite check stops the run at a non-finite training loss, so Trainer's filter of such losses never
     # sees one; left on, it reads the loss back from the device after every step, and the host stops feeding it.
     logging_nan_inf_filter: bool = field(default=False)
 
@@ -268,11 +292,31 @@ class VaswaniTrainer(Seq2SeqTrainer):
         # the speed-ups `build_trainer` chose (`training_speed`); none when the trainer is built by hand
         self.speedups: Speedups = getattr(args, "speedups_choice", None) or Speedups(decided=False)
         self.buckets: list[int] | None = None
+        self.compile_watch: CompileWatch | None = None
+        self.profile = None
+        if args.profile_steps:
+            self.profile = StepProfile(args.profile_steps, args.device, audit=not self.speedups.compile)
+        self.nonfinite = None  # updates with a non-finite loss since the last check, a device tensor
+        self.labels_checked = False  # whether the training batches' ids were checked on the host (`_batch_reader`)
+        self.checked_step = 0
         if self.speedups.decided:
             self.args.optim = "adamw_torch_fused" if self.speedups.fused_adam else "adamw_torch"
         if self.speedups.compile:
-            self.buckets = length_buckets(int(max(np.max(train_lengths[0]), np.max(train_lengths[1]))))  # not per row
+            if not args.max_tokens:
+                raise ValueError("--speedups compile pads token-budget batches to a few shapes; give --max_tokens.")
+            longest = np.maximum(np.asarray(train_lengths[0]), np.asarray(train_lengths[1]))  # numpy, not per row
+            self.buckets = compile_buckets(longest, args.compile_shapes)
+            plan = CompilePlan.for_buckets(
+                self.buckets, args.max_tokens, machine_key(self.model, args.device, args.precision_choice.name)
+            )
+            self.compile_watch = CompileWatch(plan, self._say)
             compile_in_place(self.model, len(self.buckets))
+        if self.profile is not None:
+            self.add_callback(_OptimizerMarks(self.profile))
+            if not self.speedups.compile:  # the encoder-decoder's end: forward | output layer and loss
+                stack = getattr(self.accelerator.unwrap_model(self.model), "model", None)
+                if stack is not None:
+                    stack.register_forward_hook(lambda *_: self.profile.mark("output layer and loss"))
 
     def get_train_dataloader(self) -> DataLoader:
         max_tokens = self.args.max_tokens
@@ -290,6 +334,8 @@ class VaswaniTrainer(Seq2SeqTrainer):
         dataset, collator = self._batch_reader()
         if self.buckets is not None:  # compiled: every batch padded to one of a few shapes
             collator = BucketPadding(collator, self.buckets, max_tokens, self.model.config.pad_token_id)
+            if self.compile_watch is not None:
+                self._say(self.compile_watch.plan.announcement())
         workers = self.args.dataloader_num_workers
         loader = DataLoader(
             dataset,
@@ -323,7 +369,12 @@ class VaswaniTrainer(Seq2SeqTrainer):
         if not (self.args.batch_rows and default and set(dataset.column_names) == {"input_ids", "labels"}):
             return dataset, collator
         config = self.model.config
-        return BatchRows(dataset), PadPairs(config.pad_token_id, config.decoder_start_token_id)
+        # on a GPU, lengths padded to a multiple of 8: a few shapes (the allocator's blocks and cuBLAS's kernels are
+        # reused), and tensor-core tiles; the padding is masked, so the loss is the same
+        multiple = 8 if self.args.device.type == "cuda" and self.buckets is None else 1
+        self.labels_checked = True  # by PadPairs, on the host: the model's check would read back every step
+        return BatchRows(dataset), PadPairs(config.pad_token_id, config.decoder_start_token_id, multiple,
+                                            config.vocab_size)  # fmt: skip
 
     def _run_epoch(self, model, epoch, *args, **kwargs):
         # Trainer cannot reach a batch sampler behind both a skip wrapper and a DDP shard wrapper on resume;
@@ -421,18 +472,95 @@ class VaswaniTrainer(Seq2SeqTrainer):
             runner = with_r_drop(model, self.args.r_drop_alpha)  # it compares two passes' logits: never chunked
         elif model.training and "labels" in inputs:
             inputs = {**inputs, **loss_keywords(self.speedups)}
-        result = super().compute_loss(runner, inputs, return_outputs, num_items_in_batch)
+        with labels_checked_on_the_host() if self.labels_checked and model.training else contextlib.nullcontext():
+            result = super().compute_loss(runner, inputs, return_outputs, num_items_in_batch)
+        if self.profile is not None:
+            self.profile.mark("backward")
         if model.training:
+            # kept on the device and read at the checks (`check_finite`): a check here would wait for every step
             loss = result[0] if return_outputs else result
-            if not torch.isfinite(loss.detach()).all():
-                raise FloatingPointError(
-                    f"the training loss is {loss.item()} at step {self.state.global_step + 1}: training stopped "
-                    "before corrupting the weights. Lower the learning rate (--learning_rate / --lr_scale) or "
-                    "raise --warmup_steps; with --fp16 prefer --bf16. Resume from the last checkpoint with --resume."
-                )
+            bad = (~torch.isfinite(loss.detach())).any().to(torch.int32)
+            self.nonfinite = bad if self.nonfinite is None else self.nonfinite + bad
             if "labels" in inputs:  # a tensor on the device: int() here would wait for the step every step
                 self.target_tokens_seen = self.target_tokens_seen + (inputs["labels"] != -100).sum()
         return result
+
+    def check_finite(self) -> None:
+        """Stop the run if a training loss since the last check was NaN or infinite: the weights may be corrupted
+        since, so nothing more is saved; the message names the last checkpoint written before (all were checked)."""
+        if self.nonfinite is None:
+            return
+        bad, self.nonfinite = int(self.nonfinite), None  # the one read-back, every finite_check_steps updates
+        since, self.checked_step = self.checked_step, self.state.global_step
+        if bad:
+            checkpoints = list_checkpoints(self.args.output_dir) if Path(self.args.output_dir).is_dir() else []
+            last = f"the last good checkpoint is {checkpoints[-1]}" if checkpoints else "no checkpoint was written yet"
+            raise FloatingPointError(
+                f"the training loss was NaN or infinite in {bad} of the updates {since + 1}-{self.state.global_step}: "
+                f"training stopped before a checkpoint of corrupted weights; {last}. Lower the learning rate "
+                "(--learning_rate / --lr_scale) or raise --warmup_steps; with --fp16 prefer --bf16. Resume from "
+                "the last checkpoint with --resume."
+            )
+
+    def _maybe_log_save_evaluate(self, *args, **kwargs):
+        step = self.state.global_step
+        if self.control.should_log or self.control.should_save or self.control.should_evaluate or (
+                step - self.checked_step >= self.args.finite_check_steps):  # fmt: skip
+            self.check_finite()
+        if self.profile is not None:
+            self.profile.mark("logging, saving")
+        result = super()._maybe_log_save_evaluate(*args, **kwargs)
+        if self.profile is not None and self.profile.active:
+            self.profile.end_update()
+            if not self.profile.active and self.args.should_log:
+                self._say(self.profile.table())
+        return result
+
+    def _will_log(self) -> bool:
+        """Whether the update under way ends in a log entry (Transformers' DefaultFlowCallback rule)."""
+        args, step = self.args, self.state.global_step + 1
+        if args.logging_strategy != "steps":
+            return True
+        every = self.state.logging_steps or 1
+        return (args.logging_first_step and step == 1) or step % every == 0 or step >= self.state.max_steps
+
+    def _get_grad_norm(self, model, grad_norm=None):
+        # Transformers computes the norm of every gradient every update, for its log; without clipping
+        # (the paper's recipe) it is computed only for the updates that log it
+        if grad_norm is None and not self._will_log():
+            return None
+        return super()._get_grad_norm(model, grad_norm)
+
+    def get_batch_samples(self, epoch_iterator, num_batches, device):
+        if self.profile is not None:
+            self.profile.mark("wait for a batch (and the loader's copy)")
+        batches, items = super().get_batch_samples(epoch_iterator, num_batches, device)
+        if self.profile is not None:
+            for batch in batches:
+                self.profile.batch(batch)
+        return batches, items
+
+    def _prepare_inputs(self, inputs):
+        if self.profile is not None and self.model.training:
+            self.profile.mark("inputs to the device")
+        inputs = super()._prepare_inputs(inputs)
+        if self.profile is not None and self.model.training:
+            self.profile.mark("forward")
+        return inputs
+
+    def training_step(self, model, inputs, num_items_in_batch=None):
+        watching = contextlib.nullcontext()
+        if self.compile_watch is not None:
+            watching = self.compile_watch.step(tuple(inputs["input_ids"].shape))
+        with watching:
+            loss = super().training_step(model, inputs, num_items_in_batch)
+        if self.profile is not None:
+            self.profile.mark("gradient norm (logged updates)")
+        return loss
+
+    def _say(self, text: str) -> None:
+        if self.args.should_log:
+            print(text, file=sys.stderr, flush=True)
 
     def _drop_source_tokens(self, model: torch.nn.Module, input_ids: torch.Tensor) -> torch.Tensor:
         config = self.accelerator.unwrap_model(model).config
@@ -522,6 +650,19 @@ def resumable_checkpoint(output_dir: str | Path) -> str | None:
     return None
 
 
+class _OptimizerMarks(TrainerCallback):
+    """The optimizer's step in a `StepProfile`: between Trainer's pre- and post-optimizer callbacks."""
+
+    def __init__(self, profile: StepProfile) -> None:
+        self.profile = profile
+
+    def on_pre_optimizer_step(self, args, state, control, **kwargs):
+        self.profile.mark("optimizer")
+
+    def on_optimizer_step(self, args, state, control, **kwargs):
+        self.profile.mark("schedule, zero_grad, step-end callbacks")
+
+
 class StopWithCheckpoint(TrainerCallback):
     """A stop that finishes the current step, writes a checkpoint and ends training. A checkpoint the save
     schedule did not ask for is marked, so that averaging leaves it out once a resumed run has gone past it:
@@ -568,17 +709,36 @@ class WallClockCallback(StopWithCheckpoint):
 
 class GracefulStopCallback(StopWithCheckpoint):
     """SIGINT or SIGTERM during training: finish the current step, write a checkpoint, stop. Under DDP the
-    request is shared across processes so all of them stop at the same step."""
+    request is shared across processes so all of them stop at the same step. A second signal ends the process at
+    once (exit 128 + signal), naming the last complete checkpoint: an update can take minutes while it compiles.
+    `status`, when given, says what the update under way is doing ("compiling shape 3 of 6")."""
 
-    def __init__(self) -> None:
+    def __init__(self, status: Callable[[], str | None] | None = None) -> None:
         super().__init__()
         self.signal: int | None = None
         self.previous: dict[int, object] = {}
+        self.status = status
+        self.output_dir: str | None = None
 
     def _handle(self, signum, frame) -> None:
+        if self.signal is not None:  # the second: now
+            checkpoints = (
+                list_checkpoints(self.output_dir) if self.output_dir and Path(self.output_dir).is_dir() else []
+            )
+            last = f"the last complete checkpoint is {checkpoints[-1]}" if checkpoints else "no checkpoint was written"
+            print(f"\nstopped at once by a second {signal.Signals(signum).name}: {last}; continue with the same "
+                  "command and --resume", file=sys.stderr, flush=True)  # fmt: skip
+            sys.stdout.flush()
+            for child in multiprocessing.active_children():  # loader processes ignore the signals: end them first
+                child.kill()
+            os._exit(128 + signum)
         self.signal = signum
+        doing = self.status() if self.status is not None else None
+        print(f"\n{signal.Signals(signum).name}: stopping after this update{f' ({doing})' if doing else ''}; send "
+              "the signal again to stop now", file=sys.stderr, flush=True)  # fmt: skip
 
     def on_train_begin(self, args, state, control, **kwargs):
+        self.output_dir = args.output_dir
         for signum in (signal.SIGINT, signal.SIGTERM):
             try:
                 self.previous[signum] = signal.signal(signum, self._handle)
