@@ -31,9 +31,11 @@ def main() -> None:
         for multiple, seen in shapes.items():
             seen.add((rows, -(-source // multiple) * multiple, -(-target // multiple) * multiple))
     buckets = compile_buckets(np.maximum(sources, targets), args.compile_shapes)
-    print(f"{len(sources):,} pairs, --max_tokens {args.max_tokens}, {args.updates} updates: distinct shapes "
-          f"{len(shapes[1])} as they come, {len(shapes[8])} with lengths padded to multiples of 8; compiled: "
-          f"{len(buckets)} planned ({', '.join(str(b) for b in buckets)} tokens)")
+    print(
+        f"{len(sources):,} pairs, --max_tokens {args.max_tokens}, {args.updates} updates: distinct shapes "
+        f"{len(shapes[1])} as they come, {len(shapes[8])} with lengths padded to multiples of 8; compiled: "
+        f"{len(buckets)} planned ({', '.join(str(b) for b in buckets)} tokens)"
+    )
 
 
 if __name__ == "__main__":

@@ -65,7 +65,7 @@ def test_a_bucket_no_pair_falls_in_is_not_planned():
 
 
 def test_compiled_training_compiles_exactly_the_planned_shapes_and_learns_as_eager(
-    tokenizer,
+    tokenizer,  # noqa: F811
     tmp_path,
     monkeypatch,
     capsys,  # noqa: F811

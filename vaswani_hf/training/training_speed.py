@@ -335,8 +335,9 @@ class CompilePlan:
     @classmethod
     def for_buckets(cls, buckets: list[int], max_tokens: int, key: str) -> CompilePlan:
         shapes = [(max(max_tokens // length, 1), length) for length in buckets]
-        known = remembered(f"{key} | compile")
-        return cls(shapes, key, known["seconds"] if known else None)
+        known = (remembered(f"{key} | compile") or {}).get("seconds")
+        earlier = [float(t) for t in known] if isinstance(known, list) else None  # another format: measured anew
+        return cls(shapes, key, earlier)
 
     def estimate(self) -> float | None:
         """Seconds to compile every shape, from the last run's compile times (the mean of those past its count)."""
