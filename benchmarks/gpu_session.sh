@@ -90,8 +90,10 @@ TQDM_DISABLE=1 /usr/bin/env time -v timeout 180 python3 -m vaswani_hf.cli prepar
     --vocab_size 32000 --bpe_sample_lines 300000 --output_dir "$PREPARED" \
     >>"$OUT/session.log" 2>&1 || say "prepare: exit $?"
 timeout 330 python3 benchmarks/train_pipeline.py --data "$PREPARED" "${PIPELINE[@]}" --logs /tmp/gpu_session_runs \
-    --out "$OUT/train_pipeline.md" >>"$OUT/session.log" 2>&1 || say "train_pipeline: exit $?"
+    --out "$OUT/train_pipeline.md" --train-args --profile_steps 30 >>"$OUT/session.log" 2>&1 \
+    || say "train_pipeline: exit $?"
 tail -n 5 /tmp/gpu_session_runs/*.log >>"$OUT/session.log" 2>&1
+cp /tmp/gpu_session_runs/*.log "$OUT/" 2>/dev/null  # each run's log holds its step profile (--profile_steps)
 
 fi
 

@@ -201,10 +201,16 @@ def export_command(argv: list[str]) -> int:
     return 0
 
 
+def serve_command(argv: list[str]) -> int:
+    from .serving.command import serve_command as serve  # FastAPI and uvicorn: the serve extra, loaded when asked
+
+    return serve(argv)
+
+
 COMMANDS = {"train": train_command, "prepare": prepare_command, "translate": translate_command,
             "evaluate": evaluate_command, "average": average_command, "push": push_command,
             "attention": attention_command, "export": export_command, "score": score_command,
-            "shortlist": shortlist_command}  # fmt: skip
+            "shortlist": shortlist_command, "serve": serve_command}  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,374 @@
+"""`vaswani serve`: real server processes on free loopback ports (LibreTranslate's client, the native API, bad
+input, keys, SIGTERM draining, equality with `vaswani translate`), and the app and batcher in process where a
+fault must be injected (a failing batch, a slow one, a client that leaves)."""
+
+import asyncio
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+from libretranslatepy import LibreTranslateAPI
+
+from vaswani_hf.data.tasks import builtin_splits
+from vaswani_hf.serving.batching import DynamicBatcher
+
+from .helpers import vaswani
+
+LINES = [source for source, _ in builtin_splits()["test"][:12]]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """`vaswani serve` in its own process, ready when /health says so."""
+
+    def __init__(self, model, *options: str) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.process = subprocess.Popen([sys.executable, "-m", "vaswani_hf.cli", "serve", str(model), "--port",
+                                         str(self.port), *options], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                        text=True)  # fmt: skip
+        deadline = time.time() + 180
+        while True:
+            assert self.process.poll() is None, self.process.communicate()[1][-3000:]
+            assert time.time() < deadline, "the server did not get ready"
+            try:
+                if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            time.sleep(0.2)
+
+    def post(self, path: str, **kwargs) -> httpx.Response:
+        return httpx.post(f"{self.url}{path}", timeout=60, **kwargs)
+
+    def stop(self) -> tuple[int, str]:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+        _, stderr = self.process.communicate(timeout=60)
+        return self.process.returncode, stderr
+
+
+@pytest.fixture(scope="module")
+def model(trained):
+    return trained[0]
+
+
+@pytest.fixture(scope="module")
+def server(model):
+    running = Server(model, "--max_chars", "2000")
+    yield running
+    assert running.stop()[0] == 0
+
+
+@pytest.fixture(scope="module")
+def reference(model):
+    """`vaswani translate` of LINES, an empty line and a repeated line among them."""
+    lines = [*LINES[:5], "", *LINES[5:], LINES[0]]
+    result = vaswani("translate", str(model), stdin="\n".join(lines) + "\n")
+    assert result.returncode == 0, result.stderr[-3000:]
+    return lines, result.stdout.split("\n")[: len(lines)]
+
+
+def good_request_works(server: Server) -> None:
+    answer = server.post("/translate", json={"q": LINES[0], "source": "en", "target": "de"})
+    assert answer.status_code == 200 and answer.json()["translatedText"]
+
+
+# --- LibreTranslate's API -------------------------------------------------------------------------------------
+
+
+def test_an_unmodified_libretranslate_client_works(server, reference):
+    client = LibreTranslateAPI(server.url)
+    lines, expected = reference
+    assert client.translate(lines[0], "en", "de") == expected[0]
+    assert client.translate(lines[1], "auto", "de") == expected[1]
+    assert client.languages() == [{"code": "en", "name": "English", "targets": ["de"]},
+                                  {"code": "de", "name": "German", "targets": []}]  # fmt: skip
+
+
+def test_json_form_and_query_string_requests_and_auto_source(server, reference):
+    lines, expected = reference
+    as_json = server.post("/translate", json={"q": lines[:3], "source": "auto", "target": "de", "format": "text"})
+    assert as_json.json() == {"translatedText": expected[:3],
+                              "detectedLanguage": [{"confidence": 100, "language": "en"}] * 3}  # fmt: skip
+    as_form = server.post("/translate", data={"q": lines[0], "source": "en", "target": "de"})
+    as_query = server.post("/translate", params={"q": lines[0], "source": "en", "target": "de"})
+    assert as_form.json() == as_query.json() == {"translatedText": expected[0]}
+
+
+def test_a_text_of_several_lines_comes_back_line_for_line_as_vaswani_translate_gives_it(server, reference):
+    lines, expected = reference
+    answer = server.post("/translate", json={"q": "\n".join(lines), "source": "en", "target": "de"})
+    assert answer.json()["translatedText"] == "\n".join(expected)
+    crlf = server.post("/translate", json={"q": "\r\n".join(lines[:3]), "source": "en", "target": "de"})
+    assert crlf.json()["translatedText"] == "\n".join(expected[:3])
+
+
+def test_concurrent_requests_are_batched_and_each_gets_what_vaswani_translate_gives(server, reference):
+    lines, expected = reference
+    metrics = httpx.get(f"{server.url}/metrics").text
+    before = _metric(metrics, "vaswani_batch_lines_count")
+
+    def one(i: int) -> str:
+        return server.post("/translate", json={"q": lines[i % len(lines)], "source": "en", "target": "de"}).json()
+
+    with ThreadPoolExecutor(16) as pool:
+        answers = list(pool.map(one, range(48)))
+    assert [a["translatedText"] for a in answers] == [expected[i % len(lines)] for i in range(48)]
+    metrics = httpx.get(f"{server.url}/metrics").text
+    assert _metric(metrics, "vaswani_batch_lines_count") - before < 48  # some requests shared a batch
+    for name in ("vaswani_requests_total", "vaswani_batch_tokens_bucket", "vaswani_request_seconds_bucket",
+                 "vaswani_output_tokens_total", "vaswani_queue_lines"):  # fmt: skip
+        assert name in metrics, name
+
+
+def _metric(text: str, name: str) -> float:
+    return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(name))
+
+
+# --- the native API ---------------------------------------------------------------------------------------------
+
+
+def test_the_native_api_gives_nbest_with_scores_and_is_documented(server, reference):
+    lines, expected = reference
+    answer = server.post("/v1/translate", json={"texts": lines[:2], "nbest": 3, "beam_size": 4})
+    assert answer.status_code == 200, answer.text
+    first = answer.json()["translations"][0]
+    assert first["text"] == expected[0] and len(first["nbest"]) == 3 and first["nbest"][0]["text"] == expected[0]
+    scores = [candidate["score"] for candidate in first["nbest"]]
+    assert scores == sorted(scores, reverse=True) and first["score"] == scores[0]
+    greedy = server.post("/v1/translate", json={"texts": lines[:1], "beam_size": 1}).json()["translations"][0]
+    assert greedy["score"] is None  # greedy search ranks nothing
+    spec = httpx.get(f"{server.url}/openapi.json").json()
+    assert "/v1/translate" in spec["paths"] and "/translate" in spec["paths"]
+    assert httpx.get(f"{server.url}/docs").status_code == 200
+    health = httpx.get(f"{server.url}/health").json()
+    assert health["status"] == "ready" and health["device"] == "cpu" and health["precision"] == "fp32"
+
+
+# --- bad input: a clear refusal, and the next request is served -----------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("path", "request_kwargs", "status", "message"),
+    [
+        ("/translate", {"content": b"{not json", "headers": {"content-type": "application/json"}}, 400,
+         "not valid JSON"),
+        ("/translate", {"json": {"source": "en", "target": "de"}}, 422, "q: Field required"),
+        ("/translate", {"json": {"q": 5, "source": "en", "target": "de"}}, 422, "q"),
+        ("/translate", {"json": {"q": "one", "source": "fr", "target": "de"}}, 400,
+         "fr->de is not served: this model translates en->de"),
+        ("/translate", {"json": {"q": "one", "source": "en", "target": "es"}}, 400, "translates en->de"),
+        ("/translate", {"json": {"q": "one " * 501, "source": "en", "target": "de"}}, 413, "at most 2000"),
+        ("/translate", {"json": {"q": "one", "source": "en", "target": "de", "format": "html"}}, 400, "format"),
+        ("/v1/translate", {"json": {"texts": "one"}}, 422, "texts"),
+        ("/v1/translate", {"json": {"texts": ["one"], "beam_size": 0}}, 422, "beam_size"),
+    ],
+)  # fmt: skip
+def test_bad_input_is_refused_by_name_and_the_server_goes_on(server, path, request_kwargs, status, message):
+    answer = server.post(path, **request_kwargs)
+    assert answer.status_code == status, answer.text
+    assert message in answer.json()["error"]
+    good_request_works(server)
+
+
+# --- access ----------------------------------------------------------------------------------------------------
+
+
+def test_api_keys_are_needed_when_given_and_cors_is_off_by_default(model, tmp_path):
+    keys = tmp_path / "keys.txt"
+    keys.write_text("secret-1\n\nsecret-2\n")
+    keyed = Server(model, "--api_keys", str(keys), "--cors_origins", "https://app.example")
+    try:
+        refused = keyed.post("/translate", json={"q": LINES[0], "source": "en", "target": "de"})
+        assert refused.status_code == 403 and "API key" in refused.json()["error"]
+        assert LibreTranslateAPI(keyed.url, api_key="secret-2").translate(LINES[0], "en", "de")
+        assert keyed.post("/v1/translate", json={"texts": [LINES[0]]}).status_code == 403
+        bearer = keyed.post("/v1/translate", json={"texts": [LINES[0]]}, headers={"Authorization": "Bearer secret-1"})
+        assert bearer.status_code == 200
+        cors = httpx.options(f"{keyed.url}/translate", headers={"Origin": "https://app.example",
+                                                                 "Access-Control-Request-Method": "POST"})  # fmt: skip
+        assert cors.headers.get("access-control-allow-origin") == "https://app.example"
+    finally:
+        assert keyed.stop()[0] == 0
+
+
+def test_cors_is_off_unless_asked(server):
+    answer = httpx.post(f"{server.url}/translate", json={"q": LINES[0], "source": "en", "target": "de"},
+                        headers={"Origin": "https://elsewhere.example"})  # fmt: skip
+    assert "access-control-allow-origin" not in answer.headers
+
+
+# --- stopping ----------------------------------------------------------------------------------------------------
+
+
+def test_sigterm_refuses_new_requests_finishes_those_in_flight_and_exits_0(model):
+    running = Server(model, "--max_batch_tokens", "64", "--drain_seconds", "60", "--max_chars", "100000")
+    long_text = "\n".join(LINES * 5)  # 60 lines in batches of a few: seconds of work
+    results = {}
+
+    def in_flight():
+        results["answer"] = running.post("/translate", json={"q": long_text, "source": "en", "target": "de"})
+
+    thread = threading.Thread(target=in_flight)
+    thread.start()
+    deadline = time.time() + 30
+    while "vaswani_queue_lines 0.0" in httpx.get(f"{running.url}/metrics").text:  # until its lines are queued
+        assert time.time() < deadline
+        time.sleep(0.02)
+    running.process.send_signal(signal.SIGTERM)
+    time.sleep(0.3)
+    late = running.post("/translate", json={"q": LINES[0], "source": "en", "target": "de"})
+    assert late.status_code == 503 and "stopping" in late.json()["error"]
+    thread.join(timeout=120)
+    assert results["answer"].status_code == 200
+    assert len(results["answer"].json()["translatedText"].split("\n")) == 60
+    _, stderr = running.process.communicate(timeout=60)  # no second signal: it ends by itself
+    assert running.process.returncode == 0, stderr[-3000:]
+    assert "stopping: new requests get 503" in stderr
+
+
+def test_a_model_folder_without_its_languages_is_refused_by_name(model, tmp_path):
+    import shutil
+
+    copy = tmp_path / "model"
+    shutil.copytree(model, copy)
+    (copy / "training_facts.json").unlink()
+    result = vaswani("serve", str(copy), "--port", str(free_port()))
+    assert result.returncode == 2 and "give --source and --target" in result.stderr
+
+
+# --- in process: faults injected into the batch, time-outs, clients that leave -----------------------------------
+
+
+@pytest.fixture(scope="module")
+def service(model):
+    from vaswani_hf.serving.service import Service, Settings
+    from vaswani_hf.translation.inference import load_for_inference
+
+    loaded, tokenizer = load_for_inference(model, device="cpu", precision="fp32")
+    service = Service(loaded, tokenizer, Settings(request_timeout=60), str(model), "cpu", "fp32", ("en", "de"))
+    service.warm_up()
+    yield service
+    service.batcher.stop()
+
+
+def call(service, *requests):
+    """The app's answers to (path, json) requests sent together, in process."""
+    from vaswani_hf.serving.app import create_app
+
+    async def send():
+        transport = httpx.ASGITransport(app=create_app(service))
+        async with httpx.AsyncClient(transport=transport, base_url="http://serve") as client:
+            return await asyncio.gather(*(client.post(path, json=body) for path, body in requests))
+
+    return asyncio.run(send())
+
+
+def test_a_batch_that_fails_in_the_model_fails_its_requests_only(service, monkeypatch):
+    real = service.batcher.translate
+    failed = []
+
+    def failing(texts, options):
+        if not failed:
+            failed.append(texts)
+            raise RuntimeError("CUDA out of memory (injected)")
+        return real(texts, options)
+
+    monkeypatch.setattr(service.batcher, "translate", failing)
+    (broken,) = call(service, ("/translate", {"q": LINES[0], "source": "en", "target": "de"}))
+    assert broken.status_code == 500 and "RuntimeError: CUDA out of memory (injected)" in broken.json()["error"]
+    (fine,) = call(service, ("/translate", {"q": LINES[0], "source": "en", "target": "de"}))
+    assert fine.status_code == 200 and fine.json()["translatedText"]
+
+
+def test_a_request_past_its_time_gets_504_and_the_next_one_is_served(service, monkeypatch):
+    real = service.batcher.translate
+
+    def slow_for_one(texts, options):
+        if "slow" in texts:
+            time.sleep(1.0)
+        return real(texts, options)
+
+    monkeypatch.setattr(service.batcher, "translate", slow_for_one)
+    monkeypatch.setattr(service.settings, "request_timeout", 0.3)
+    (slow,) = call(service, ("/translate", {"q": "slow", "source": "en", "target": "de"}))
+    assert slow.status_code == 504 and "no translation within 0.3 s (--request_timeout)" in slow.json()["error"]
+    monkeypatch.setattr(service.settings, "request_timeout", 30)
+    (quick,) = call(service, ("/v1/translate", {"texts": [LINES[1]]}))
+    assert quick.status_code == 200
+
+
+def test_the_lines_of_a_request_that_left_are_dropped_from_the_queue():
+    seen, gate = [], threading.Event()
+
+    def translate(texts, options):
+        gate.wait(5)
+        seen.extend(texts)
+        return texts
+
+    batcher = DynamicBatcher(translate, len, max_batch_tokens=1, max_wait_ms=0)
+
+    async def scenario():
+        loop = asyncio.get_running_loop()
+        first = batcher.submit(["a"], {}, loop)  # taken by the worker, which waits at the gate
+        await asyncio.sleep(0.1)
+        left = batcher.submit(["b", "c"], {}, loop)
+        kept = batcher.submit(["d"], {}, loop)
+        DynamicBatcher.abandon(left)  # its client disconnected
+        gate.set()
+        return [await line.future for line in first + kept]
+
+    assert asyncio.run(scenario()) == ["a", "d"] and seen == ["a", "d"]
+    batcher.stop()
+
+
+def test_batches_hold_lines_of_similar_length_within_the_budget_and_results_come_back_in_order():
+    batches = []
+
+    def translate(texts, options):
+        batches.append(list(texts))
+        return [text.upper() for text in texts]
+
+    texts = ["a" * n for n in (1, 9, 2, 8, 3, 7, 1, 9)]
+    batcher = DynamicBatcher(translate, len, max_batch_tokens=18, max_wait_ms=50)
+
+    async def scenario():
+        lines = batcher.submit(texts, {}, asyncio.get_running_loop())
+        return [await line.future for line in lines]
+
+    assert asyncio.run(scenario()) == [text.upper() for text in texts]
+    for batch in batches:
+        assert len(batch) * max(map(len, batch)) <= 18 or len(batch) == 1
+    assert sorted(batches[0], key=len) == ["a", "a", "aa", "aaa"]  # the oldest line and those nearest its length
+    batcher.stop()
+
+
+def test_metrics_and_health_answer_while_loading(service, monkeypatch):
+    from vaswani_hf.serving.app import create_app
+
+    monkeypatch.setattr(service, "ready", False)
+
+    async def send():
+        transport = httpx.ASGITransport(app=create_app(service))
+        async with httpx.AsyncClient(transport=transport, base_url="http://serve") as client:
+            return (await client.get("/health"), await client.post("/v1/translate", json={"texts": ["one"]}))
+
+    health, refused = asyncio.run(send())
+    assert health.status_code == 503 and health.json()["status"] == "loading"
+    assert refused.status_code == 503 and "loading" in refused.json()["error"]
+
+
+if __name__ == "__main__":
+    sys.exit(subprocess.call([sys.executable, "-m", "pytest", __file__, *sys.argv[1:]]))

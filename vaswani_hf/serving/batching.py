@@ -1,0 +1,167 @@
+"""Dynamic batching for `vaswani serve`: the lines of concurrent requests wait in one queue; a single model worker
+takes token-budget batches of lines of similar length and translates each batch in one call of the function
+`vaswani translate` uses (`translate_nbest`: the same empty-line and long-line rules, the same search).
+
+A batch is formed when `max_wait_ms` have passed since its oldest line arrived (or since the last batch ended,
+when that is later: the clients just answered send their next lines then) or when the waiting lines fill
+`max_batch_tokens` (padded: lines x longest, as `vaswani translate --max-tokens` counts). It holds the oldest line,
+so none starves, and the lines nearest it in length with the same decoding options. A request's lines may travel
+in different batches; each line's result is set on its own future, so a request gets them back in order. A line
+whose request was abandoned (its client left, or its time ran out) is dropped before it is batched.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+
+@dataclass(eq=False)
+class Line:
+    """One line of a request, waiting for its batch."""
+
+    text: str
+    tokens: int
+    options: tuple  # the decoding options (sorted items): lines with other options go in other batches
+    future: asyncio.Future
+    loop: asyncio.AbstractEventLoop
+    arrived: float = field(default_factory=time.monotonic)
+    abandoned: bool = False
+
+
+@dataclass
+class BatchStats:
+    """What the worker did with one batch, for the metrics."""
+
+    lines: int
+    tokens: int
+    seconds: float
+    output_tokens: int = 0
+    error: str | None = None
+
+
+class DynamicBatcher:
+    """The queue and its one worker thread. `translate(texts, options)` translates a batch (a list of lines) and
+    returns one result per line; `count_tokens(text)` measures a line; `on_batch(BatchStats)` hears of each
+    batch. `max_batch_tokens` 0 or a value below any line's length makes every batch one line (batching off)."""
+
+    def __init__(self, translate: Callable[[list[str], dict], list], count_tokens: Callable[[str], int],
+                 max_batch_tokens: int = 4096, max_wait_ms: float = 10.0,
+                 on_batch: Callable[[BatchStats], None] | None = None) -> None:  # fmt: skip
+        self.translate, self.count_tokens = translate, count_tokens
+        self.max_batch_tokens, self.max_wait = max_batch_tokens, max_wait_ms / 1000
+        self.on_batch = on_batch or (lambda stats: None)
+        self.waiting: list[Line] = []  # in arrival order
+        self.condition = threading.Condition()
+        self.stopped = False
+        self.busy = False
+        self.free_since = 0.0  # when the last batch ended
+        self.worker = threading.Thread(target=self._work, name="vaswani-serve-model", daemon=True)
+        self.worker.start()
+
+    @property
+    def depth(self) -> int:
+        """Lines waiting for a batch."""
+        return len(self.waiting)
+
+    def submit(self, texts: list[str], options: dict, loop: asyncio.AbstractEventLoop) -> list[Line]:
+        """Queue a request's lines; await each line's `future` for its result."""
+        key = tuple(sorted(options.items()))
+        lines = [Line(text, self.count_tokens(text), key, loop.create_future(), loop) for text in texts]
+        with self.condition:
+            self.waiting.extend(lines)
+            self.condition.notify()
+        return lines
+
+    @staticmethod
+    def abandon(lines: list[Line]) -> None:
+        """The request is gone: its lines not yet batched are dropped."""
+        for line in lines:
+            line.abandoned = True
+
+    def stop(self) -> None:
+        with self.condition:
+            self.stopped = True
+            self.condition.notify()
+        self.worker.join(timeout=60)
+
+    def _next_batch(self) -> list[Line] | None:
+        """Wait for lines, then for the oldest line's deadline or a full budget; take its batch."""
+        with self.condition:
+            while True:
+                self.waiting = [line for line in self.waiting if not line.abandoned]
+                if self.stopped:
+                    return None
+                if not self.waiting:
+                    self.condition.wait()
+                    continue
+                # from the oldest line's arrival, or from the end of the last batch, whose clients are sending
+                # their next lines now: they share the next batch instead of waiting behind a small one
+                left = max(self.waiting[0].arrived, self.free_since) + self.max_wait - time.monotonic()
+                if left > 0 and self._padded(self.waiting) < self.max_batch_tokens:
+                    self.condition.wait(timeout=left)
+                    continue
+                batch = self._batch_around(self.waiting[0])
+                taken = set(map(id, batch))
+                self.waiting = [line for line in self.waiting if id(line) not in taken]
+                return batch
+
+    def _batch_around(self, oldest: Line) -> list[Line]:
+        """The oldest line and the lines nearest it in length (same options), while lines x longest fits."""
+        alike = sorted((line for line in self.waiting if line.options == oldest.options), key=lambda x: x.tokens)
+        at = next(i for i, line in enumerate(alike) if line is oldest)
+        low, high = at, at + 1  # the batch is alike[low:high]
+        while True:
+            grown = None
+            for start, end in ((low - 1, high), (low, high + 1)):
+                if start >= 0 and end <= len(alike) and self._padded(alike[start:end]) <= self.max_batch_tokens:
+                    gap = alike[at].tokens - alike[start].tokens if start < low else alike[end - 1].tokens
+                    if grown is None or gap < grown[0]:
+                        grown = (gap, start, end)
+            if grown is None:
+                return alike[low:high]
+            _, low, high = grown
+
+    @staticmethod
+    def _padded(lines: list[Line]) -> int:
+        return len(lines) * max((line.tokens for line in lines), default=0)
+
+    def _work(self) -> None:
+        while (batch := self._next_batch()) is not None:
+            self.busy = True
+            start = time.monotonic()
+            stats = BatchStats(len(batch), self._padded(batch), 0.0)
+            try:
+                results = self.translate([line.text for line in batch], dict(batch[0].options))
+            except Exception as err:  # the batch's requests get the cause; the next batch is served as usual
+                stats.error = type(err).__name__
+                cause = RuntimeError(f"{type(err).__name__}: {err}")
+                for line in batch:
+                    _hand_back(line, None, cause)
+            else:
+                for line, result in zip(batch, results, strict=True):
+                    _hand_back(line, result, None)
+                stats.output_tokens = sum(getattr(result, "tokens", 0) for result in results)
+            stats.seconds = time.monotonic() - start
+            self.busy, self.free_since = False, time.monotonic()
+            self.on_batch(stats)
+
+
+def _hand_back(line: Line, result, error: BaseException | None) -> None:
+    """The line's result to its request's event loop (the worker must outlive a loop that is gone)."""
+    try:
+        line.loop.call_soon_threadsafe(_settle, line.future, result, error)
+    except RuntimeError:  # the loop was closed: nobody waits for this line any more
+        pass
+
+
+def _settle(future: asyncio.Future, result, error: BaseException | None) -> None:
+    if future.done():  # cancelled: the request timed out or its client left
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(result)
