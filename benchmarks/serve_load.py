@@ -128,6 +128,31 @@ def margins(model_dir: str, flipped: list[tuple[str, str]], reference: dict[str,
 TARGET = "de"
 
 
+def marian_base(model_dir: str, out: Path) -> str:
+    """A base-size model (Table 3: 512 wide, 6 + 6 layers, 8 heads, 2048 inner) built as Transformers' Marian with
+    random weights and converted (`marian_to_vaswani`, the paper's decoding), with `model_dir`'s tokenizer and
+    training facts: a worst case for the server, whose translations run to the source + 50 limit."""
+    import shutil
+
+    from transformers import AutoConfig, AutoTokenizer, MarianConfig, MarianMTModel
+
+    from vaswani_hf.interop.convert import marian_to_vaswani
+
+    tokenizer, ours = AutoTokenizer.from_pretrained(model_dir), AutoConfig.from_pretrained(model_dir)
+    size = ours.vocab_size
+    config = MarianConfig(vocab_size=size, decoder_vocab_size=size, d_model=512, encoder_layers=6, decoder_layers=6,
+                          encoder_attention_heads=8, decoder_attention_heads=8, encoder_ffn_dim=2048,
+                          decoder_ffn_dim=2048, activation_function="relu", scale_embedding=True,
+                          share_encoder_decoder_embeddings=True, tie_word_embeddings=True,
+                          max_position_embeddings=512, pad_token_id=ours.pad_token_id, eos_token_id=ours.eos_token_id,
+                          bos_token_id=ours.bos_token_id, decoder_start_token_id=ours.decoder_start_token_id,
+                          forced_eos_token_id=None)  # fmt: skip
+    marian_to_vaswani(MarianMTModel(config).eval(), paper_decoding=True).save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    shutil.copy(Path(model_dir) / "training_facts.json", out)
+    return str(out)
+
+
 def main() -> None:
     global TARGET
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -139,8 +164,17 @@ def main() -> None:
     parser.add_argument("--baseline_requests", type=int, default=500, help="requests with batching off (slower)")
     parser.add_argument("--max_wait_ms", type=float, default=10.0)
     parser.add_argument("--max_batch_tokens", type=int, default=4096)
+    parser.add_argument(
+        "--marian-base",
+        action="store_true",
+        help="serve a base-size model converted from Marian (random weights) with MODEL's tokenizer",
+    )
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
+    if args.marian_base:
+        import tempfile
+
+        args.model = marian_base(args.model, Path(tempfile.mkdtemp()) / "marian-base")
     from vaswani_hf.serving.service import model_languages
 
     TARGET = args.target or model_languages(args.model, None, None)[1]

@@ -41,7 +41,9 @@ class Server:
         deadline = time.time() + 180
         while True:
             assert self.process.poll() is None, self.process.communicate()[1][-3000:]
-            assert time.time() < deadline, "the server did not get ready"
+            if time.time() > deadline:
+                self.process.kill()
+                raise AssertionError("the server did not get ready in 180 s")
             try:
                 if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
                     return
@@ -223,20 +225,24 @@ def test_sigterm_refuses_new_requests_finishes_those_in_flight_and_exits_0(model
 
     thread = threading.Thread(target=in_flight)
     thread.start()
-    deadline = time.time() + 30
-    while "vaswani_queue_lines 0.0" in httpx.get(f"{running.url}/metrics").text:  # until its lines are queued
-        assert time.time() < deadline
-        time.sleep(0.02)
-    running.process.send_signal(signal.SIGTERM)
-    time.sleep(0.3)
-    late = running.post("/translate", json={"q": LINES[0], "source": "en", "target": "de"})
-    assert late.status_code == 503 and "stopping" in late.json()["error"]
-    thread.join(timeout=120)
-    assert results["answer"].status_code == 200
-    assert len(results["answer"].json()["translatedText"].split("\n")) == 60
-    _, stderr = running.process.communicate(timeout=60)  # no second signal: it ends by itself
-    assert running.process.returncode == 0, stderr[-3000:]
-    assert "stopping: new requests get 503" in stderr
+    try:
+        deadline = time.time() + 30
+        while "vaswani_queue_lines 0.0" in httpx.get(f"{running.url}/metrics").text:  # until its lines are queued
+            assert time.time() < deadline
+            time.sleep(0.02)
+        running.process.send_signal(signal.SIGTERM)
+        time.sleep(0.3)
+        late = running.post("/translate", json={"q": LINES[0], "source": "en", "target": "de"})
+        assert late.status_code == 503 and "stopping" in late.json()["error"]
+        thread.join(timeout=120)
+        assert results["answer"].status_code == 200
+        assert len(results["answer"].json()["translatedText"].split("\n")) == 60
+        _, stderr = running.process.communicate(timeout=60)  # no second signal: it ends by itself
+        assert running.process.returncode == 0, stderr[-3000:]
+        assert "stopping: new requests get 503" in stderr
+    finally:
+        if running.process.poll() is None:
+            running.process.kill()
 
 
 def test_a_model_folder_without_its_languages_is_refused_by_name(model, tmp_path):

@@ -15,7 +15,14 @@ from pathlib import Path
 from huggingface_hub.errors import StrictDataclassError
 from transformers import HfArgumentParser
 
-from .cli_decoding import at_least_one, evaluate_command, score_command, shortlist_command, translate_command
+from .cli_decoding import (
+    at_least_one,
+    evaluate_command,
+    score_command,
+    serve_command,
+    shortlist_command,
+    translate_command,
+)
 
 logger = logging.getLogger("vaswani")
 
@@ -199,12 +206,6 @@ def export_command(argv: list[str]) -> int:
     print(f"CTranslate2 model written to {output} (ctranslate2.Translator({str(output)!r}); source tokens from the "
           "tokenizer saved beside the Vaswani model)")  # fmt: skip
     return 0
-
-
-def serve_command(argv: list[str]) -> int:
-    from .serving.command import serve_command as serve  # FastAPI and uvicorn: the serve extra, loaded when asked
-
-    return serve(argv)
 
 
 COMMANDS = {"train": train_command, "prepare": prepare_command, "translate": translate_command,
