@@ -42,7 +42,10 @@ def rss_mib(pid: int) -> float:
 def start(model: str, *options: str) -> tuple[subprocess.Popen, str]:
     port = free_port()
     process = subprocess.Popen([sys.executable, "-m", "vaswani_hf.cli", "serve", model, "--port", str(port),
-                                "--max_chars", "100000", *options], stderr=subprocess.DEVNULL)  # fmt: skip
+                                "--max_chars", "100000", "--request_timeout", "3600", *options],
+                               stderr=subprocess.DEVNULL)  # fmt: skip
+    # the timeout is long: with batching off, 32 clients queue behind one-line batches (a base-size model's
+    # run to the source + 50 limit took longer than the default 60 s)
     url = f"http://127.0.0.1:{port}"
     deadline = time.time() + 300
     while time.time() < deadline:
