@@ -181,16 +181,10 @@ class PadPairs:
     vocab_size: int | None = None  # given: ids are checked here, on the host, so the model need not read them back
 
     def __call__(self, rows: pa.Table) -> dict[str, torch.Tensor]:
-        if self.vocab_size is not None:
-            for name in ("input_ids", "labels"):
-                values = rows.column(name).combine_chunks().values.to_numpy()
-                if len(values) and (values.min() < 0 or values.max() >= self.vocab_size):
-                    bad = int(values.max() if values.max() >= self.vocab_size else values.min())
-                    raise ValueError(f"the training set's {name} hold token id {bad}, outside the model's vocabulary "
-                                     f"[0, {self.vocab_size}): the data was tokenized with another vocabulary; "
-                                     "prepare it again with this model's tokenizer.")  # fmt: skip
-        input_ids, source_lengths = self._pad(rows.column("input_ids"), self.pad_token_id, self.pad_to_multiple_of)
-        labels = torch.from_numpy(self._pad(rows.column("labels"), -100, self.pad_to_multiple_of)[0])
+        input_ids, source_lengths = self._pad(rows.column("input_ids"), self.pad_token_id, self.pad_to_multiple_of,
+                                              self.vocab_size, "input_ids")  # fmt: skip
+        labels = torch.from_numpy(self._pad(rows.column("labels"), -100, self.pad_to_multiple_of, self.vocab_size,
+                                            "labels")[0])  # fmt: skip
         attention_mask = (np.arange(input_ids.shape[1]) < source_lengths[:, None]).astype(np.int64)
         # the model's own teacher-forcing shift (`prepare_decoder_input_ids_from_labels`)
         decoder_input_ids = shift_tokens_right(labels, self.pad_token_id, self.decoder_start_token_id)
@@ -198,13 +192,20 @@ class PadPairs:
                 "labels": labels, "decoder_input_ids": decoder_input_ids}  # fmt: skip
 
     @staticmethod
-    def _pad(column: pa.ChunkedArray, fill: int, multiple: int = 1) -> tuple[np.ndarray, np.ndarray]:
+    def _pad(column: pa.ChunkedArray, fill: int, multiple: int = 1, vocab_size: int | None = None,
+             name: str = "") -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
         """A list column as a (rows, longest rounded up to `multiple`) int64 array filled with `fill` past each
-        row's end, and the lengths."""
+        row's end, and the lengths. With `vocab_size`, an id outside [0, vocab_size) is an error naming `name`."""
         column = column.combine_chunks()
         offsets = column.offsets.to_numpy()
         lengths = np.diff(offsets)
+        values = column.values.to_numpy()[offsets[0] : offsets[-1]]
+        if vocab_size is not None and len(values) and (values.min() < 0 or values.max() >= vocab_size):
+            bad = int(values.max() if values.max() >= vocab_size else values.min())
+            raise ValueError(f"the training set's {name} hold token id {bad}, outside the model's vocabulary "
+                             f"[0, {vocab_size}): the data was tokenized with another vocabulary; prepare it again "
+                             "with this model's tokenizer.")  # fmt: skip
         width = -(-int(lengths.max(initial=0)) // multiple) * multiple
         padded = np.full((len(lengths), width), fill, dtype=np.int64)
-        padded[np.arange(padded.shape[1]) < lengths[:, None]] = column.values.to_numpy()[offsets[0] : offsets[-1]]
+        padded[np.arange(padded.shape[1]) < lengths[:, None]] = values
         return padded, lengths

@@ -170,25 +170,39 @@ def measured_choice(native: str, training: bool) -> Precision:
     key = " | ".join([cpu_name(), f"torch {torch.__version__}", f"{torch.get_num_threads()} threads", job,
                       f"{cap[0]}={cap[1]}" if cap else "no ISA cap"])  # fmt: skip
     path = precision_cache_path()
-    try:
-        cache = json.loads(path.read_text())
-    except (OSError, ValueError):
-        cache = {}
-    ratio = cache.get(key)
+    ratio = read_measurements(path).get(key)
     where = f"cached in {path}"
     if not isinstance(ratio, (int, float)):
         ratio = measure_bf16_speedup(training)
-        cache[key] = round(ratio, 3)
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(json.dumps(cache, indent=1, sort_keys=True))
-        except OSError:  # a read-only home: measure again next time
+        if not write_measurement(path, key, round(ratio, 3)):
             where = "not cached: cannot write " + str(path)
     name = "bf16" if ratio >= BF16_MIN_SPEEDUP else "fp32"
     what = "a training step" if training else "beam decoding"
     rule = f"bf16 from {BF16_MIN_SPEEDUP:.2f}x"
     return Precision(name, f"auto: {native}; measured here, {what} in bf16 runs at {ratio:.2f}x fp32, {rule} "
                            f"({where})")  # fmt: skip
+
+
+def read_measurements(path: Path) -> dict:
+    """A cache of measurements (a JSON object, key -> result); empty when it is missing or unreadable."""
+    try:
+        cache = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return cache if isinstance(cache, dict) else {}
+
+
+def write_measurement(path: Path, key: str, value) -> bool:
+    """Keep `value` under `key` in the cache at `path`; False where it cannot be written (a read-only home: the
+    measurement is taken again next time)."""
+    cache = read_measurements(path)
+    cache[key] = value
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(cache, indent=1, sort_keys=True))
+    except OSError:
+        return False
+    return True
 
 
 def precision_cache_path() -> Path:

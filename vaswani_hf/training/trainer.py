@@ -493,8 +493,8 @@ class VaswaniTrainer(Seq2SeqTrainer):
         bad, self.nonfinite = int(self.nonfinite), None  # the one read-back, every finite_check_steps updates
         since, self.checked_step = self.checked_step, self.state.global_step
         if bad:
-            checkpoints = list_checkpoints(self.args.output_dir) if Path(self.args.output_dir).is_dir() else []
-            last = f"the last good checkpoint is {checkpoints[-1]}" if checkpoints else "no checkpoint was written yet"
+            checkpoint = last_checkpoint(self.args.output_dir)
+            last = f"the last good checkpoint is {checkpoint}" if checkpoint else "no checkpoint was written yet"
             raise FloatingPointError(
                 f"the training loss was NaN or infinite in {bad} of the updates {since + 1}-{self.state.global_step}: "
                 f"training stopped before a checkpoint of corrupted weights; {last}. Lower the learning rate "
@@ -633,6 +633,12 @@ def why_not_resumable(checkpoint: Path) -> str | None:
     return None
 
 
+def last_checkpoint(output_dir: str | Path) -> Path | None:
+    """The newest complete `checkpoint-N` folder of a run, or None."""
+    checkpoints = list_checkpoints(output_dir) if Path(output_dir).is_dir() else []
+    return checkpoints[-1] if checkpoints else None
+
+
 def resumable_checkpoint(output_dir: str | Path) -> str | None:
     """The newest checkpoint of a run that loads whole (`why_not_resumable`); each newer one that does not is named
     in a warning. None when the run has no checkpoint yet; an error when it has some and none loads."""
@@ -722,10 +728,8 @@ class GracefulStopCallback(StopWithCheckpoint):
 
     def _handle(self, signum, frame) -> None:
         if self.signal is not None:  # the second: now
-            checkpoints = (
-                list_checkpoints(self.output_dir) if self.output_dir and Path(self.output_dir).is_dir() else []
-            )
-            last = f"the last complete checkpoint is {checkpoints[-1]}" if checkpoints else "no checkpoint was written"
+            checkpoint = last_checkpoint(self.output_dir) if self.output_dir else None
+            last = f"the last complete checkpoint is {checkpoint}" if checkpoint else "no checkpoint was written"
             print(f"\nstopped at once by a second {signal.Signals(signum).name}: {last}; continue with the same "
                   "command and --resume", file=sys.stderr, flush=True)  # fmt: skip
             sys.stdout.flush()

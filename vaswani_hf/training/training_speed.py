@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import json
 import logging
 import statistics
 import time
@@ -32,7 +31,7 @@ import numpy as np
 import torch
 from transformers.utils import logging as hf_logging
 
-from ..model.precision import cpu_name, precision_cache_path
+from ..model.precision import cpu_name, precision_cache_path, read_measurements, write_measurement
 
 logger = hf_logging.get_logger(__name__)
 
@@ -289,24 +288,11 @@ def _cache_path():
 def remembered(key: str) -> dict | None:
     """What `vaswani train` measured before under `key` (a card, torch release, model shape and batch), kept in
     `speedups.json` beside the precision measurements (`precision_cache_path`). Delete the file to measure again."""
-    try:
-        return json.loads(_cache_path().read_text()).get(key)
-    except (OSError, ValueError, AttributeError):
-        return None
+    return read_measurements(_cache_path()).get(key)
 
 
 def remember(key: str, value: dict) -> None:
-    path = _cache_path()
-    try:
-        cache = json.loads(path.read_text())
-    except (OSError, ValueError):
-        cache = {}
-    cache[key] = value
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(cache, indent=1, sort_keys=True))
-    except OSError:  # a read-only home: measured again next time
-        pass
+    write_measurement(_cache_path(), key, value)
 
 
 def machine_key(model: torch.nn.Module, device: torch.device, precision: str) -> str:
@@ -410,6 +396,7 @@ class RecompileReasons:
     def __init__(self) -> None:
         self.messages: list[str] = []
         self.logger = logging.getLogger(self.NAME)
+        self.handler: logging.Handler | None = None  # ours, unless the user asked for the log
         state = torch._logging._internal.log_state
         if state.is_artifact_enabled("recompiles"):
             return  # asked for by the user: leave it to print
@@ -420,7 +407,7 @@ class RecompileReasons:
         self.logger.propagate = False
 
     def take(self) -> str | None:
-        if getattr(self, "handler", None) is not None:  # torch sets up its own handler at its first compile
+        if self.handler is not None:  # torch sets up its own handler at its first compile
             for handler in [h for h in self.logger.handlers if h is not self.handler]:
                 self.logger.removeHandler(handler)
         guards = [line.strip("- ").strip() for message in self.messages for line in message.splitlines()
