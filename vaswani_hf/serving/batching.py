@@ -117,10 +117,12 @@ class DynamicBatcher:
         while True:
             grown = None
             for start, end in ((low - 1, high), (low, high + 1)):
-                if start >= 0 and end <= len(alike) and self._padded(alike[start:end]) <= self.max_batch_tokens:
-                    gap = alike[at].tokens - alike[start].tokens if start < low else alike[end - 1].tokens
-                    if grown is None or gap < grown[0]:
-                        grown = (gap, start, end)
+                # sorted by length: the batch's padded size is its size times its last line's length
+                if start < 0 or end > len(alike) or (end - start) * alike[end - 1].tokens > self.max_batch_tokens:
+                    continue
+                gap = abs(alike[start if start < low else end - 1].tokens - alike[at].tokens)
+                if grown is None or gap < grown[0]:
+                    grown = (gap, start, end)
             if grown is None:
                 return alike[low:high]
             _, low, high = grown
