@@ -14,7 +14,7 @@ from vaswani_hf.training.training_speed import (
     BucketPadding,
     Speedups,
     choose_speedups,
-    length_buckets,
+    compile_buckets,
     resolve_speedups,
     speedups_for_training,
     step_seconds,
@@ -25,17 +25,10 @@ from .test_recipe import make_trainer, tokenizer  # noqa: F401 (a fixture)
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")
 
 
-def test_buckets_are_few_and_waste_at_most_an_eighth_past_64_tokens():
-    buckets = length_buckets(256)
-    assert buckets[:8] == [8, 16, 24, 32, 40, 48, 56, 64] and buckets[-1] >= 256 > buckets[-2]
-    assert len(buckets) <= 22 and all(b % 8 == 0 for b in buckets)
-    assert all(later <= earlier * 1.125 + 8 for earlier, later in zip(buckets[7:], buckets[8:], strict=False))
-
-
 def test_bucketed_batches_cover_every_pair_once_within_the_budget_and_one_bucket():
     rng = np.random.default_rng(0)
     sources, targets = rng.integers(1, 90, 500), rng.integers(1, 90, 500)
-    buckets = length_buckets(90)
+    buckets = compile_buckets(np.maximum(sources, targets), 8)
     sampler = TokenBudgetBatchSampler(sources, targets, max_tokens=400, seed=1, buckets=buckets)
     for epoch in (0, 1):
         sampler.set_epoch(epoch)
@@ -57,7 +50,7 @@ def test_a_pair_longer_than_the_buckets_is_a_clear_error():
 def test_bucket_padding_gives_a_few_shapes_and_changes_neither_loss_nor_gradients(tokenizer, tmp_path):  # noqa: F811
     trainer = make_trainer(tokenizer, tmp_path, max_tokens=160)
     model = trainer.model.eval()  # no dropout: the two batches must give the same numbers
-    buckets = length_buckets(64)
+    buckets = compile_buckets(np.maximum(*trainer.train_lengths), 8)
     plain = DataCollatorForSeq2Seq(tokenizer, model=model)
     padding = BucketPadding(plain, buckets, 160, model.config.pad_token_id)
     dataset = trainer.train_dataset

@@ -23,7 +23,7 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
     boundaries depend only on the sorted lengths, so `len()` is the same every epoch. Under DDP, Accelerate's
     `BatchSamplerShard` deals the batches round-robin to the processes; this sampler knows nothing of ranks.
 
-    With `buckets` (padded lengths, `training_speed.length_buckets`) a batch holds pairs of one bucket only, at most
+    With `buckets` (padded lengths, `training_speed.compile_buckets`) a batch holds pairs of one bucket only, at most
     `max_tokens // bucket` of them, so `training_speed.BucketPadding` can pad every batch to one of a few shapes
     (compiled training).
     """

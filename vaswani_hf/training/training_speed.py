@@ -3,7 +3,7 @@
 The paper's recipe is the same with or without them (same loss, same optimizer, same batches up to padding);
 they change how fast a step runs:
 - `compile`: `torch.compile` of the model, one compiled graph per batch shape. The token-budget batches are then
-  padded to a few bucket shapes (`length_buckets`, `BucketPadding`), so shapes repeat and nothing recompiles
+  padded to a few bucket shapes (`compile_buckets`, `BucketPadding`), so shapes repeat and nothing recompiles
   after the first batch of each bucket;
 - `fused_adam`: torch's fused AdamW kernel (Adam, since weight decay is 0) instead of the multi-tensor one;
 - `tf32`: TF32 tensor cores for fp32 products (fp32 runs only; under bf16 autocast the products are bf16);
@@ -165,18 +165,6 @@ def speedups_for_training(asked: str, model: torch.nn.Module, device: torch.devi
         torch.distributed.broadcast_object_list(shared, src=0)
         choice = shared[0]
     return choice
-
-
-def length_buckets(longest: int, granularity: int = 8, growth: float = 1.125) -> list[int]:
-    """Padded lengths for compiled training: multiples of `granularity` up to 64, then about `growth` times the
-    last (a multiple of `granularity` again), up to the first one >= `longest`. A batch pads to at most ~12% more
-    tokens than its longest pair needs, and a corpus of pairs up to 256 tokens has about 20 shapes."""
-    buckets = [granularity]
-    while buckets[-1] < longest:
-        last = buckets[-1]
-        grown = last + granularity if last < 64 else int(last * growth)
-        buckets.append(-(-grown // granularity) * granularity)
-    return buckets
 
 
 def compile_buckets(longest: np.ndarray, shapes: int, granularity: int = 8) -> list[int]:
