@@ -45,7 +45,7 @@ from .trainer import (
     noam_learning_rate,
     resumable_checkpoint,
 )
-from .training_speed import speedups_for_training
+from .training_speed import speedups_for_training, uncompiled
 
 logger = logging.getLogger(__name__)
 
@@ -510,7 +510,8 @@ def run_training(
         try:
             shown = data_args.eval_split if data_args.eval_split in data.splits else data_args.train_split
             example = data.pairs(shown)[0][0]
-            write_training_card(trainer, data_args, stats, metrics, example, builtin, task)
+            with uncompiled(trainer.model):  # the card's example and attention maps have shapes of their own
+                write_training_card(trainer, data_args, stats, metrics, example, builtin, task)
         except Exception as err:  # the trained model matters more than its card: say so, keep going
             logger.warning("the model card could not be written (%s: %s); the model is saved", type(err).__name__, err)
         summary = {**stats, "eval_split": data_args.eval_split, **metrics, "model_dir": str(output_dir)}
