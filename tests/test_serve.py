@@ -311,6 +311,7 @@ def test_a_request_past_its_time_gets_504_and_the_next_one_is_served(service, mo
     monkeypatch.setattr(service.settings, "request_timeout", 0.3)
     (slow,) = call(service, ("/translate", {"q": "slow", "source": "en", "target": "de"}))
     assert slow.status_code == 504 and "no translation within 0.3 s (--request_timeout)" in slow.json()["error"]
+    assert float(slow.headers["server-timing"].removeprefix("app;dur=")) >= 300  # the time it was kept waiting
     monkeypatch.setattr(service.settings, "request_timeout", 30)
     (quick,) = call(service, ("/v1/translate", {"texts": [LINES[1]]}))
     assert quick.status_code == 200
@@ -378,3 +379,4 @@ def test_metrics_and_health_answer_while_loading(service, monkeypatch):
 
 if __name__ == "__main__":
     sys.exit(subprocess.call([sys.executable, "-m", "pytest", __file__, *sys.argv[1:]]))
+

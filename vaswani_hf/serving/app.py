@@ -89,10 +89,14 @@ def create_app(service: Service) -> FastAPI:
             return refuse(ApiError(503, "the server is stopping: send the request to another one", "stopping"),
                           request.url.path)  # fmt: skip
         service.in_flight += 1
+        start = time.monotonic()
         try:
-            return await call_next(request)
+            response = await call_next(request)
         finally:
             service.in_flight -= 1
+        # the server's own time (W3C Server-Timing), which a client can tell from the network's and its own
+        response.headers["Server-Timing"] = f"app;dur={(time.monotonic() - start) * 1000:.1f}"
+        return response
 
     async def run(lines_per_text: list[list[str]], options: dict, request: Request, api: str) -> list[list]:
         if not service.ready:
