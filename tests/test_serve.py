@@ -3,6 +3,7 @@ input, keys, SIGTERM draining, equality with `vaswani translate`), and the app a
 fault must be injected (a failing batch, a slow one, a client that leaves)."""
 
 import asyncio
+import os
 import signal
 import socket
 import subprocess
@@ -380,3 +381,13 @@ def test_metrics_and_health_answer_while_loading(service, monkeypatch):
 if __name__ == "__main__":
     sys.exit(subprocess.call([sys.executable, "-m", "pytest", __file__, *sys.argv[1:]]))
 
+
+def test_the_server_bounds_onednn_s_primitive_cache_unless_the_user_set_it():
+    code = ("import os; from vaswani_hf.serving.server import bound_memory; bound_memory(); "
+            "print(os.environ['ONEDNN_PRIMITIVE_CACHE_CAPACITY'])")  # fmt: skip
+    for given, expected in ((None, "16"), ("256", "256")):
+        env = {k: v for k, v in os.environ.items() if k != "ONEDNN_PRIMITIVE_CACHE_CAPACITY"}
+        if given:
+            env["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] = given
+        result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+        assert result.stdout.strip() == expected

@@ -325,7 +325,7 @@ def shortlist_command(argv: list[str]) -> int:
 
 def serve_command(argv: list[str]) -> int:
     try:
-        from .serving.server import serve
+        from .serving.server import bound_memory, serve
         from .serving.service import Service, Settings, model_languages
     except ImportError as err:  # FastAPI, uvicorn, prometheus-client: the serve extra
         raise ImportError(f"vaswani serve needs the serve extra ({err.name} is missing): pip install "
@@ -356,6 +356,7 @@ def serve_command(argv: list[str]) -> int:
     parser.add_argument("--target", help="the target language code (default: the model's training facts)")
     _add_decoding_job_options(parser)
     args = parser.parse_args(argv)
+    bound_memory()
     keys = frozenset()
     if args.api_keys:
         path = Path(args.api_keys)
