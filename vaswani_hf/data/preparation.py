@@ -30,6 +30,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 from tokenizers import Tokenizer
 from tqdm.auto import tqdm
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
@@ -228,13 +229,26 @@ def _learn_bpe(request: PreparationRequest, train_text: str, folder: str, quiet:
             for first in range(0, len(batch), BATCH_ROWS):
                 part = batch.slice(first, BATCH_ROWS)
                 sources, targets = part.column(0).to_pylist(), part.column(1).to_pylist()
-                yield [text for pair in zip(sources, targets, strict=True) for text in pair]  # the order of train()
+                if request.whole_target_words:  # the BPE is the words'; the target's symbols are entries whole
+                    yield sources
+                else:
+                    yield [text for pair in zip(sources, targets, strict=True) for text in pair]  # train()'s order
                 bar.update(len(sources))
 
+    whole = target_words(train_text) if request.whole_target_words else ()
     with bar:
-        tokenizer = train_shared_bpe(texts(), request.vocab_size, split_punctuation=request.split_punctuation)
+        tokenizer = train_shared_bpe(texts(), request.vocab_size, split_punctuation=request.split_punctuation,
+                                     whole_words=whole)  # fmt: skip
     tokenizer.save_pretrained(folder)
     say(f"data: BPE vocabulary learned in {time.perf_counter() - start:.0f} s", quiet)
+
+
+def target_words(train_text: str) -> set[str]:
+    """Every distinct space-separated word of the training targets, counted in Arrow a batch at a time."""
+    words: set[str] = set()
+    for batch in pa.ipc.open_stream(pa.OSFile(train_text)):
+        words.update(pc.unique(pc.list_flatten(pc.utf8_split_whitespace(batch.column(1)))).to_pylist())
+    return words
 
 
 _WORKER_TOKENIZER: Tokenizer | None = None

@@ -141,6 +141,7 @@ class PreparationRequest:
     tokenizer: str | None = None  # a saved tokenizer (folder or tokenizer.json) used instead of training BPE
     max_length: int | None = 256
     train_split: str = "train"
+    whole_target_words: bool = False  # a parser's target: its space-separated symbols are vocabulary entries whole
 
     def available_splits(self) -> list[str]:
         if self.hub:
@@ -175,8 +176,9 @@ class PreparationRequest:
     def vocabulary(self) -> dict:
         if self.tokenizer:
             return {"tokenizer": str(Path(self.tokenizer).resolve()), "sha256": tokenizer_hash(self.tokenizer)}
-        return {"bpe": {"vocab_size": self.vocab_size, "split_punctuation": self.split_punctuation,
-                        "sample_lines": self.bpe_sample_lines}}  # fmt: skip
+        bpe = {"vocab_size": self.vocab_size, "split_punctuation": self.split_punctuation,
+               "sample_lines": self.bpe_sample_lines}  # fmt: skip
+        return {"bpe": {**bpe, "whole_target_words": True} if self.whole_target_words else bpe}
 
     def key(self) -> tuple[str, dict]:
         """The training split's key, and its inputs for the manifest."""

@@ -7,6 +7,7 @@ decoding give back the text exactly (spaces included).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Sequence
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
@@ -17,7 +18,11 @@ SPECIAL_TOKENS = ["<pad>", "<s>", "</s>", "<unk>"]
 
 
 def train_shared_bpe(
-    texts: Iterable[str], vocab_size: int = 37000, model_max_length: int = 1024, split_punctuation: bool = True
+    texts: Iterable[str],
+    vocab_size: int = 37000,
+    model_max_length: int = 1024,
+    split_punctuation: bool = True,
+    whole_words: Iterable[str] = (),
 ) -> PreTrainedTokenizerFast:
     """Train a BPE vocabulary on source and target text together; returns a `PreTrainedTokenizerFast` that
     appends </s> to every sequence and saves beside the model (`AutoTokenizer` reloads it).
@@ -25,7 +30,12 @@ def train_shared_bpe(
     `split_punctuation` makes every punctuation mark a pre-token of its own, as the paper's subword pipeline did
     (tensor2tensor splits text wherever alphanumeric and other characters meet; Moses-tokenized text does the
     same), so "Gitarre," and "Gitarre" share one entry instead of spending the vocabulary on word+mark pairs: on
-    Multi30k, 1,136 of 8,000 entries without it. Decoding stays exact, since no space is added."""
+    Multi30k, 1,136 of 8,000 entries without it. Decoding stays exact, since no space is added.
+
+    `whole_words` (a parser's tree symbols: `NP`, `/NP`, `PRP$`, `-LRB-`) become entries of their own, added after
+    the `vocab_size` learned ones, and a word written with spaces around it is always that one entry, never split
+    by BPE (the model looks a pre-token up whole before merging). Punctuation inside such words must stay in the
+    word: give `split_punctuation=False` with them."""
     tokenizer = Tokenizer(models.BPE(unk_token="<unk>"))
     words = pre_tokenizers.Metaspace()
     punctuation = pre_tokenizers.Punctuation("isolated")
@@ -33,6 +43,10 @@ def train_shared_bpe(
     tokenizer.decoder = decoders.Metaspace()
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS, show_progress=False)
     tokenizer.train_from_iterator(texts, trainer=trainer)
+    if whole_words := sorted(set(whole_words)):
+        if split_punctuation:
+            raise ValueError("whole words need split_punctuation=False: the pre-tokenizer would split them.")
+        tokenizer = with_whole_words(tokenizer, whole_words)
     eos = tokenizer.token_to_id("</s>")
     tokenizer.post_processor = processors.TemplateProcessing(
         single="$A </s>", pair="$A </s> $B </s>", special_tokens=[("</s>", eos)]
@@ -45,6 +59,16 @@ def train_shared_bpe(
         unk_token="<unk>",
         model_max_length=model_max_length,
     )
+
+
+def with_whole_words(tokenizer: Tokenizer, words: list[str]) -> Tokenizer:
+    """`tokenizer` with each of `words` (as a pre-token: "▁NP") an entry of its own, looked up before merging."""
+    spec = json.loads(tokenizer.to_str())
+    vocab = spec["model"]["vocab"]
+    for word in words:
+        vocab.setdefault("\u2581" + word, len(vocab))
+    spec["model"]["ignore_merges"] = True
+    return Tokenizer.from_str(json.dumps(spec))
 
 
 class BPEDropoutPairs(Dataset):

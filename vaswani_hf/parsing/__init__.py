@@ -1,0 +1,1 @@
+"""Section 6.3: English constituency parsing as sequence to sequence, and its scoring as EVALB scores it."""
