@@ -8,6 +8,7 @@ defaults. Without `--data`, `vaswani train` runs the built-in number-words task,
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import sys
 from pathlib import Path
@@ -23,6 +24,7 @@ from .cli_decoding import (
     shortlist_command,
     translate_command,
 )
+from .cli_parsing import evalb_command, parse_command
 
 logger = logging.getLogger("vaswani")
 
@@ -32,6 +34,9 @@ logger = logging.getLogger("vaswani")
 BUILTIN_DEFAULTS = {"vocab_size": 500, "preset": "small", "config_overrides": "d_model=128,d_ff=512",
                     "warmup_steps": 400, "max_steps": 1200, "lr_scale": 0.5, "eval_split": "test", "max_tokens": 0,
                     "save_strategy": "no"}  # fmt: skip
+# The built-in treebank (`vaswani train --task parse`): see docs/parsing.md for what was measured.
+BUILTIN_PARSE_DEFAULTS = {**BUILTIN_DEFAULTS, "vocab_size": 1000, "max_steps": 2000, "warmup_steps": 400,
+                          "lr_scale": 0.5}  # fmt: skip
 
 
 def _is_builtin(argv: list[str]) -> bool:
@@ -63,6 +68,17 @@ def _option_names(argv: list[str]) -> set[str]:
     return {a.lstrip("-").replace("-", "_").split("=")[0] for a in argv if a.startswith("--")}
 
 
+def _option_value(argv: list[str], name: str) -> str | None:
+    """The value of `--name VALUE` or `--name=VALUE` in argv (the last one given)."""
+    value = None
+    for index, arg in enumerate(argv):
+        if arg.replace("-", "_").lstrip("_") == name and index + 1 < len(argv):
+            value = argv[index + 1]
+        elif arg.startswith("--") and arg[2:].replace("-", "_").split("=")[0] == name and "=" in arg:
+            value = arg.split("=", 1)[1]
+    return value
+
+
 def train_command(argv: list[str]) -> int:
     from .training.recipe import DataArguments, ModelArguments, VaswaniTrainingArguments, run_training
 
@@ -74,7 +90,10 @@ def train_command(argv: list[str]) -> int:
     builtin = _is_builtin(argv)
     given = _option_names(argv)
     # The command picks the precision by the hardware (vaswani_hf.model.precision); the Python class keeps fp32.
-    defaults = {"precision": "auto", **(BUILTIN_DEFAULTS if builtin else {})}
+    parse = _option_value(argv, "task") == "parse"
+    builtin_defaults = BUILTIN_PARSE_DEFAULTS if parse else BUILTIN_DEFAULTS
+    # a treebank's held-out split is dev (WSJ section 22), a translation corpus's val
+    defaults = {"precision": "auto", **(builtin_defaults if builtin else {"eval_split": "dev"} if parse else {})}
     if "preset" in given:  # the narrowing belongs to the built-in default preset, not to one asked for
         given.add("config_overrides")
     if given & {"save_steps", "average_last"}:  # asking for checkpoints ends the built-in task's "no checkpoints"
@@ -103,6 +122,8 @@ def prepare_command(argv: list[str]) -> int:
     if given := [f"--{a}" for a in TRAINING_ONLY_DATA_ARGUMENTS if a in _option_names(argv)]:
         parser.error(f"{', '.join(given)}: a training option, not a preparation one; give it to `vaswani train "
                      "--data DIR` with the prepared folder.")  # fmt: skip
+    if _option_value(argv, "task") == "parse":
+        parser.set_defaults(eval_split="dev")  # a treebank's held-out split (WSJ section 22)
     data_args, args = parser.parse_args_into_dataclasses(argv)
     if args.clear_cache:
         folder, freed = clear_cache(say)
@@ -110,13 +131,17 @@ def prepare_command(argv: list[str]) -> int:
         return 0
     if data_args.data is None and data_args.dataset_name is None:
         parser.error("give the corpus: --data FOLDER or --dataset_name NAME")
+    data_args.read_treebank(args.eval_splits)
     request = data_args.request()
     evaluated = args.eval_splits
     if evaluated is None:  # the default split, where there is one
         evaluated = [s for s in [data_args.eval_split] if s != "none" and s in request.available_splits()]
     prepared = prepare(request, args.output_dir, data_args.preprocessing_num_workers, eval_splits=evaluated)
+    if data_args.treebank is not None:  # a parse model takes its labels from beside the prepared data
+        (prepared.path / "labels.json").write_text(json.dumps(data_args.treebank, indent=1))
+    pair = "--task parse" if data_args.treebank is not None else f"--src {data_args.src} --tgt {data_args.tgt}"
     print(f"prepared data in {prepared.path} (splits: {', '.join(prepared.splits)}); train on it with `vaswani train "
-          f"--data {prepared.path} --src {data_args.src} --tgt {data_args.tgt} ...`")  # fmt: skip
+          f"--data {prepared.path} {pair} ...`")  # fmt: skip
     return 0
 
 
@@ -211,7 +236,8 @@ def export_command(argv: list[str]) -> int:
 COMMANDS = {"train": train_command, "prepare": prepare_command, "translate": translate_command,
             "evaluate": evaluate_command, "average": average_command, "push": push_command,
             "attention": attention_command, "export": export_command, "score": score_command,
-            "shortlist": shortlist_command, "serve": serve_command}  # fmt: skip
+            "shortlist": shortlist_command, "serve": serve_command, "parse": parse_command,
+            "evalb": evalb_command}  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:

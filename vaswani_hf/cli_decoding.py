@@ -264,9 +264,11 @@ def evaluate_command(argv: list[str]) -> int:
     from .translation.metrics import load_metrics
     from .translation.source_lines import LineReport
 
-    parser = argparse.ArgumentParser(prog="vaswani evaluate", description="BLEU/chrF of a model with sacrebleu.")
+    parser = argparse.ArgumentParser(prog="vaswani evaluate", description="BLEU/chrF of a model with sacrebleu; a "
+                                     "parse model's EVALB figures (docs/parsing.md).")  # fmt: skip
     _add_models(parser)
-    parser.add_argument("--data", help="folder of {split}.{lang} files (default: the built-in task)")
+    parser.add_argument("--data", help="folder of {split}.{lang} files (default: the built-in task); for a parse "
+                        "model, of {split}.trees files (default: the built-in treebank)")  # fmt: skip
     parser.add_argument("--split", default="test")
     parser.add_argument("--src", default="en")
     parser.add_argument("--tgt", default="de")
@@ -281,6 +283,10 @@ def evaluate_command(argv: list[str]) -> int:
     model_dirs = _model_dirs(parser, args)
     load_metrics(args.metric)  # a metric that does not load stops before any model is read or sentence decoded
     model, tokenizer, precision = _load(args, model_dirs)
+    if getattr(model, "config", None) is not None and getattr(model.config, "parsing", None):
+        from .cli_parsing import evaluate_parser  # a parse model: trees scored as EVALB scores them
+
+        return evaluate_parser(args, model, tokenizer, precision)
     # every pair of a test set is scored, an empty source too (its hypothesis is empty), so that the hypotheses
     # stay line by line beside the references
     pairs = (load_split(args.data, args.split, args.src, args.tgt, keep_empty=True) if args.data

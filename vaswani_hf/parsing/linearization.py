@@ -22,6 +22,10 @@ FORMS = ("tags", "xx")
 CLOSE = "/"
 OUTPUT_TOP = "TOP"  # the label of the top bracket written around every parse (EVALB deletes it)
 UNKNOWN_TAG = "XX"  # the tag of a word the output left without one
+# A word the output left without a tag gets its punctuation tag when it is a punctuation mark (EVALB deletes
+# punctuation by the test tree's own tags: an XX there would make the sentence an error), else XX.
+PUNCTUATION_TAGS = {",": ",", ".": ".", "?": ".", "!": ".", ":": ":", ";": ":", "--": ":", "...": ":", "``": "``",
+                    "''": "''", "-LRB-": "-LRB-", "-RRB-": "-RRB-", "$": "$", "#": "#"}  # fmt: skip
 
 
 def linearize(tree: Tree, form: str = "tags") -> str:
@@ -55,7 +59,7 @@ class Repair:
     dropped_closes: int = 0  # a closing symbol with no open constituent of its label
     unclosed: int = 0  # constituents still open at the end, closed there
     extra_tags: int = 0  # tags beyond the sentence's words, dropped
-    missing_tags: int = 0  # words the output gave no tag, attached at the top with tag XX
+    missing_tags: int = 0  # words the output gave no tag, attached at the top (tag XX, or punctuation's own)
     unknown_tokens: int = 0  # tokens that are no label of the treebank, dropped
     empty_constituents: int = 0  # constituents left without words, removed
 
@@ -123,7 +127,7 @@ def to_tree(
             repair.extra_tags += 1
     repair.unclosed += len(stack) - 1
     for word in words[next_word:]:
-        top.children.append(Tree(UNKNOWN_TAG, [word]))
+        top.children.append(Tree(PUNCTUATION_TAGS.get(word, UNKNOWN_TAG), [word]))
         repair.missing_tags += 1
     repair.empty_constituents = _remove_empty(top)
     return top, repair

@@ -34,6 +34,7 @@ from ..data.tokenization import BPEDropoutPairs, train_shared_bpe
 from ..interop.hub import write_training_card
 from ..model.configuration_vaswani import PAPER_ALIASES, VaswaniConfig
 from ..model.modeling_vaswani import VaswaniForConditionalGeneration
+from ..parsing.task import ParseMetrics, builtin_pairs, make_parser, parsing_of
 from ..translation.inference import load_model
 from ..translation.metrics import decode, load_metrics, metric_name, score_with
 from .averaging import average_checkpoints, last_checkpoints, list_checkpoints, load_weights
@@ -49,7 +50,8 @@ from .training_speed import speedups_for_training, uncompiled
 
 logger = logging.getLogger(__name__)
 
-PRESETS = ("base", "big", "small", "tiny")
+PRESETS = ("base", "big", "small", "tiny", "parse")
+TASKS = ("translate", "parse")
 
 
 @dataclass
@@ -98,14 +100,49 @@ class DataArguments:
         default=256, metadata={"help": "training pairs with a side longer than this many tokens are dropped"}
     )
     max_eval_samples: int | None = field(default=None, metadata={"help": "evaluate on the first N pairs only"})
+    task: str = field(
+        default="translate",
+        metadata={"help": "translate, or parse: --data holds treebank files ({split}.trees, .mrg or .ptb, gzip too) "
+                  "and the model learns words -> linearised trees (section 6.3; docs/parsing.md); without --data, "
+                  "the built-in treebank"},
+    )  # fmt: skip
+    linearization: str = field(
+        default="tags",
+        metadata={"help": "parse: the target form, tags (`S NP DT NN /NP ...`, tensor2tensor's) or xx (every "
+                  "part-of-speech tag written XX, as Vinyals et al. 2015)"},
+    )  # fmt: skip
     metric: list[str] = field(
         default_factory=list,
         metadata={"help": "a metric reported beside BLEU and chrF (repeatable): a packaged name (bleu, chrf), a local "
                   "🤗 Evaluate module (a folder holding NAME.py, or the .py file), or a Hub id when online"},
     )  # fmt: skip
 
+    def __post_init__(self) -> None:
+        if self.task not in TASKS:
+            raise ValueError(f"--task {self.task}: choose one of {', '.join(TASKS)}.")
+        self.treebank: dict | None = None  # a parse task's labels, once its treebank is read (`read_treebank`)
+        if self.task == "parse":  # tree symbols hold punctuation (/NP, PRP$, -LRB-), and treebank words are split
+            self.split_punctuation = False
+
+    def read_treebank(self, eval_splits: list[str] | None = None) -> None:
+        """For --task parse on a treebank folder: its training split and `eval_splits` (default: --eval_split,
+        where the folder has it) converted once into sentence pairs in the cache (`vaswani_hf.parsing.treebank`),
+        which --data then names; a prepared folder is taken as it is."""
+        if self.task != "parse" or self.treebank is not None or self.data is None:
+            return
+        from ..parsing.treebank import SOURCE, TARGET, available_splits, pairs_folder, read_labels
+
+        if not PreparedData.is_prepared(self.data):
+            if eval_splits is None:
+                present = available_splits(Path(self.data)) if Path(self.data).is_dir() else []
+                eval_splits = [split for split in [self.eval_split] if split in present]
+            self.data = str(pairs_folder(self.data, eval_splits, self.linearization, self.train_split))
+        self.treebank = read_labels(self.data)
+        self.src, self.tgt = SOURCE, TARGET
+
     def request(self, tokenizer: str | None = None) -> PreparationRequest:
         """What `prepare` reads, with the options that change the prepared data."""
+        self.read_treebank()
         if self.bpe_sample_lines < 0:
             raise ValueError(f"--bpe_sample_lines must be a number of pairs (0: every pair), got "
                              f"{self.bpe_sample_lines}.")  # fmt: skip
@@ -113,7 +150,7 @@ class DataArguments:
         return PreparationRequest(self.dataset_name if hub else self.data, self.src, self.tgt, hub,
                                   self.dataset_config_name, self.vocab_size, self.split_punctuation,
                                   self.bpe_sample_lines or None, tokenizer or self.tokenizer, self.max_length,
-                                  self.train_split)  # fmt: skip
+                                  self.train_split, whole_target_words=self.task == "parse")  # fmt: skip
 
     def load(self, split: str) -> Pairs:
         """A small split as pairs in memory; an evaluation split keeps every pair (it is scored whole)."""
@@ -154,7 +191,8 @@ def tokenize_pairs(
 
 
 def evaluation_set(data: TokenizedData, split: str, max_samples: int | None = None, by_length: bool = False) -> Dataset:
-    """A split's first `max_samples` pairs, tokenized, with each reference as written (`target_text`): BLEU is
+    """A split's first `max_samples` pairs, tokenized, with each reference and source as written (`target_text`,
+    `source_text`, over whose words a parse model's trees are built): BLEU is
     scored against the references as written, not as the vocabulary can spell them. Evaluation sets are never
     filtered (dropping test sentences would change the BLEU). `by_length`: longest source first, for less padding
     in generation (BLEU does not depend on the order)."""
@@ -165,7 +203,8 @@ def evaluation_set(data: TokenizedData, split: str, max_samples: int | None = No
     order = np.arange(count)
     if by_length:
         order = np.argsort(-pc.utf8_length(text.column("source")).to_numpy(), kind="stable")
-    return Dataset(tokens.take(order).append_column("target_text", text.column("target").take(order)))
+    tokens = tokens.take(order).append_column("target_text", text.column("target").take(order))
+    return Dataset(tokens.append_column("source_text", text.column("source").take(order)))
 
 
 class TranslationMetrics:
@@ -206,13 +245,18 @@ class TranslationMetrics:
         return {**score_with(self.metrics, self.hypotheses, list(references)), "samples": len(self.hypotheses)}
 
 
-def build_model(model_args: ModelArguments, tokenizer: PreTrainedTokenizerBase) -> VaswaniForConditionalGeneration:
+def build_model(
+    model_args: ModelArguments, tokenizer: PreTrainedTokenizerBase, treebank: dict | None = None
+) -> VaswaniForConditionalGeneration:
+    """A new model of the preset (or the checkpoint to fine-tune); with `treebank`, a parser of its labels."""
     if model_args.model_name_or_path:
         model = load_model(model_args.model_name_or_path)
     else:
         special = {"pad_token_id": "<pad>", "bos_token_id": "<s>", "eos_token_id": "</s>", "unk_token_id": "<unk>"}
         ids = {name: tokenizer.convert_tokens_to_ids(token) for name, token in special.items()}
         model = VaswaniForConditionalGeneration(model_config(model_args, vocab_size=len(tokenizer), **ids))
+    if treebank is not None and not (model_args.model_name_or_path and parsing_of(model.config)):
+        make_parser(model, treebank)
     if model_args.attn_implementation:
         set_attention_kernel(model, model_args.attn_implementation)
     return model
@@ -270,7 +314,7 @@ def build_trainer(
     if isinstance(data, dict):
         data = InMemoryData(data, tokenizer, data_args.train_split, data_args.max_length)
     set_seed(training_args.seed)
-    model = build_model(model_args, tokenizer)
+    model = build_model(model_args, tokenizer, data_args.treebank)
     if not training_args.learning_rate:
         warmup = int(training_args.warmup_steps)
         training_args.learning_rate = noam_learning_rate(warmup, model.config.d_model, warmup, model_args.lr_scale)
@@ -302,7 +346,9 @@ def build_trainer(
         eval_dataset=eval_set,
         data_collator=DataCollatorForSeq2Seq(tokenizer, model=model),
         processing_class=tokenizer,
-        compute_metrics=TranslationMetrics(tokenizer, data_args.metric),
+        compute_metrics=ParseMetrics(tokenizer, parsing_of(model.config))
+        if parsing_of(model.config)
+        else TranslationMetrics(tokenizer, data_args.metric),
         train_lengths=train_lengths,
         callbacks=callbacks,
     )
@@ -369,8 +415,15 @@ def load_or_train_tokenizer(
         saved = (output_dir / "tokenizer.json").is_file()
         if (training_args.resume and saved) or not training_args.should_save:
             return AutoTokenizer.from_pretrained(output_dir)
-        texts = (text for pair in pairs[data_args.train_split] for text in pair)
-        tokenizer = train_shared_bpe(texts, data_args.vocab_size, split_punctuation=data_args.split_punctuation)
+        train = pairs[data_args.train_split]
+        whole = ()
+        if data_args.task == "parse":  # the BPE is the words'; the tree's symbols are entries whole
+            texts = (source for source, _ in train)
+            whole = {symbol for _, target in train for symbol in target.split()}
+        else:
+            texts = (text for pair in train for text in pair)
+        tokenizer = train_shared_bpe(texts, data_args.vocab_size, split_punctuation=data_args.split_punctuation,
+                                     whole_words=whole)  # fmt: skip
         tokenizer.save_pretrained(output_dir)
         return tokenizer
 
@@ -398,8 +451,13 @@ def training_data(data_args: DataArguments, model_args: ModelArguments, training
     Fine-tuning keeps the checkpoint's vocabulary; one without a fast tokenizer reads its pairs into memory."""
     quiet = not training_args.should_log
     checkpoint_vocabulary = model_args.model_name_or_path
+    data_args.read_treebank()
     if checkpoint_vocabulary and not AutoTokenizer.from_pretrained(checkpoint_vocabulary).is_fast:
         builtin = True  # a slow (Python) tokenizer cannot run in the preparing processes
+    if builtin and data_args.data is None and data_args.dataset_name is None and data_args.task == "parse":
+        pairs, data_args.treebank = builtin_pairs(data_args.linearization)
+        tokenizer = load_or_train_tokenizer(data_args, model_args, training_args, pairs)
+        return InMemoryData(pairs, tokenizer, data_args.train_split, data_args.max_length), tokenizer
     if builtin:
         pairs = builtin_splits() if data_args.data is None and data_args.dataset_name is None else {
             split: data_args.load(split) for split in (data_args.train_split, data_args.eval_split)}  # fmt: skip
@@ -478,8 +536,11 @@ def run_training(
             print(f"--resume: the run in {output_dir} already finished at step {finished}; nothing to train, the "
                   "model there is unchanged. Raise --max_steps (or --num_train_epochs) to train further.")  # fmt: skip
         return 0
-    task = ("built-in English->German number words" if builtin
-            else f"{data_args.dataset_name or data_args.data} ({data_args.src}->{data_args.tgt})")  # fmt: skip
+    if data_args.task == "parse":
+        task = f"parsing {'the built-in treebank' if data_args.data is None else data_args.data} (words->trees)"
+    else:
+        task = ("built-in English->German number words" if builtin
+                else f"{data_args.dataset_name or data_args.data} ({data_args.src}->{data_args.tgt})")  # fmt: skip
     data, tokenizer = training_data(data_args, model_args, training_args, builtin)
     if data_args.eval_split not in (*data.splits, "none"):  # a misspelt split must not skip the evaluation quietly
         raise ValueError(f"--eval_split {data_args.eval_split}: the data holds no such split (it has "
@@ -517,6 +578,9 @@ def run_training(
         summary = {**stats, "eval_split": data_args.eval_split, **metrics, "model_dir": str(output_dir)}
         print(json.dumps(summary))
         bleu = f"BLEU {metrics['bleu']} on {data_args.eval_split}, " if "bleu" in metrics else ""
+        if "evalb_f1" in metrics:
+            bleu = (f"EVALB F1 {metrics['evalb_f1']:.2f} on {data_args.eval_split} ({metrics.get('repaired', 0)} "
+                    "outputs repaired), ")  # fmt: skip
         print(f"{bleu}{stats['steps']} steps ({stats['seconds']:.0f} s, {stats['target_tokens_per_s']} target "
               f"tokens/s); model saved in {output_dir}")  # fmt: skip
     return 0

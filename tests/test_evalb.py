@@ -1,0 +1,187 @@
+"""`vaswani_hf.parsing.evalb` against the reference EVALB's own output (tests/fixtures/evalb/README.md)."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from pathlib import Path
+
+import pytest
+
+from vaswani_hf.parsing.evalb import (
+    COLLINS,
+    NK,
+    EvalbAborted,
+    evalb_command,
+    format_per_sentence,
+    format_summary,
+    parameters,
+    read_tree_file,
+    score_files,
+    score_trees,
+)
+from vaswani_hf.parsing.trees import parse_tree
+
+FIXTURES = Path(__file__).parent / "fixtures" / "evalb"
+GOLD, GOLD_PRETTY, TEST = FIXTURES / "gold.txt", FIXTURES / "gold_pretty.txt", FIXTURES / "test.txt"
+PRESETS = {"collins": COLLINS, "nk": NK}
+
+# EVALB's summary lines, in the order it prints them, and the figure of ours each one shows
+SUMMARY_FIGURES = {
+    "Number of sentence": "sentences",
+    "Number of Error sentence": "error_sentences",
+    "Number of Skip  sentence": "skip_sentences",
+    "Number of Valid sentence": "valid_sentences",
+    "Bracketing Recall": "recall",
+    "Bracketing Precision": "precision",
+    "Bracketing FMeasure": "f_measure",
+    "Complete match": "complete_match",
+    "Average crossing": "average_crossing",
+    "No crossing": "no_crossing",
+    "2 or less crossing": "two_or_less_crossing",
+    "Tagging accuracy": "tagging_accuracy",
+}
+
+
+def expected(name: str) -> str:
+    return (FIXTURES / f"{name}.expected").read_text()
+
+
+def reference_summaries(text: str) -> dict[str, dict[str, float]]:
+    """{'All': {'Bracketing Recall': 60.44, ...}, 'len<=40': {...}} from EVALB's output."""
+    summary = text[text.index("=== Summary ===") :]
+    blocks = {}
+    for title, body in re.findall(r"-- (.+?) --\n(.*?)(?=\n-- |\Z)", summary, re.S):
+        blocks[title] = {key.strip(): float(value) for key, value in re.findall(r"^(.+?)=\s*(\S+)$", body, re.M)}
+    return blocks
+
+
+@pytest.mark.parametrize("name", ["collins", "nk"])
+def test_every_summary_figure_equals_evalbs(name):
+    result = score_files(GOLD, TEST, PRESETS[name])
+    reference = reference_summaries(expected(name))
+    assert set(reference) == {"All", "len<=40"}
+    for title, summary in (("All", result.all), ("len<=40", result.cutoff)):
+        assert list(reference[title]) == list(SUMMARY_FIGURES)
+        for line, attribute in SUMMARY_FIGURES.items():
+            assert getattr(summary, attribute) == pytest.approx(reference[title][line], abs=0.005 + 1e-9), (
+                title,
+                line,
+            )
+    # the fixture exercises what it claims: errors, skips, and a sentence over 40 words
+    assert result.all.error_sentences and result.all.skip_sentences
+    assert result.all.sentences == result.cutoff.sentences + 1
+    assert result.f1 == result.all.f_measure
+
+
+@pytest.mark.parametrize("name", ["collins", "nk"])
+@pytest.mark.parametrize("gold", [GOLD, GOLD_PRETTY], ids=["one-a-line", "pretty-printed"])
+def test_the_table_and_summary_equal_evalbs_byte_for_byte(name, gold):
+    result = score_files(gold, TEST, PRESETS[name])
+    table, summary = format_per_sentence(result), format_summary(result)
+    assert table + summary == expected(name)
+    assert summary.startswith("=== Summary ===\n")
+    assert table.splitlines()[1] == " ID  Len.  Stat. Recal  Prec.  Bracket gold test Bracket Words  Tags Accracy"
+
+
+def test_the_rules_that_decide_the_fixture_rows():
+    collins, nk = score_files(GOLD, TEST, COLLINS).rows, score_files(GOLD, TEST, NK).rows
+    # deletion follows each tree's own tags: the test's (NN .) is a word the gold lacks, so an error sentence
+    assert (collins[4].status, collins[4].message) == (1, "Length unmatch (2|3)")
+    assert (collins[5].status, collins[5].message) == (1, "Words unmatch (ran|run)")
+    assert collins[6].status == 2 and collins[6].length == 3  # the empty test line; punctuation counts for length
+    assert collins[19].status == 2  # a test tree of punctuation only is a skip too
+    # nk puts back the possessive ' that the test tagged '' (a tagging error, not an error sentence)
+    assert collins[8].status == 1 and (nk[8].status, nk[8].words, nk[8].correct_tags) == (0, 5, 4)
+    # ? and ! attached inside a phrase: brackets differ under COLLINS.prm, not once nk drops them
+    assert [collins[9].matched, collins[10].matched] == [2, 2] and [nk[9].matched, nk[10].matched] == [3, 3]
+    assert (collins[16].gold_brackets, nk[16].gold_brackets) == (4, 3)  # S1 counts unless deleted
+    assert collins[11].matched == collins[11].gold_brackets == 4  # PRT = ADVP
+    assert collins[12].matched == collins[12].gold_brackets == 6  # trace's NP dropped, NP-SBJ-1 is NP, TOP dropped
+    assert collins[15].gold_brackets == 4  # `( (S ...) )`: the unlabelled top bracket counts
+    assert (collins[14].gold_brackets, collins[14].test_brackets, collins[14].matched) == (4, 4, 3)  # unary chains
+    assert collins[3].crossing == 3 and collins[13].length == 47
+
+
+def test_f_measure_of_nothing_matched_prints_as_evalb_does():
+    # EVALB's 2*p*r/(p+r) is 0/0 here and glibc prints "  -nan"; the figure itself reads 0
+    result = score_trees([parse_tree("(TOP (S (NN a)))")], [parse_tree("(TOP (X (NN a)))")])
+    assert "Bracketing FMeasure       =   -nan\n" in format_summary(result)
+    assert result.f1 == 0.0 and result.as_dict()["evalb_f1_len40"] == 0.0
+    assert format_per_sentence(result).endswith(
+        "   1    1    0    0.00   0.00     0      1    1      0      1     1   100.00\n"
+        + "=" * 76
+        + "\n                  0.00   0.00      0     1     1      0      1     1   100.00\n"
+    )
+
+
+def test_evalb_gives_up_after_max_error_plus_one_error_sentences():
+    # `evalb -e 1` on four length mismatches prints two rows and exits 1 at the third, with no summary
+    gold = [parse_tree("(TOP (S (NN a) (NN b)))")] * 4
+    test = [parse_tree("(TOP (S (NN a)))")] * 4
+    with pytest.raises(EvalbAborted, match=r"sentence 3: Length unmatch \(2\|1\).*MAX_ERROR 1"):
+        score_trees(gold, test, dataclasses.replace(COLLINS, max_errors=1))
+    assert score_trees(gold[:3], test[:3], dataclasses.replace(COLLINS, max_errors=2)).all.error_sentences == 3
+    assert score_trees(gold, test, dataclasses.replace(COLLINS, max_errors=None)).all.error_sentences == 4
+
+
+def test_as_dict_names_every_figure_for_both_summaries():
+    figures = score_files(GOLD, TEST).as_dict()
+    assert figures["evalb_f1"] == pytest.approx(69.62, abs=0.005)
+    assert figures["evalb_f1_len40"] == pytest.approx(79.67, abs=0.005)
+    for key in ("recall", "precision", "complete_match", "tagging_accuracy", "error_sentences", "skip_sentences"):
+        assert f"evalb_{key}" in figures and f"evalb_{key}_len40" in figures
+
+
+def test_files_with_different_numbers_of_trees_name_both_counts(tmp_path):
+    short = tmp_path / "short.txt"
+    short.write_text("\n".join(TEST.read_text().splitlines()[:-2]) + "\n")
+    with pytest.raises(ValueError, match=rf"{re.escape(str(GOLD))} holds 20 trees but .*short.txt holds 18"):
+        score_files(GOLD, short)
+    with pytest.raises(ValueError, match="2 gold trees but 1 test trees"):
+        score_trees([None, None], [None])
+
+
+def test_a_malformed_tree_names_file_tree_and_line(tmp_path):
+    bad = tmp_path / "bad.txt"
+    bad.write_text("(TOP (S (NN a)))\n\n(TOP (S (NN a) b))\n")
+    with pytest.raises(ValueError, match=r"bad.txt: tree 3 \(line 3\): the word 'b' has no tag"):
+        read_tree_file(bad)
+    pretty = tmp_path / "pretty.txt"
+    pretty.write_text("(TOP\n  (S (NN a)))\n\n(TOP\n  (S (NN a))\n")  # blank lines separate: tree 2, line 4
+    with pytest.raises(ValueError, match=r"pretty.txt: tree 2 \(line 4\): unbalanced"):
+        read_tree_file(pretty)
+
+
+def test_parameters_by_name():
+    assert parameters("collins") is COLLINS and parameters("NK") is NK
+    assert NK.max_errors == 10000 and {"S1", "?", "!"} <= set(NK.delete_labels) - set(COLLINS.delete_labels)
+    with pytest.raises(ValueError, match="collins, nk"):
+        parameters("new")
+
+
+def test_the_command_prints_the_summary_and_on_request_the_table(capsys):
+    assert evalb_command([str(GOLD), str(TEST)]) == 0
+    out = capsys.readouterr().out
+    assert out == expected("collins")[expected("collins").index("=== Summary ===") :]
+    assert evalb_command([str(GOLD_PRETTY), str(TEST), "--params", "nk", "--per_sentence"]) == 0
+    assert capsys.readouterr().out == expected("nk")
+    with pytest.raises(SystemExit) as exit_:
+        evalb_command([str(GOLD), str(TEST), "--params", "new"])
+    assert exit_.value.code == 2
+    with pytest.raises(OSError):
+        evalb_command([str(GOLD), str(FIXTURES / "missing.txt")])
+
+
+def test_the_evaluate_module_loads_offline_and_gives_evalbs_figures(monkeypatch):
+    evaluate = pytest.importorskip("evaluate")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    folder = Path(__file__).parents[1] / "vaswani_hf" / "parsing" / "metric_modules" / "evalb"
+    metric = evaluate.load(str(folder))
+    gold, test = GOLD.read_text().splitlines(), TEST.read_text().splitlines()
+    assert test[6] == ""  # the empty prediction goes in as ''
+    figures = metric.compute(predictions=test, references=gold)
+    assert figures == score_files(GOLD, TEST).as_dict()
+    assert f"{figures['evalb_f1']:6.2f}" == " 69.62"
+    assert metric.compute(predictions=test, references=gold, params="nk")["evalb_f1"] == pytest.approx(73.17, abs=0.005)

@@ -1,0 +1,1 @@
+"""🤗 Evaluate metric modules for parsing, loaded by path (`evaluate.load(folder)`): `evalb/evalb.py`."""
