@@ -8,8 +8,9 @@ A block without a marker, or a "not run" without a reason, fails `test_every_blo
 
 The blocks run in a folder laid out as a user's would be after the README's main job: `vaswani-model/` (trained by
 `vaswani train` on the built-in task, with five checkpoints), `second-model/` (a copy, for ensembles),
-`sentences.en` / `sentences.de`, `terms.tsv`, `starts.txt` and `data/train.{en,de}`. Each block gets a fresh copy,
-bash with `-e -o pipefail`, python in a new process.
+`sentences.en` / `sentences.de`, `terms.tsv`, `starts.txt` and `data/train.{en,de}`; for parsing, `treebank/`
+(`train.trees`, `dev.trees`), `vaswani-parser/`, `sentences.txt` and their trees in `gold.trees`. Each block gets a
+fresh copy, bash with `-e -o pipefail`, python in a new process.
 """
 
 from __future__ import annotations
@@ -136,6 +137,16 @@ def workspace(tmp_path_factory) -> Path:
     (root / "sentences.de").write_text("".join(f"{target}\n" for _, target in pairs), encoding="utf-8")
     (root / "terms.tsv").write_text("drei\n\nsieben\tzwei\n\n\n\n", encoding="utf-8")
     (root / "starts.txt").write_text("drei\n\n\n\n\n\n", encoding="utf-8")
+    # parsing (docs/parsing.md): a treebank folder, a barely trained parser, sentences and their gold trees
+    from vaswani_hf.parsing.builtin_treebank import builtin_treebank, write_treebank
+
+    treebank = builtin_treebank(train_size=300, test_size=6)
+    write_treebank(root / "treebank", {"train": treebank["train"], "dev": treebank["dev"]})
+    write_treebank(root, {"gold": treebank["test"]})
+    (root / "sentences.txt").write_text("".join(" ".join(t.words()) + "\n" for t in treebank["test"]))
+    parser = ["--task", "parse", "--preset", "tiny", "--max_steps", "30", "--vocab_size", "200", "--eval_split", "none"]
+    result = vaswani("train", *parser, "--disable_tqdm", "true", "--output_dir", str(root / "vaswani-parser"))
+    assert result.returncode == 0, result.stderr[-3000:]
     (root / "data").mkdir()
     train = builtin_splits()["train"][:2000]
     (root / "data" / "train.en").write_text("".join(f"{source}\n" for source, _ in train), encoding="utf-8")

@@ -67,7 +67,7 @@ def test_cleaning_rules():
         ("(S (NP (DT the) (NN dog))", "unbalanced"),
         ("(S (NP (DT the)))) ", "closes nothing"),
         ("(S (NP the dog))", "no tag"),
-        ("(S (NN f(x)))", "no tag"),
+        ("(S (NN f(x)))", "write round brackets in words as -LRB- and -RRB-"),
         ("S (NN x))", "starts with"),
     ],
 )
@@ -180,3 +180,31 @@ def test_tree_symbols_are_whole_vocabulary_entries():
         assert tokenizer.decode(ids) == target
     with pytest.raises(ValueError, match="split_punctuation=False"):
         train_shared_bpe(["a b"], 40, whole_words={"/NP"})
+
+
+def test_the_tree_constraint_allows_only_what_can_still_become_a_tree_of_the_sentence():
+    import torch
+
+    from vaswani_hf.parsing.constraint import tree_constraint_factory
+
+    pairs = list(sentence_pairs([parse_tree(t) for t in CLEAN]))
+    symbols = {s for _, target in pairs for s in target.split()}
+    tokenizer = train_shared_bpe((words for words, _ in pairs * 20), 80, split_punctuation=False, whole_words=symbols)
+    parsing = {"form": "tags", "phrase_labels": ["S", "NP", "VP", "PP", "SBAR"], "tags": ["DT", "NN", "VBD", "."]}
+    source = tokenizer(["The company said ."], return_tensors="pt").input_ids  # 4 words
+    (constraint,) = tree_constraint_factory(tokenizer, parsing)(source)
+    vocabulary = tokenizer.get_vocab()
+
+    def allowed(prefix: str) -> set[str]:
+        ids = [tokenizer.pad_token_id] + [vocabulary["\u2581" + s] for s in prefix.split()]
+        scores = constraint(torch.tensor([ids]), torch.zeros(1, len(tokenizer)))
+        names = tokenizer.convert_ids_to_tokens(torch.isfinite(scores[0]).nonzero().flatten().tolist())
+        return {name.removeprefix("\u2581") for name in names}
+
+    labels_and_tags = {"S", "NP", "VP", "PP", "SBAR", "DT", "NN", "VBD", "."}
+    assert allowed("") == labels_and_tags  # no end, no closing, no word piece
+    assert allowed("S NP") == labels_and_tags  # NP holds no word yet: it cannot close
+    assert allowed("S NP DT NN") == labels_and_tags | {"/NP"}  # only the innermost label closes
+    assert allowed("S NP DT NN /NP VP VBD .") == {"/VP"}  # every word has its tag: close, then end
+    assert allowed("S NP DT NN /NP VP VBD . /VP") == {"/S"}
+    assert allowed("S NP DT NN /NP VP VBD . /VP /S") == {"</s>"}

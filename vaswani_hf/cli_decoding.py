@@ -279,6 +279,9 @@ def evaluate_command(argv: list[str]) -> int:
                         "local 🤗 Evaluate module (a folder holding NAME.py, or the .py file), or a Hub id when "
                         "online")  # fmt: skip
     _add_decoding_job_options(parser)
+    from .cli_parsing import add_tree_search
+
+    add_tree_search(parser)  # a parse model's search (ignored for translation)
     args = parser.parse_args(argv)
     model_dirs = _model_dirs(parser, args)
     load_metrics(args.metric)  # a metric that does not load stops before any model is read or sentence decoded

@@ -8,12 +8,21 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections import deque
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from .cli_decoding import _add_decoding_job_options, _decoding, _load, _stream_lines, at_least_one
 
 PARSE_LONG_LINES = ("cut", "error")  # `split` would rejoin two trees: no tree of the sentence
+TREE_SEARCHES = ("constrained", "plain")
+
+
+def add_tree_search(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--tree_search", "--tree-search", choices=TREE_SEARCHES, default="constrained",
+                        help="constrained (default): the beam search extends a hypothesis only where it can still "
+                        "become a tree of the sentence (parsing/constraint.py); plain: section 6.3's search as it "
+                        "is, its outputs repaired into trees (docs/parsing.md)")  # fmt: skip
 
 
 def _require_parser(model, model_dir: str) -> dict:
@@ -34,8 +43,8 @@ def _check_long_lines(args: argparse.Namespace) -> None:
         )
 
 
-def parse_lines(model, tokenizer, parsing: dict, lines: Iterable[str], nbest: int = 1, **translate_kwargs
-                ) -> Iterator[list[tuple]]:  # fmt: skip
+def parse_lines(model, tokenizer, parsing: dict, lines: Iterable[str], nbest: int = 1, constrained: bool = True,
+                **translate_kwargs) -> Iterator[list[tuple]]:  # fmt: skip
     """Each line's n-best parses: (tree, score, whether it was repaired). A line is tokens split at spaces; round
     brackets in them are written -LRB-/-RRB-, as the treebank writes them. An empty line gives no tree (None),
     written as an empty line, as parsers write a sentence they could not parse."""
@@ -43,7 +52,11 @@ def parse_lines(model, tokenizer, parsing: dict, lines: Iterable[str], nbest: in
     from .parsing.task import output_tree
     from .translation.inference import translate_stream
 
-    sentences: list[list[str]] = []
+    sentences: deque[list[str]] = deque()  # the words of the lines read and not yet parsed (one window at most)
+    if constrained:
+        from .parsing.constraint import tree_constraint_factory
+
+        translate_kwargs["batch_processors"] = tree_constraint_factory(tokenizer, parsing)
 
     def sources() -> Iterator[str]:
         for line in lines:
@@ -51,9 +64,8 @@ def parse_lines(model, tokenizer, parsing: dict, lines: Iterable[str], nbest: in
             sentences.append(words)
             yield " ".join(words)
 
-    for index, candidates in enumerate(translate_stream(model, tokenizer, sources(), nbest=nbest, **translate_kwargs)):
-        words = sentences[index]
-        sentences[index] = []  # the window's words are not kept past their line
+    for candidates in translate_stream(model, tokenizer, sources(), nbest=nbest, **translate_kwargs):
+        words = sentences.popleft()
         parses = []
         for text, value, *_ in candidates[:nbest]:
             if not words:
@@ -79,6 +91,7 @@ def parse_command(argv: list[str]) -> int:
     parser.add_argument("--batch-size", type=at_least_one, default=32, help="most sentences per batch")
     parser.add_argument("--max-tokens", type=at_least_one, default=4096, help="most padded source tokens per batch")
     _add_decoding_job_options(parser)
+    add_tree_search(parser)
     args = parser.parse_args(argv)
     _check_long_lines(args)
     if args.input is not None and not Path(args.input).is_file():
@@ -92,7 +105,8 @@ def parse_command(argv: list[str]) -> int:
     sentences = repaired = 0
     try:
         for index, parses in enumerate(parse_lines(model, tokenizer, parsing, _stream_lines(args.input),
-                                                   args.nbest or 1, batch_size=args.batch_size,
+                                                   args.nbest or 1, args.tree_search == "constrained",
+                                                   batch_size=args.batch_size,
                                                    max_tokens=args.max_tokens, long_lines=args.long_lines,
                                                    report=report, progress=sys.stderr.isatty(),
                                                    **_decoding(args))):  # fmt: skip
@@ -134,7 +148,9 @@ def evaluate_parser(args: argparse.Namespace, model, tokenizer, precision) -> in
         pairs = splits[args.split]
     gold = [to_tree(target, source.split())[0] for source, target in pairs]
     report = LineReport()
-    parses = parse_lines(model, tokenizer, parsing, (source for source, _ in pairs), batch_size=args.batch_size,
+    parses = parse_lines(model, tokenizer, parsing, (source for source, _ in pairs),
+                         constrained=getattr(args, "tree_search", "constrained") == "constrained",
+                         batch_size=args.batch_size,
                          long_lines=args.long_lines, report=report, **_decoding(args))  # fmt: skip
     tests, repaired = [], 0
     for (tree, _, was_repaired), *_ in parses:

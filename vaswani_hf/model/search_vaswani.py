@@ -173,7 +173,8 @@ def apply_processors(settings: DecodingSettings, scores: torch.Tensor, step: int
 
     `scores` are (rows, vocabulary); `step` tokens were generated before this one; `limits` are each row's most
     generated tokens; `input_ids()` builds the decoder input so far, only for the processors that read it;
-    `row_examples` is the example each row decodes (on the CPU; needed with a target prefix); `sync_free` never
+    `row_examples` is the example each row decodes (on the CPU; needed with a target prefix, and given to a user
+    processor that reads it); `sync_free` never
     reads a device value on the host (a captured search step, whose `step` is a device tensor), at the price of a
     masked copy every step for each rule that depends on the step.
     """
@@ -201,7 +202,10 @@ def apply_processors(settings: DecodingSettings, scores: torch.Tensor, step: int
         if sync_free or bool(at_limit.any()):
             force(scores, at_limit, settings.limit_eos)
     if settings.user_processors:
-        scores = settings.user_processors(input_ids(), scores)
+        # a processor that asks for it (`reads_row_examples`) is told which example each row decodes: rows of
+        # sentences already done leave the batch, so a row's index no longer names its sentence
+        wants = any(getattr(processor, "reads_row_examples", False) for processor in settings.user_processors)
+        scores = settings.user_processors(input_ids(), scores, **({"row_examples": row_examples} if wants else {}))
     if settings.renormalize:
         scores = scores.log_softmax(dim=-1)
     if settings.prefix is not None and step < settings.prefix.shape[1]:
@@ -419,8 +423,9 @@ def beam_search(settings: DecodingSettings, state: DecodingState) -> dict:
             return torch.cat([start, running[..., :step].flatten(0, 1)], dim=1)
 
         row_limits = search.limits.repeat_interleave(beams)
-        # only a target prefix reads which example a row decodes
-        row_examples = state.example_ids.repeat_interleave(beams) if settings.prefix is not None else None
+        # only a target prefix and user processors read which example a row decodes
+        wanted = settings.prefix is not None or bool(settings.user_processors)
+        row_examples = state.example_ids.repeat_interleave(beams) if wanted else None
         log_probs = apply_processors(settings, log_probs, step, row_limits, input_ids, row_examples)
         if history is not None and settings.output_scores:
             history.record(history.scores, log_probs, state.example_ids)

@@ -85,6 +85,9 @@ def parse_tree(text: str) -> Tree:
                 root = node
         else:  # a word: it must be the only child of a tagged bracket
             node = stack[-1]
+            if tokens[index + 1 : index + 2] == ["("] and node.label and not node.children:
+                raise MalformedTree(f"a bracket inside the word after {token!r}: write round brackets in words as "
+                                    "-LRB- and -RRB-")  # fmt: skip
             if node.children or not node.label or tokens[index + 1 : index + 2] != [")"]:
                 raise MalformedTree(f"the word {token!r} has no tag of its own: write it as (TAG {token})")
             node.children.append(token)

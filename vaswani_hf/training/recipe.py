@@ -34,6 +34,7 @@ from ..data.tokenization import BPEDropoutPairs, train_shared_bpe
 from ..interop.hub import write_training_card
 from ..model.configuration_vaswani import PAPER_ALIASES, VaswaniConfig
 from ..model.modeling_vaswani import VaswaniForConditionalGeneration
+from ..parsing.constraint import tree_constraint_factory
 from ..parsing.task import ParseMetrics, builtin_pairs, make_parser, parsing_of
 from ..translation.inference import load_model
 from ..translation.metrics import decode, load_metrics, metric_name, score_with
@@ -111,6 +112,11 @@ class DataArguments:
         metadata={"help": "parse: the target form, tags (`S NP DT NN /NP ...`, tensor2tensor's) or xx (every "
                   "part-of-speech tag written XX, as Vinyals et al. 2015)"},
     )  # fmt: skip
+    tree_search: str = field(
+        default="constrained",
+        metadata={"help": "parse: how evaluation decodes, constrained (the search keeps to trees of the sentence) "
+                  "or plain (section 6.3's search, outputs repaired); as `vaswani parse --tree_search`"},
+    )  # fmt: skip
     metric: list[str] = field(
         default_factory=list,
         metadata={"help": "a metric reported beside BLEU and chrF (repeatable): a packaged name (bleu, chrf), a local "
@@ -120,6 +126,8 @@ class DataArguments:
     def __post_init__(self) -> None:
         if self.task not in TASKS:
             raise ValueError(f"--task {self.task}: choose one of {', '.join(TASKS)}.")
+        if self.tree_search not in ("constrained", "plain"):
+            raise ValueError(f"--tree_search {self.tree_search}: choose constrained or plain.")
         self.treebank: dict | None = None  # a parse task's labels, once its treebank is read (`read_treebank`)
         if self.task == "parse":  # tree symbols hold punctuation (/NP, PRP$, -LRB-), and treebank words are split
             self.split_punctuation = False
@@ -339,7 +347,7 @@ def build_trainer(
     eval_set = None
     if data_args.eval_split in data.splits:
         eval_set = evaluation_set(data, data_args.eval_split, data_args.max_eval_samples, by_length=True)
-    return VaswaniTrainer(
+    trainer = VaswaniTrainer(
         model=model,
         args=training_args,
         train_dataset=train_set,
@@ -352,6 +360,9 @@ def build_trainer(
         train_lengths=train_lengths,
         callbacks=callbacks,
     )
+    if parsing_of(model.config) and data_args.tree_search == "constrained":
+        trainer.batch_processors = tree_constraint_factory(tokenizer, parsing_of(model.config))
+    return trainer
 
 
 def checkpoint_step(checkpoint: str | Path) -> int:

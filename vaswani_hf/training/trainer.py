@@ -395,7 +395,13 @@ class VaswaniTrainer(Seq2SeqTrainer):
         self._expect(test_dataset)
         return super().predict(test_dataset, *args, **kwargs)
 
+    # a function of a batch's source ids giving logits processors for its generation (a parser's TreeConstraint)
+    batch_processors = None
+
     def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None, **gen_kwargs):
+        if self.batch_processors is not None and not prediction_loss_only:
+            gen_kwargs = {**getattr(self, "_gen_kwargs", {}), **gen_kwargs,
+                          "logits_processor": self.batch_processors(inputs["input_ids"])}  # fmt: skip
         # Seq2SeqTrainer fills the model's generation config with Transformers' defaults (max_length=20) after each
         # batch; the paper's source + 50 limit would then be overridden in the saved config. Keep ours.
         generation_config = copy.deepcopy(self.model.generation_config)

@@ -149,7 +149,9 @@ def translate_nbest(
     `prefixes`: per sentence, the text its translations start with ("" for none); `alignments`: (text, score,
     alignment) triples, the alignment in Moses' "i-j" format (source word i, translation word j, 0-based, words
     split at whitespace; `word_alignment`); `shortlist`: a `shortlist.Shortlist`, each batch scoring
-    only its allowed target tokens. `model` may be an `Ensemble` or an ONNX runner (not for alignments)."""
+    only its allowed target tokens; `batch_processors`: a function of a batch's source ids giving logits processors
+    for its search (a parser's `TreeConstraint`). `model` may be an `Ensemble` or an ONNX runner (not for
+    alignments)."""
     limit = source_limit(model, tokenizer)
     pieces = pieces_of(list(sentences), tokenizer, limit, long_lines, first_line, report)
     texts = [piece for line in pieces for piece in line]
@@ -187,6 +189,7 @@ def _translate_texts(
     prefixes: list[str] | None = None,
     alignments: bool = False,
     shortlist=None,
+    batch_processors=None,
     **generate_kwargs,
 ) -> list[list[tuple]]:
     """`translate_nbest` for non-empty texts of at most `limit` tokens (a longer one is cut there)."""
@@ -211,6 +214,8 @@ def _translate_texts(
             lexical["target_prefix"] = [starts[i][0] if starts[i] else [] for i in index]
         if shortlist is not None:
             lexical["vocabulary_shortlist"] = shortlist.allowed(batch["input_ids"])
+        if batch_processors is not None:
+            lexical["logits_processor"] = batch_processors(batch["input_ids"])
         with torch.no_grad():
             # the hypotheses' scores only: Transformers' `output_scores` would also keep every step's scores
             generated = model.generate(**batch.to(model.device), num_return_sequences=nbest,

@@ -1,0 +1,146 @@
+"""Section 6.3 end to end: `vaswani train --task parse` on the built-in treebank and on a treebank folder, the
+parse model's saved settings (labels, beam 21 / alpha 0.3 / input + 300) through save, load and remote code,
+`vaswani parse` (trees always of the input's words), `vaswani evaluate` of a parser, and the refusals."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from vaswani_hf.parsing.builtin_treebank import builtin_treebank, write_treebank
+from vaswani_hf.parsing.trees import parse_tree, tree_texts
+
+from .helpers import vaswani
+
+PARSE_RUN = ["--task", "parse", "--preset", "tiny", "--max_steps", "40", "--warmup_steps", "10", "--vocab_size", "200",
+             "--per_device_train_batch_size", "16", "--disable_tqdm", "true", "--max_eval_samples", "6",
+             "--precision", "fp32"]  # fmt: skip
+SENTENCES = ["The dog saw a cat .", "", "He said , `` It ( really ) rained . ''", "x"]
+
+
+@pytest.fixture(scope="module")
+def parser(tmp_path_factory):
+    """A barely trained parser of the built-in treebank (what it says does not matter: every tree must be one)."""
+    folder = tmp_path_factory.mktemp("parser") / "model"
+    result = vaswani("train", *PARSE_RUN, "--output_dir", str(folder))
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads(next(line for line in result.stdout.splitlines() if line.startswith('{"')))
+    assert summary["eval_split"] == "test" and summary["samples"] == 6
+    assert {"evalb_f1", "evalb_recall", "evalb_tagging_accuracy", "evalb_f1_len40", "repaired"} <= set(summary)
+    assert "EVALB F1" in result.stdout
+    return folder
+
+
+def test_a_parse_model_keeps_its_labels_and_the_papers_decoding(parser):
+    config = json.loads((parser / "config.json").read_text())
+    generation = json.loads((parser / "generation_config.json").read_text())
+    assert config["parsing"]["form"] == "tags" and {"NP", "VP", "SBAR"} <= set(config["parsing"]["phrase_labels"])
+    assert {"DT", "-LRB-", "``"} <= set(config["parsing"]["tags"])
+    assert (generation["num_beams"], generation["length_penalty"], generation["max_length_offset"]) == (21, 0.3, 300)
+    hypotheses = (parser / "test.hyp").read_text().splitlines()
+    assert len(hypotheses) == 6 and all(parse_tree(tree).label == "TOP" for tree in hypotheses)
+    # remote code, where the package is absent, keeps the parsing settings and the tree symbols whole
+    code = ("import sys; sys.modules['vaswani_hf'] = None; from transformers import AutoConfig, AutoTokenizer; "
+            f"c = AutoConfig.from_pretrained({str(parser)!r}, trust_remote_code=True); t = AutoTokenizer."
+            f"from_pretrained({str(parser)!r}); ids = t('S NP DT /NP /S').input_ids; "
+            "assert len(ids) == 6 and t.decode(ids, skip_special_tokens=True) == 'S NP DT /NP /S', ids; "
+            "print(c.parsing['form'])")  # fmt: skip
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0 and result.stdout.strip() == "tags", result.stderr[-2000:]
+
+
+def test_parse_writes_a_tree_of_each_lines_words(parser, tmp_path):
+    result = vaswani("parse", str(parser), "--num-beams", "3", stdin="\n".join(SENTENCES) + "\n")
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = result.stdout.splitlines()
+    assert len(lines) == len(SENTENCES) and lines[1] == ""
+    for sentence, line in zip(SENTENCES, lines, strict=True):
+        if sentence:
+            words = [w.replace("(", "-LRB-").replace(")", "-RRB-") for w in sentence.split()]
+            assert parse_tree(line).words() == words
+    # the constrained search (the default) gives trees of the sentence as they are: nothing to repair
+    assert "4 sentences parsed; 0 best outputs needed repair" in result.stderr
+    plain = vaswani("parse", str(parser), "--num-beams", "3", "--tree_search", "plain", stdin="\n".join(SENTENCES))
+    assert plain.returncode == 0, plain.stderr[-3000:]
+    for sentence, line in zip(SENTENCES, plain.stdout.splitlines(), strict=True):
+        assert parse_tree(line).words() == [w.replace("(", "-LRB-").replace(")", "-RRB-") for w in sentence.split()] \
+            if sentence else line == ""  # fmt: skip
+    (tmp_path / "in.txt").write_text("\n".join(SENTENCES) + "\n")
+    result = vaswani("parse", str(parser), str(tmp_path / "in.txt"), "--nbest", "2", "--num-beams", "3",
+                     "--output", str(tmp_path / "out.txt"))  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = [line.split(" ||| ") for line in (tmp_path / "out.txt").read_text().splitlines()]
+    assert [int(row[0]) for row in rows if row[1]] == [0, 0, 2, 2, 3, 3]
+    assert all(parse_tree(row[1]).words() for row in rows if row[1])
+
+
+def test_evaluate_a_parser_on_a_treebank_folder_prints_evalbs_summary(parser, tmp_path):
+    splits = builtin_treebank(train_size=10, test_size=5)
+    write_treebank(tmp_path / "tb", {"test": splits["test"]})
+    result = vaswani("evaluate", str(parser), "--data", str(tmp_path / "tb"), "--split", "test", "--num-beams", "2",
+                     "--hypotheses", str(tmp_path / "hyp.trees"))  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "-- len<=40 --" in result.stdout and "Bracketing FMeasure" in result.stdout
+    figures = json.loads(result.stdout.splitlines()[-1])
+    assert figures["evalb_sentences"] == 5 and figures["sentences"] == 5
+    # the trees written score the same through vaswani evalb against the raw gold file
+    scored = vaswani("evalb", str(tmp_path / "tb" / "test.trees"), str(tmp_path / "hyp.trees"), "-e", "0")
+    assert scored.returncode == 0, scored.stderr
+    line = next(line for line in scored.stdout.splitlines() if line.startswith("Bracketing FMeasure"))
+    assert line.split("=")[1].strip() in (f"{figures['evalb_f1']:.2f}", "-nan")
+
+
+def test_train_and_prepare_on_a_treebank_folder(tmp_path):
+    splits = builtin_treebank(train_size=300, test_size=10)
+    write_treebank(tmp_path / "tb", {"train": splits["train"], "dev": splits["dev"]})
+    env = {**os.environ, "VASWANI_PREPARED_CACHE": str(tmp_path / "cache")}
+    prepared = vaswani("prepare", "--task", "parse", "--data", str(tmp_path / "tb"), "--vocab_size", "200",
+                       "--output_dir", str(tmp_path / "prepared"), env=env)  # fmt: skip
+    assert prepared.returncode == 0, prepared.stderr[-3000:]
+    assert "--task parse" in prepared.stdout and (tmp_path / "prepared" / "labels.json").is_file()
+    run = [*PARSE_RUN, "--max_steps", "4", "--output_dir", str(tmp_path / "model")]
+    result = vaswani("train", *run, "--data", str(tmp_path / "prepared"), env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert json.loads(next(line for line in result.stdout.splitlines() if line.startswith('{"')))["eval_split"] == "dev"
+    # from the raw folder: converted into the cache once, then prepared there
+    result = vaswani("train", *run, "--data", str(tmp_path / "tb"), "--overwrite_output_dir", env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert len(list((tmp_path / "cache" / "treebanks").glob("*/labels.json"))) == 1
+
+
+def test_bad_parsing_input_gets_a_clear_error(parser, tmp_path):
+    (tmp_path / "tb").mkdir()
+    (tmp_path / "tb" / "train.trees").write_text("(S (NP (DT a) (NN b)))\n(S (NP (DT a) (NN b))\n")
+    result = vaswani("prepare", "--task", "parse", "--data", str(tmp_path / "tb"))
+    assert result.returncode == 2 and "train.trees: tree 2 (line 2): unbalanced brackets" in result.stderr
+    result = vaswani("parse", str(parser), "--long-lines", "split", stdin="a b\n")
+    assert result.returncode == 2 and "--long-lines split" in result.stderr
+    (tmp_path / "gold").write_text("(S (NN a))\n(S (NN b))\n")
+    (tmp_path / "test").write_text("(S (NN a))\n")
+    result = vaswani("evalb", str(tmp_path / "gold"), str(tmp_path / "test"))
+    assert result.returncode == 2 and "gold holds 2 trees but" in result.stderr and "test holds 1" in result.stderr
+    # a sentence longer than the model reads: an error naming the line, or its tree still holds every word
+    long_line = " ".join(["dog"] * 80) + "\n"
+    result = vaswani("parse", str(parser), "--long-lines", "error", "--num-beams", "1", stdin="a dog\n" + long_line)
+    assert result.returncode == 2 and "line 2" in result.stderr
+    result = vaswani("parse", str(parser), "--num-beams", "1", stdin=long_line)
+    assert result.returncode == 0 and len(parse_tree(result.stdout).words()) == 80
+
+
+def test_parse_refuses_a_translation_model(tmp_path):
+    model = tmp_path / "translator"
+    result = vaswani("train", "--preset", "tiny", "--max_steps", "2", "--vocab_size", "120", "--eval_split", "none",
+                     "--disable_tqdm", "true", "--output_dir", str(model))  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    result = vaswani("parse", str(model), stdin="a b\n")
+    assert result.returncode == 2 and "not a parser" in result.stderr
+
+
+def test_tree_texts_of_a_written_treebank_read_back(tmp_path):
+    splits = builtin_treebank(train_size=20, test_size=3)
+    (path,) = write_treebank(tmp_path, {"test": splits["test"]})
+    assert [str(parse_tree(text)) for _, text in tree_texts(path.read_text().splitlines(True))] == [
+        str(tree) for tree in splits["test"]
+    ]
