@@ -34,6 +34,8 @@ class Server:
     """`vaswani serve` in its own process, ready when /health says so."""
 
     def __init__(self, model, *options: str) -> None:
+        if "--precision" not in options:  # the answers are compared with fp32's: auto picks bf16 on some CPUs
+            options = (*options, "--precision", "fp32")
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.process = subprocess.Popen([sys.executable, "-m", "vaswani_hf.cli", "serve", str(model), "--port",
@@ -78,7 +80,7 @@ def server(model):
 def reference(model):
     """`vaswani translate` of LINES, an empty line and a repeated line among them."""
     lines = [*LINES[:5], "", *LINES[5:], LINES[0]]
-    result = vaswani("translate", str(model), stdin="\n".join(lines) + "\n")
+    result = vaswani("translate", str(model), "--precision", "fp32", stdin="\n".join(lines) + "\n")
     assert result.returncode == 0, result.stderr[-3000:]
     return lines, result.stdout.split("\n")[: len(lines)]
 

@@ -1,7 +1,8 @@
 """A parser's search kept to trees of the sentence (an option beside section 6.3's plain beam search): at each step a
 hypothesis may only take a symbol after which it can still become a tree over exactly the sentence's words.
 
-- a tag while fewer tags than words were written; an opening label too (it will hold one of the words left);
+- a tag while fewer tags than words were written; an opening label too (it will hold one of the words left), up
+  to two constituents a word and five more;
 - the closing symbol of the innermost open constituent only, once that constituent holds a word;
 - the end of the sentence only when every word has its tag and every constituent is closed;
 - nothing else (the vocabulary's word pieces are no tree symbols).
@@ -61,7 +62,11 @@ class TreeConstraint(LogitsProcessor):
 
         allowed = torch.zeros_like(scores, dtype=torch.bool)
         room = written < words
-        allowed |= room[:, None] & ((kinds == TAG) | (kinds == OPEN))[None, :]
+        # at most 2 constituents a word and 5 more (treebanks have about one): an untrained model that keeps
+        # opening would otherwise run to the length limit
+        nesting = room & (opens.sum(1) < 2 * words + 5)
+        allowed |= room[:, None] & (kinds == TAG)[None, :]
+        allowed |= nesting[:, None] & (kinds == OPEN)[None, :]
         close_row = torch.nonzero(has_open & holds_word).squeeze(1)
         allowed[close_row, self.closing.to(ids.device)[label[close_row]]] = True
         allowed[:, self.eos] = (written == words) & (depth == 0)
