@@ -18,13 +18,12 @@ from transformers import HfArgumentParser
 
 from .cli_decoding import (
     at_least_one,
-    evaluate_command,
     score_command,
     serve_command,
     shortlist_command,
     translate_command,
 )
-from .cli_parsing import evalb_command, parse_command
+from .cli_parsing import evalb_command, evaluate_command, parse_command
 
 logger = logging.getLogger("vaswani")
 

@@ -257,7 +257,10 @@ def _read_lines(path: str | None) -> list[str]:
         raise ValueError(f"{path} is not UTF-8 text (byte {err.start}).") from None
 
 
-def evaluate_command(argv: list[str]) -> int:
+def evaluate_command(argv: list[str], more_arguments=None, other_model=None) -> int:
+    """`vaswani evaluate`; `more_arguments(parser)` adds options, and `other_model(args, model, tokenizer,
+    precision)` evaluates a model that is no translator, returning its exit status (None: a translator); the
+    parsing jobs give both (`cli_parsing.evaluate_command`)."""
     from .data.readers import load_split
     from .data.tasks import builtin_splits
     from .translation.inference import evaluate
@@ -279,17 +282,14 @@ def evaluate_command(argv: list[str]) -> int:
                         "local 🤗 Evaluate module (a folder holding NAME.py, or the .py file), or a Hub id when "
                         "online")  # fmt: skip
     _add_decoding_job_options(parser)
-    from .cli_parsing import add_tree_search
-
-    add_tree_search(parser)  # a parse model's search (ignored for translation)
+    if more_arguments is not None:
+        more_arguments(parser)
     args = parser.parse_args(argv)
     model_dirs = _model_dirs(parser, args)
     load_metrics(args.metric)  # a metric that does not load stops before any model is read or sentence decoded
     model, tokenizer, precision = _load(args, model_dirs)
-    if getattr(model, "config", None) is not None and getattr(model.config, "parsing", None):
-        from .cli_parsing import evaluate_parser  # a parse model: trees scored as EVALB scores them
-
-        return evaluate_parser(args, model, tokenizer, precision)
+    if other_model is not None and (status := other_model(args, model, tokenizer, precision)) is not None:
+        return status
     # every pair of a test set is scored, an empty source too (its hypothesis is empty), so that the hypotheses
     # stay line by line beside the references
     pairs = (load_split(args.data, args.split, args.src, args.tgt, keep_empty=True) if args.data

@@ -13,6 +13,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from .cli_decoding import _add_decoding_job_options, _decoding, _load, _stream_lines, at_least_one
+from .cli_decoding import evaluate_command as evaluate_models
 
 PARSE_LONG_LINES = ("cut", "error")  # `split` would rejoin two trees: no tree of the sentence
 TREE_SEARCHES = ("constrained", "plain")
@@ -163,6 +164,17 @@ def evaluate_parser(args: argparse.Namespace, model, tokenizer, precision) -> in
     print(json.dumps({"split": args.split, "sentences": len(pairs), "precision": precision.name, **result.as_dict(),
                       "repaired": repaired, "lines_cut": len(report.cut)}))  # fmt: skip
     return 0
+
+
+def evaluate_command(argv: list[str]) -> int:
+    """`vaswani evaluate`: a translation model's BLEU and chrF, a parse model's EVALB figures."""
+
+    def parser_or_none(args, model, tokenizer, precision) -> int | None:
+        if getattr(getattr(model, "config", None), "parsing", None):
+            return evaluate_parser(args, model, tokenizer, precision)
+        return None
+
+    return evaluate_models(argv, add_tree_search, parser_or_none)
 
 
 def evalb_command(argv: list[str]) -> int:
