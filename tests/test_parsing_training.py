@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from vaswani_hf.parsing.builtin_treebank import builtin_treebank, write_treebank
+from vaswani_hf.parsing.treebank import clean
 from vaswani_hf.parsing.trees import parse_tree, tree_texts
 
 from .helpers import vaswani
@@ -86,7 +87,9 @@ def test_evaluate_a_parser_on_a_treebank_folder_prints_evalbs_summary(parser, tm
     figures = json.loads(result.stdout.splitlines()[-1])
     assert figures["evalb_sentences"] == 5 and figures["sentences"] == 5
     # the trees written score the same through vaswani evalb against the raw gold file
-    scored = vaswani("evalb", str(tmp_path / "tb" / "test.trees"), str(tmp_path / "hyp.trees"), "-e", "0")
+    # (the gold cleaned under a TOP bracket: EVALB counts the raw files' empty top as a bracket of its own)
+    (tmp_path / "gold.trees").write_text("".join(f"(TOP {clean(tree)})\n" for tree in splits["test"]))
+    scored = vaswani("evalb", str(tmp_path / "gold.trees"), str(tmp_path / "hyp.trees"), "-e", "0")
     assert scored.returncode == 0, scored.stderr
     line = next(line for line in scored.stdout.splitlines() if line.startswith("Bracketing FMeasure"))
     assert line.split("=")[1].strip() in (f"{figures['evalb_f1']:.2f}", "-nan")
