@@ -5,13 +5,20 @@
 #      trial, chunked_loss among its candidates); a torch.profiler table of one beam-4 batch-64 call, eager and graphed;
 #   2. a WMT-shaped corpus of 1M pairs (open vocabulary) prepared with `vaswani prepare`, then
 #      benchmarks/train_pipeline.py: `vaswani train` against its bare step at the paper's batch;
-#   3. the whole default test suite with CUDA visible, with the time left (pytest-xdist; each result logged as it
+#   3. benchmarks/parsing.py: the built-in treebank's parser trained and scored on the card (`--task parse`, beam 21
+#      with the tree constraint, which runs the eager search);
+#   4. the whole default test suite with CUDA visible, with the time left (pytest-xdist; each result logged as it
 #      comes, so a suite cut short still says what passed).
-# Wheels (Transformers and what it needs, as docs/performance.md says) and make_corpus.py travel in $CARRY.
-# The arguments name the parts to run (default: all three, in one call; the suite then gets what the measurements
+# Wheels and make_corpus.py travel in $CARRY: the image has torch but not our versions of the rest. On 2026-11-28
+# (image: torch 2.11.0+cu130, transformers 5.17.0, no datasets, evaluate, fastapi) this set served: transformers
+# tokenizers datasets dill multiprocess fsspec evaluate fastapi starlette pydantic pydantic-core typing-inspection
+# annotated-types typing-extensions opentelemetry-api uvicorn httptools python-multipart prometheus-client
+# parameterized libretranslatepy, at the versions of the local environment (pip download --no-deps, cp312).
+# The arguments name the parts to run (default: all four, in one call; the suite then gets what the measurements
 # leave, so a session that needs the whole suite on the card gives it a call of its own: `suite`).
 #
-#   bash benchmarks/gpu_session.sh                        # on the device machine: decoding training suite
+#   bash benchmarks/gpu_session.sh                        # on the device machine: decoding training parse suite
+#   bash benchmarks/gpu_session.sh parse suite            # some parts only, in this order
 #   bash benchmarks/gpu_session.sh suite                  # the suite alone, with the whole call's time
 #   GPU_SESSION_DRY=1 bash benchmarks/gpu_session.sh      # its parts on a CPU, tiny: a dry run before the lease
 set -uo pipefail
@@ -20,7 +27,7 @@ OUT=${OUT:-/tmp/gpu_session}
 CARRY=${CARRY:-.carry}
 BUDGET=${GPU_SESSION_SECONDS:-540}
 DRY=${GPU_SESSION_DRY:-0}
-PARTS=" ${*:-decoding training suite} "
+PARTS=" ${*:-decoding training parse suite} "
 mkdir -p "$OUT"
 left() { echo $((BUDGET - SECONDS)); }
 say() { echo "[$(date +%T) +${SECONDS}s] $*" | tee -a "$OUT/session.log"; }
@@ -43,11 +50,13 @@ if [ "$DRY" = 1 ]; then
     PAIRS=5000 PIPELINE=(--preset tiny --steps 2 4 --max-tokens 512 --bare-shape 16 32 --precision fp32)
     SUITE=(tests/test_graph_decoding.py -k "kept or bucket or replay")
     PROFILE_ARGS="tiny cpu"
+    PARSE=(--train_args "--max_steps 4")
 else
     GPU=(--rounds 5)
     PAIRS=1000000 PIPELINE=(--steps 40 160 --run-timeout 150)
     SUITE=(-n 15)
     PROFILE_ARGS="base cuda"
+    PARSE=()
 fi
 
 if [[ $PARTS == *" decoding "* ]]; then
@@ -97,8 +106,15 @@ cp /tmp/gpu_session_runs/*.log "$OUT/" 2>/dev/null  # each run's log holds its s
 
 fi
 
+if [[ $PARTS == *" parse "* ]]; then
+say "3. the built-in treebank's parser, trained and scored"
+timeout -k 10 300 python3 benchmarks/parsing.py --output_dir /tmp/gpu_session_parse "${PARSE[@]}" \
+    >"$OUT/parse.txt" 2>>"$OUT/session.log" || say "parsing.py: exit $?"
+cat "$OUT/parse.txt" >>"$OUT/session.log"
+fi
+
 [[ $PARTS == *" suite "* ]] || exit 0
-say "3. the default suite with CUDA visible, $(left) s left: the CUDA runs first, then the rest"
+say "4. the default suite with CUDA visible, $(left) s left: the CUDA runs first, then the rest"
 for part in gpu rest; do
     if [ "$part" = gpu ]; then marks=(-m "gpu and not slow"); else marks=(-m "not gpu and not slow"); fi
     [ "$DRY" = 1 ] && marks=()

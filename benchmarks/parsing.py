@@ -22,7 +22,11 @@ FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16")
 
 
 def cpu() -> str:
-    """The CPU's model name and the flags that decide its fast paths."""
+    """The card's name where a GPU trains, else the CPU's model name and the flags that decide its fast paths."""
+    import torch
+
+    if torch.cuda.is_available():
+        return f"{torch.cuda.get_device_name()} (torch {torch.__version__})"
     try:
         info = Path("/proc/cpuinfo").read_text()
     except OSError:

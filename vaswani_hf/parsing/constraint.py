@@ -35,14 +35,22 @@ class TreeConstraint(LogitsProcessor):
 
     def __init__(self, kinds: torch.Tensor, closing: torch.Tensor, eos: int, words: torch.Tensor) -> None:
         self.kinds, self.closing, self.eos, self.words = kinds, closing, eos, words
+        self.on_device: dict[torch.device, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+
+    def tables(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The tables on the search's device, moved once: a copy a step, and a read-back a step for the rows,
+        would make every step of a GPU search wait on the host."""
+        if device not in self.on_device:
+            self.on_device[device] = (self.kinds.to(device), self.closing.to(device), self.words.to(device))
+        return self.on_device[device]
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor,
                  row_examples: torch.Tensor | None = None) -> torch.FloatTensor:  # fmt: skip
-        rows = input_ids.shape[0]
+        rows, device = input_ids.shape[0], input_ids.device
+        kinds, closing, words = self.tables(device)
         if row_examples is None:  # every example still in the batch, its beams side by side
-            row_examples = torch.arange(self.words.shape[0]).repeat_interleave(rows // self.words.shape[0])
-        words = self.words[row_examples.cpu()].to(input_ids.device)
-        kinds = self.kinds.to(input_ids.device)
+            row_examples = torch.arange(words.shape[0], device=device).repeat_interleave(rows // words.shape[0])
+        words = words[row_examples.to(device)]
         if kinds.shape[0] < scores.shape[1]:  # entries past the tokenizer's (a resized model's): no tree symbols
             kinds = torch.cat([kinds, kinds.new_full((scores.shape[1] - kinds.shape[0],), OTHER)])
         # after the decoder's start symbol; a column of padding in front keeps the first step's tensors non-empty
@@ -67,8 +75,10 @@ class TreeConstraint(LogitsProcessor):
         nesting = room & (opens.sum(1) < 2 * words + 5)
         allowed |= room[:, None] & (kinds == TAG)[None, :]
         allowed |= nesting[:, None] & (kinds == OPEN)[None, :]
-        close_row = torch.nonzero(has_open & holds_word).squeeze(1)
-        allowed[close_row, self.closing.to(ids.device)[label[close_row]]] = True
+        # each row may close its innermost constituent once it holds a word (a gather and scatter, not the rows'
+        # indices, which a GPU would have to send back to the host)
+        close = closing[label][:, None]
+        allowed.scatter_(1, close, allowed.gather(1, close) | (has_open & holds_word)[:, None])
         allowed[:, self.eos] = (written == words) & (depth == 0)
         allowed[:, self.eos] |= ~allowed.any(1)  # a row past its limit or of a finished sentence: never all masked
         return scores.masked_fill(~allowed, float("-inf"))
