@@ -105,8 +105,9 @@ def test_an_unmodified_libretranslate_client_works(server, reference):
 def test_json_form_and_query_string_requests_and_auto_source(server, reference):
     lines, expected = reference
     as_json = server.post("/translate", json={"q": lines[:3], "source": "auto", "target": "de", "format": "text"})
-    assert as_json.json() == {"translatedText": expected[:3],
-                              "detectedLanguage": [{"confidence": 100, "language": "en"}] * 3}  # fmt: skip
+    detected = as_json.json()["detectedLanguage"]  # one detection for the list, as LibreTranslate makes it
+    assert as_json.json()["translatedText"] == expected[:3] and detected == [detected[0]] * 3
+    assert detected[0]["language"] == "en" and 50 < detected[0]["confidence"] <= 100
     as_form = server.post("/translate", data={"q": lines[0], "source": "en", "target": "de"})
     as_query = server.post("/translate", params={"q": lines[0], "source": "en", "target": "de"})
     assert as_form.json() == as_query.json() == {"translatedText": expected[0]}
@@ -121,7 +122,8 @@ def test_a_text_of_several_lines_comes_back_line_for_line_as_vaswani_translate_g
 
 
 def test_concurrent_requests_are_batched_and_each_gets_what_vaswani_translate_gives(server, reference):
-    lines, expected = reference
+    pairs = [(line, out) for line, out in zip(*reference, strict=True) if line]  # an empty q is refused (400)
+    lines, expected = [line for line, _ in pairs], [out for _, out in pairs]
     metrics = httpx.get(f"{server.url}/metrics").text
     before = _metric(metrics, "vaswani_batch_lines_count")
 
@@ -169,16 +171,40 @@ def test_the_native_api_gives_nbest_with_scores_and_is_documented(server, refere
     ("path", "request_kwargs", "status", "message"),
     [
         ("/translate", {"content": b"{not json", "headers": {"content-type": "application/json"}}, 400,
-         "not valid JSON"),
-        ("/translate", {"json": {"source": "en", "target": "de"}}, 422, "q: Field required"),
-        ("/translate", {"json": {"q": 5, "source": "en", "target": "de"}}, 422, "q"),
-        ("/translate", {"json": {"q": "one", "source": "fr", "target": "de"}}, 400,
-         "fr->de is not served: this model translates en->de"),
-        ("/translate", {"json": {"q": "one", "source": "en", "target": "es"}}, 400, "translates en->de"),
-        ("/translate", {"json": {"q": "one " * 501, "source": "en", "target": "de"}}, 413, "at most 2000"),
-        ("/translate", {"json": {"q": "one", "source": "en", "target": "de", "format": "html"}}, 400, "format"),
+         "Invalid JSON format"),
+        ("/translate", {"json": ["one"]}, 400, "Invalid JSON format"),
+        ("/translate", {"json": {"source": "en", "target": "de"}}, 400, "Invalid request: missing q parameter"),
+        ("/translate", {"json": {"q": "", "source": "en", "target": "de"}}, 400, "missing q parameter"),
+        ("/translate", {"json": {"q": "one", "target": "de"}}, 400, "Invalid request: missing source parameter"),
+        ("/translate", {"data": {"q": "one", "source": "en"}}, 400, "Invalid request: missing target parameter"),
+        ("/translate", {"json": {"q": 5, "source": "en", "target": "de"}}, 400, "q must be a text"),
+        ("/translate", {"json": {"q": "one", "source": "fr", "target": "de"}}, 400, "fr is not supported"),
+        ("/translate", {"json": {"q": "one", "source": "en", "target": "es"}}, 400, "es is not supported"),
+        ("/translate", {"json": {"q": "one", "source": "de", "target": "en"}}, 400,
+         "English (en) is not available as a target language from German (de)"),
+        ("/translate", {"json": {"q": "one " * 501, "source": "en", "target": "de"}}, 400,
+         "Invalid request: request (2004) exceeds text limit (2000)"),
+        ("/translate", {"json": {"q": ["one"] * 65, "source": "en", "target": "de"}}, 400,
+         "Invalid request: request (65) exceeds text limit (64)"),
+        ("/translate", {"json": {"q": "one", "source": "en", "target": "de", "format": "xml"}}, 400,
+         "xml format is not supported"),
+        ("/translate", {"data": {"q": "one", "source": "en", "target": "de", "alternatives": "x"}}, 400,
+         "Invalid request: alternatives parameter is not a number"),
+        ("/translate", {"json": {"q": "one", "source": "en", "target": "de", "alternatives": 8}}, 400,
+         "Invalid request: alternatives parameter must be <= 7"),
+        ("/translate", {"json": {"q": "a\n" * 201, "source": "en", "target": "de"}}, 400, "at most 200 a request"),
+        ("/detect", {"data": {"q": ""}}, 400, "Invalid request: missing q parameter"),
+        ("/suggest", {"data": {"q": "one", "s": "eins", "source": "en", "target": "de"}}, 403,
+         "Suggestions are disabled on this server."),
         ("/v1/translate", {"json": {"texts": "one"}}, 422, "texts"),
         ("/v1/translate", {"json": {"texts": ["one"], "beam_size": 0}}, 422, "beam_size"),
+        ("/v1/translate", {"json": {"texts": ["one"], "beam_size": 17}}, 422, "beam_size 17 is over this server's "
+         "limit of 16 (--max_beam)"),
+        ("/v1/translate", {"json": {"texts": ["one"], "nbest": 9}}, 422, "limit of 8 (--max_nbest)"),
+        ("/v1/translate", {"json": {"texts": ["one"], "length_penalty": 2.5}}, 422, "length_penalty"),
+        ("/v1/translate", {"content": b'{"texts": ["one"], "length_penalty": NaN}',
+                           "headers": {"content-type": "application/json"}}, 422, "length_penalty"),
+        ("/v1/translate", {"json": {"texts": ["one " * 501]}}, 413, "exceeds text limit (2000)"),
     ],
 )  # fmt: skip
 def test_bad_input_is_refused_by_name_and_the_server_goes_on(server, path, request_kwargs, status, message):
@@ -196,10 +222,15 @@ def test_api_keys_are_needed_when_given_and_cors_is_off_by_default(model, tmp_pa
     keys.write_text("secret-1\n\nsecret-2\n")
     keyed = Server(model, "--api_keys", str(keys), "--cors_origins", "https://app.example")
     try:
-        refused = keyed.post("/translate", json={"q": LINES[0], "source": "en", "target": "de"})
-        assert refused.status_code == 403 and "API key" in refused.json()["error"]
+        missing = keyed.post("/translate", json={"q": LINES[0], "source": "en", "target": "de", "api_key": ""})
+        assert missing.status_code == 400  # LibreTranslate's: no key is 400, a wrong one 403
+        assert missing.json() == {"error": "Please contact the server operator to obtain an API key"}
+        wrong = keyed.post("/translate", json={"q": LINES[0], "source": "en", "target": "de", "api_key": "guess"})
+        assert wrong.status_code == 403 and wrong.json() == {"error": "Invalid API key"}
         assert LibreTranslateAPI(keyed.url, api_key="secret-2").translate(LINES[0], "en", "de")
-        assert keyed.post("/v1/translate", json={"texts": [LINES[0]]}).status_code == 403
+        assert keyed.post("/v1/translate", json={"texts": [LINES[0]]}).status_code == 400
+        assert httpx.get(f"{keyed.url}/metrics").status_code == 400  # behind the key too (--open_metrics opens it)
+        assert httpx.get(f"{keyed.url}/metrics", headers={"Authorization": "Bearer secret-1"}).status_code == 200
         bearer = keyed.post("/v1/translate", json={"texts": [LINES[0]]}, headers={"Authorization": "Bearer secret-1"})
         assert bearer.status_code == 200
         cors = httpx.options(f"{keyed.url}/translate", headers={"Origin": "https://app.example",

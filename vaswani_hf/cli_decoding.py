@@ -353,7 +353,28 @@ def serve_command(argv: list[str]) -> int:
                         "batch)")  # fmt: skip
     parser.add_argument("--max_wait_ms", type=float, default=10.0,
                         help="how long the oldest waiting line waits for others to share its batch")  # fmt: skip
-    parser.add_argument("--max_chars", type=at_least_one, default=5000, help="most characters per request (413)")
+    parser.add_argument("--max_chars", type=at_least_one, default=5000,
+                        help="most characters a request, its texts together (400 on LibreTranslate's API, 413 on "
+                        "the native one)")  # fmt: skip
+    parser.add_argument("--max_lines", type=at_least_one, default=200, help="most lines a request, its texts "
+                        "together")  # fmt: skip
+    parser.add_argument("--batch_limit", type=at_least_one, default=64,
+                        help="most texts in a request's list (LibreTranslate's --batch-limit)")  # fmt: skip
+    parser.add_argument("--max_body_bytes", type=at_least_one, default=1_000_000,
+                        help="most bytes a request body, refused before it is read (files for /translate_file "
+                        "included)")  # fmt: skip
+    parser.add_argument("--max_queue_lines", type=at_least_one, default=2048,
+                        help="most lines waiting for a batch; past it a request is refused at once with "
+                        "Retry-After (429 on LibreTranslate's API, 503 on the native one)")  # fmt: skip
+    parser.add_argument("--max_beam", type=at_least_one, default=16, help="the widest beam a request may ask for")
+    parser.add_argument("--max_nbest", type=at_least_one, default=8,
+                        help="most translations a request may ask for (n-best; alternatives + 1)")  # fmt: skip
+    parser.add_argument("--open_metrics", action="store_true",
+                        help="with --api_keys, serve /metrics without a key too (a scraper inside your "
+                        "network)")  # fmt: skip
+    parser.add_argument("--detect_threshold", type=float, default=0.9,
+                        help="source auto: refuse text the language identifier gives another language with at least "
+                        "this probability (0-1; 1.01 never refuses)")  # fmt: skip
     parser.add_argument("--request_timeout", type=float, default=60.0, help="seconds a request may wait (504)")
     parser.add_argument("--drain_seconds", type=float, default=30.0,
                         help="after SIGTERM, how long requests in flight may take to finish")  # fmt: skip
@@ -379,14 +400,18 @@ def serve_command(argv: list[str]) -> int:
                         max_chars=args.max_chars, request_timeout=args.request_timeout,
                         drain_seconds=args.drain_seconds, api_keys=keys,
                         cors_origins=tuple(o.strip() for o in args.cors_origins.split(",") if o.strip()),
-                        long_lines=args.long_lines, decoding=_decoding(args))  # fmt: skip
+                        long_lines=args.long_lines, decoding=_decoding(args), max_lines=args.max_lines,
+                        batch_limit=args.batch_limit, max_body_bytes=args.max_body_bytes,
+                        max_queue_lines=args.max_queue_lines, max_beam=args.max_beam, max_nbest=args.max_nbest,
+                        open_metrics=args.open_metrics, detect_threshold=args.detect_threshold)  # fmt: skip
     model, tokenizer, precision = _load(args, [args.model_dir])
     device = str(getattr(model, "device", "cpu"))
     service = Service(model, tokenizer, settings, args.model_dir, device, precision.name, languages)
     start = time.monotonic()
     service.warm_up()
     print(f"warmed up in {time.monotonic() - start:.1f} s; serving {languages[0]}->{languages[1]} on "
-          f"http://{args.host}:{args.port} (LibreTranslate: POST /translate; POST /v1/translate; docs at /docs)",
+          f"http://{args.host}:{args.port} (try it: GET /; LibreTranslate: POST /translate; POST /v1/translate; "
+          "docs at /docs)",
           file=sys.stderr, flush=True)  # fmt: skip
     serve(service, args.host, args.port)
     print("stopped", file=sys.stderr, flush=True)

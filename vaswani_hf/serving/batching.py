@@ -7,7 +7,8 @@ when that is later: the clients just answered send their next lines then) or whe
 `max_batch_tokens` (padded: lines x longest, as `vaswani translate --max-tokens` counts). It holds the oldest line,
 so none starves, and the lines nearest it in length with the same decoding options. A request's lines may travel
 in different batches; each line's result is set on its own future, so a request gets them back in order. A line
-whose request was abandoned (its client left, or its time ran out) is dropped before it is batched.
+whose request was abandoned (its client left, or its time ran out) is dropped before it is batched. A batch that
+fails is translated again line by line, so that a line that fails alone (too long, say) fails only its own request.
 """
 
 from __future__ import annotations
@@ -46,14 +47,17 @@ class BatchStats:
 class DynamicBatcher:
     """The queue and its one worker thread. `translate(texts, options)` translates a batch (a list of lines) and
     returns one result per line; `count_tokens(text)` measures a line; `on_batch(BatchStats)` hears of each
-    batch. `max_batch_tokens` 0 or a value below any line's length makes every batch one line (batching off)."""
+    batch, `on_drop(lines)` of abandoned lines dropped unbatched. `max_batch_tokens` 0 or a value below any line's
+    length makes every batch one line (batching off)."""
 
     def __init__(self, translate: Callable[[list[str], dict], list], count_tokens: Callable[[str], int],
                  max_batch_tokens: int = 4096, max_wait_ms: float = 10.0,
-                 on_batch: Callable[[BatchStats], None] | None = None) -> None:  # fmt: skip
+                 on_batch: Callable[[BatchStats], None] | None = None,
+                 on_drop: Callable[[int], None] | None = None) -> None:  # fmt: skip
         self.translate, self.count_tokens = translate, count_tokens
         self.max_batch_tokens, self.max_wait = max_batch_tokens, max_wait_ms / 1000
         self.on_batch = on_batch or (lambda stats: None)
+        self.on_drop = on_drop or (lambda lines: None)
         self.waiting: list[Line] = []  # in arrival order
         self.condition = threading.Condition()
         self.stopped = False
@@ -67,11 +71,16 @@ class DynamicBatcher:
         """Lines waiting for a batch."""
         return len(self.waiting)
 
-    def submit(self, texts: list[str], options: dict, loop: asyncio.AbstractEventLoop) -> list[Line]:
-        """Queue a request's lines; await each line's `future` for its result."""
+    def submit(self, texts: list[str], options: dict, loop: asyncio.AbstractEventLoop,
+               tokens: list[int] | None = None, max_depth: int | None = None) -> list[Line] | None:  # fmt: skip
+        """Queue a request's lines (their token counts, when the caller has them); await each line's `future` for
+        its result. None, and nothing queued, when the lines would take the queue past `max_depth`."""
         key = tuple(sorted(options.items()))
-        lines = [Line(text, self.count_tokens(text), key, loop.create_future(), loop) for text in texts]
+        counts = tokens if tokens is not None else [self.count_tokens(text) for text in texts]
+        lines = [Line(text, count, key, loop.create_future(), loop) for text, count in zip(texts, counts, strict=True)]
         with self.condition:
+            if max_depth is not None and len(self.waiting) + len(lines) > max_depth:
+                return None
             self.waiting.extend(lines)
             self.condition.notify()
         return lines
@@ -92,7 +101,10 @@ class DynamicBatcher:
         """Wait for lines, then for the oldest line's deadline or a full budget; take its batch."""
         with self.condition:
             while True:
-                self.waiting = [line for line in self.waiting if not line.abandoned]
+                kept = [line for line in self.waiting if not line.abandoned]
+                if len(kept) < len(self.waiting):
+                    self.on_drop(len(self.waiting) - len(kept))
+                self.waiting = kept
                 if self.stopped:
                     return None
                 if not self.waiting:
@@ -138,18 +150,35 @@ class DynamicBatcher:
             stats = BatchStats(len(batch), self._padded(batch), 0.0)
             try:
                 results = self.translate([line.text for line in batch], dict(batch[0].options))
-            except Exception as err:  # the batch's requests get the cause; the next batch is served as usual
+            except Exception as err:  # the next batch is served as usual
                 stats.error = type(err).__name__
-                cause = RuntimeError(f"{type(err).__name__}: {err}")
-                for line in batch:
-                    _hand_back(line, None, cause)
-            else:
-                for line, result in zip(batch, results, strict=True):
-                    _hand_back(line, result, None)
-                stats.output_tokens = sum(getattr(result, "tokens", 0) for result in results)
+                results = self._one_by_one(batch) if len(batch) > 1 else [_failure(err)]
+            for line, result in zip(batch, results, strict=True):
+                failed = isinstance(result, RuntimeError)
+                _hand_back(line, None if failed else result, result if failed else None)
+            stats.output_tokens = sum(getattr(result, "tokens", 0) for result in results)
             stats.seconds = time.monotonic() - start
             self.busy, self.free_since = False, time.monotonic()
             self.on_batch(stats)
+
+    def _one_by_one(self, batch: list[Line]) -> list:
+        """A failed batch's lines, each alone: a line that fails again gets its cause, the others their
+        translations (a line the model cannot take must not fail the requests it shared a batch with)."""
+        results = []
+        for line in batch:
+            if line.abandoned:
+                results.append(_failure(ConnectionAbortedError("the request was abandoned")))
+                continue
+            try:
+                (result,) = self.translate([line.text], dict(line.options))
+            except Exception as err:
+                result = _failure(err)
+            results.append(result)
+        return results
+
+
+def _failure(err: Exception) -> RuntimeError:
+    return RuntimeError(f"{type(err).__name__}: {err}")
 
 
 def _hand_back(line: Line, result, error: BaseException | None) -> None:

@@ -5,14 +5,19 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import torch
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from ..model.alignment_vaswani import forced_attentions
 from ..translation.inference import translate_nbest
+from ..translation.source_lines import source_limit
 from .batching import BatchStats, DynamicBatcher, Line
+from .language_id import identifier
 
 # the options a request may set, and what `generate()` calls them
 DECODING_OPTIONS = {"beam_size": "num_beams", "length_penalty": "length_penalty"}
@@ -25,12 +30,26 @@ class TranslationError(Exception):
     """A request's text could not be translated (a batch failed in the model)."""
 
 
+class Overloaded(Exception):
+    """The queue holds as many lines as it may (--max_queue_lines): retry after `retry_after` seconds."""
+
+    def __init__(self, waiting: int, retry_after: int) -> None:
+        super().__init__(f"the server is over its limit ({waiting} lines waiting, --max_queue_lines): retry in "
+                         f"{retry_after} s")  # fmt: skip
+        self.retry_after = retry_after
+
+
+class LineTooLong(ValueError):
+    """A line over the model's source limit, with --long-lines error: refused before it is queued."""
+
+
 @dataclass
 class Translation:
     """One line's n-best, best first: (text, score); `tokens`, the best one's output token count (for the metrics)."""
 
     nbest: list[tuple[str, float | None]]
     tokens: int = 0
+    attention: dict | None = None  # the best one's cross-attention, when the request asked for it
 
 
 @dataclass
@@ -46,6 +65,16 @@ class Settings:
     cors_origins: tuple[str, ...] = ()
     long_lines: str = "cut"
     decoding: dict = field(default_factory=dict)  # the command's --beam-size etc., as generate() keywords
+    # bounds checked before any work (docs/serving.md, "Limits")
+    max_body_bytes: int = 1_000_000
+    max_lines: int = 200  # lines a request, over all its texts
+    batch_limit: int = 64  # texts in a list (LibreTranslate's --batch-limit)
+    max_queue_lines: int = 2048  # lines waiting for a batch; past it requests are refused with Retry-After
+    max_beam: int = 16
+    max_nbest: int = 8
+    open_metrics: bool = False  # /metrics without a key even when --api_keys is given
+    detect_threshold: float = 0.9  # the identifier's confidence past which `source: auto` refuses another language
+    detect_min_chars: int = 20  # shorter texts are translated whatever the identifier says
 
 
 class Metrics:
@@ -56,6 +85,11 @@ class Metrics:
         r = self.registry
         self.requests = Counter("vaswani_requests", "requests answered, by API and status", ["api", "status"],
                                 registry=r)  # fmt: skip
+        self.shed = Counter("vaswani_shed_requests", "requests refused at once because the queue was full",
+                            registry=r)  # fmt: skip
+        self.shed_lines = Counter("vaswani_shed_lines", "lines of the requests refused for a full queue", registry=r)
+        self.dropped = Counter("vaswani_dropped_lines", "lines dropped before a batch: their client left or their "
+                               "time ran out", registry=r)  # fmt: skip
         self.errors = Counter("vaswani_errors", "requests refused or failed, by kind", ["kind"], registry=r)
         self.queue = Gauge("vaswani_queue_lines", "lines waiting for a batch", registry=r)
         self.batch_lines = Histogram("vaswani_batch_lines", "lines per batch", registry=r,
@@ -91,50 +125,108 @@ class Service:
         self.metrics = Metrics()
         self.ready = self.draining = False
         self.in_flight = 0
+        self.limit = source_limit(model, tokenizer)
+        self.lines_per_second = 0.0  # the worker's pace, for Retry-After
         self.batcher = DynamicBatcher(self.translate_batch, self.count_tokens, settings.max_batch_tokens,
-                                      settings.max_wait_ms, self.metrics.batch)  # fmt: skip
+                                      settings.max_wait_ms, self.on_batch, self.metrics.dropped.inc)  # fmt: skip
 
     def count_tokens(self, text: str) -> int:
         return len(self.tokenizer(text)["input_ids"]) if text.strip() else 0
 
+    def on_batch(self, stats: BatchStats) -> None:
+        self.metrics.batch(stats)
+        if stats.seconds > 0:
+            pace = stats.lines / stats.seconds
+            self.lines_per_second = pace if not self.lines_per_second else 0.8 * self.lines_per_second + 0.2 * pace
+
+    def retry_after(self) -> int:
+        """Seconds until the queue has room again, at the worker's pace (1 to 60)."""
+        if not self.lines_per_second:
+            return 1
+        return max(1, min(60, math.ceil(self.batcher.depth / self.lines_per_second)))
+
     def translate_batch(self, texts: list[str], options: dict) -> list[Translation]:
         """One batch, one call of what `vaswani translate` runs (`translate_nbest`)."""
         options = dict(options)
-        nbest = options.pop("nbest", 1)
+        nbest, attention = options.pop("nbest", 1), options.pop("attention", False)
         decoding = {**self.settings.decoding, **{DECODING_OPTIONS[k]: v for k, v in options.items()}}
         results = translate_nbest(self.model, self.tokenizer, texts, nbest=nbest, batch_size=len(texts),
                                   progress=False, long_lines=self.settings.long_lines, **decoding)  # fmt: skip
-        return [Translation([(text, score) for text, score, *_ in result],
-                            len(self.tokenizer(result[0][0])["input_ids"]) if result[0][0] else 0)
-                for result in results]  # fmt: skip
+        translations = [Translation([(text, score) for text, score, *_ in result],
+                                    len(self.tokenizer(result[0][0])["input_ids"]) if result[0][0] else 0)
+                        for result in results]  # fmt: skip
+        if attention:
+            for source, translation in zip(texts, translations, strict=True):
+                translation.attention = cross_attention(self.model, self.tokenizer, source, translation.nbest[0][0])
+        return translations
 
     def warm_up(self) -> None:
         """The first batch builds the kernels and the caches: done before the server says it is ready."""
         self.translate_batch(["warm up"], {})
+        identifier()  # the language identifier's model, loaded before the first /detect
         self.ready = True
 
-    async def translate(self, lines: list[str], options: dict, disconnected) -> list[Translation]:
-        """The lines' translations, in order. Raises TimeoutError past the request timeout, ConnectionAbortedError
-        when `disconnected()` says the client left (its waiting lines are dropped either way), TranslationError when
-        a batch failed."""
-        queued = self.batcher.submit(lines, options, asyncio.get_running_loop())
+    async def translate(self, lines: list[str], options: dict, left) -> list[Translation]:
+        """The lines' translations, in order. `left()` is awaited beside them and returns when the client has gone
+        (the request's receive channel). Raises Overloaded, before queueing anything, when the queue is full;
+        LineTooLong for a line over the model's limit with --long-lines error; TimeoutError past the request timeout;
+        ConnectionAbortedError as soon as the client leaves (its waiting lines are dropped either way);
+        TranslationError when its line failed in the model."""
+        tokens = [self.count_tokens(line) for line in lines]
+        if self.settings.long_lines == "error":
+            for number, count in enumerate(tokens, 1):
+                if count > self.limit:
+                    raise LineTooLong(f"line {number} has {count} tokens, but the model reads at most {self.limit}: "
+                                      "shorten it (this server refuses long lines: --long-lines error)")  # fmt: skip
+        queued = self.batcher.submit(lines, options, asyncio.get_running_loop(), tokens,
+                                     self.settings.max_queue_lines)  # fmt: skip
+        if queued is None:
+            self.metrics.shed.inc()
+            self.metrics.shed_lines.inc(len(lines))
+            raise Overloaded(self.batcher.depth, self.retry_after())
         self.metrics.queue.set(self.batcher.depth)
-        deadline = time.monotonic() + self.settings.request_timeout
+        watcher = asyncio.ensure_future(left())
         try:
             pending = {line.future for line in queued}
             while pending:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise TimeoutError
-                _, pending = await asyncio.wait(pending, timeout=min(left, 0.25))
-                if pending and await disconnected():
+                done, _ = await asyncio.wait({*pending, watcher}, timeout=self._left(queued),
+                                             return_when=asyncio.FIRST_COMPLETED)  # fmt: skip
+                if watcher in done:
                     raise ConnectionAbortedError
+                if not done:
+                    raise TimeoutError
+                pending -= done
             return [_result(line) for line in queued]
         finally:
             self.batcher.abandon(queued)
+            watcher.cancel()
             for line in queued:
                 line.future.cancel()
             self.metrics.queue.set(self.batcher.depth)
+
+    def _left(self, queued: list[Line]) -> float:
+        """Seconds left of the request's time (from its first line's arrival)."""
+        left = queued[0].arrived + self.settings.request_timeout - time.monotonic()
+        if left <= 0:
+            raise TimeoutError
+        return left
+
+
+def cross_attention(model, tokenizer, source: str, translation: str) -> dict:
+    """How each token of `translation` attended to the tokens of `source` when the model wrote it: the last decoder
+    layer's encoder-decoder attention averaged over its heads, by forced decoding (rows: the target tokens, each
+    row summing to 1). An empty line gives empty lists."""
+    if not source.strip():
+        return {"source_tokens": [], "target_tokens": [], "weights": []}
+    batch = tokenizer([source], return_tensors="pt").to(model.device)
+    labels = tokenizer(text_target=[translation], return_tensors="pt").input_ids.to(model.device)
+    start = torch.full_like(labels[:, :1], model.config.decoder_start_token_id)
+    with torch.no_grad():
+        outputs = forced_attentions(model, **batch, decoder_input_ids=torch.cat([start, labels[:, :-1]], 1))
+    weights = outputs.cross_attentions[-1][0].float().mean(0)
+    return {"source_tokens": tokenizer.convert_ids_to_tokens(batch["input_ids"][0].tolist()),
+            "target_tokens": tokenizer.convert_ids_to_tokens(labels[0].tolist()),
+            "weights": [[round(w, 4) for w in row] for row in weights.cpu().tolist()]}  # fmt: skip
 
 
 def _result(line: Line) -> Translation:

@@ -1,0 +1,268 @@
+"""LibreTranslate's API, as its own server (1.9.6) answers it and its clients call it: `POST /translate`, `/detect`,
+`/translate_file` and `/suggest`, `GET /languages`, `/frontend/settings`, `/spec` and `/download_file/...`.
+
+Fields come as LibreTranslate reads them: a JSON body alone, or else the query string and the form (urlencoded or
+multipart), the query string first; `q` may also repeat in a form. Refusals are LibreTranslate's: 400 for a missing,
+empty or invalid field and for too much text, 400 for a missing key and 403 for a wrong one, 429 ("Slowdown: ...")
+when the queue is full, 500 when the model failed, each as `{"error": message}` with LibreTranslate's wording where
+it has one. Two choices differ from it, on purpose (docs/serving.md): --max_chars counts a request's characters
+together, not each text's, and 404 and 405 are JSON too."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections import OrderedDict
+from pathlib import PurePath
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+from starlette.datastructures import UploadFile
+
+from .guard import ApiError
+from .language_id import detect
+from .markup import Document
+from .native import alternative, lines_of
+from .service import LANGUAGE_NAMES, Service
+
+FILE_FORMATS = {".txt": "text/plain; charset=utf-8", ".html": "text/html; charset=utf-8",
+                ".htm": "text/html; charset=utf-8"}  # fmt: skip
+KEPT_FILES, KEPT_SECONDS = 64, 3600  # translated files waiting for their download: the newest, for an hour
+
+
+def missing(name: str) -> ApiError:
+    return ApiError(400, f"Invalid request: missing {name} parameter", "invalid")
+
+
+def libretranslate_router(service: Service, run, check_key) -> APIRouter:
+    """The routes; `run` translates a request's texts within the bounds, `check_key` checks its key."""
+    settings, router = service.settings, APIRouter()
+    files: OrderedDict[str, tuple[float, bytes]] = OrderedDict()  # download name -> (when, content)
+
+    def name_of(code: str) -> str:
+        return LANGUAGE_NAMES.get(code, code)
+
+    def pair(source: str, target: str) -> None:
+        """LibreTranslate's refusals of a language or a pair this model does not translate."""
+        for code in (source, target):
+            if code not in (service.source, service.target):
+                raise ApiError(400, f"{code} is not supported", "language")
+        if (source, target) != (service.source, service.target):
+            raise ApiError(400, f"{name_of(target)} ({target}) is not available as a target language from "
+                           f"{name_of(source)} ({source})", "language")  # fmt: skip
+
+    def detected(texts: list[str]) -> dict:
+        """`source: auto`: the language of the texts (one detection for all, as LibreTranslate makes), refused
+        when the identifier is sure, on enough text, that it is not the model's source."""
+        text = "\n".join(texts)
+        best = detect(text, service.source)[0]
+        sure = best["confidence"] >= settings.detect_threshold * 100 and len(text.strip()) >= settings.detect_min_chars
+        if sure and best["language"] != service.source:
+            code = best["language"]
+            raise ApiError(400, f"Invalid request: the text is {name_of(code)} ({code}, confidence "
+                           f"{best['confidence']:g}), but this server translates {name_of(service.source)} "
+                           f"({service.source}) to {name_of(service.target)} ({service.target})",
+                           "language")  # fmt: skip
+        return best
+
+    @router.post("/translate", summary="LibreTranslate's translate: JSON, a form or the query string")
+    async def translate(request: Request) -> JSONResponse:
+        fields = await read_fields(request)
+        check_key(fields.get("api_key"), request.headers.get("authorization"))
+        q = fields.get("q")
+        if not q:
+            raise missing("q")
+        for name in ("source", "target"):
+            if not fields.get(name) or not isinstance(fields[name], str):
+                raise missing(name)
+        if not (isinstance(q, str) or (isinstance(q, list) and all(isinstance(t, str) for t in q))):
+            raise ApiError(400, "Invalid request: q must be a text or a list of texts", "invalid")
+        source, target = fields["source"].strip().lower(), fields["target"].strip().lower()
+        form = fields.get("format") or "text"
+        if form not in ("text", "html"):
+            raise ApiError(400, f"{form} format is not supported", "invalid")
+        asked = fields.get("alternatives", 0)
+        try:
+            count = max(0, int(asked))
+        except (TypeError, ValueError):
+            raise ApiError(400, "Invalid request: alternatives parameter is not a number", "invalid") from None
+        if count > settings.max_nbest - 1:
+            raise ApiError(400, f"Invalid request: alternatives parameter must be <= {settings.max_nbest - 1}",
+                           "invalid")  # fmt: skip
+        texts = [q] if isinstance(q, str) else q
+        if len(texts) > settings.batch_limit:
+            raise ApiError(400, f"Invalid request: request ({len(texts)}) exceeds text limit ({settings.batch_limit})"
+                           " (--batch_limit texts a request)", "too_long")  # fmt: skip
+        found = detected(texts) if source == "auto" else None
+        pair(service.source if found else source, target)
+        if form == "html":
+            documents = [Document(text) for text in texts]
+            results = await run([document.texts() for document in documents], {}, request, "libretranslate")
+            translated = [document.render([t.nbest[0][0] for t in lines])
+                          for document, lines in zip(documents, results, strict=True)]  # fmt: skip
+            alternatives: list[list[str]] = [[] for _ in texts]  # as LibreTranslate: none for html
+        else:
+            options = {"nbest": count + 1} if count else {}
+            results = await run([lines_of(text) for text in texts], options, request, "libretranslate")
+            translated = ["\n".join(t.nbest[0][0] for t in lines) for lines in results]
+            alternatives = [distinct([alternative(lines, k) for k in range(1, count + 1)], best)
+                            for lines, best in zip(results, translated, strict=True)]  # fmt: skip
+        single = isinstance(q, str)
+        answer: dict[str, Any] = {"translatedText": translated[0] if single else translated}
+        if count:
+            answer["alternatives"] = alternatives[0] if single else alternatives
+        if found:
+            answer["detectedLanguage"] = found if single else [found] * len(texts)
+        return JSONResponse(answer)
+
+    @router.post("/detect", summary="LibreTranslate's detect: the text's likeliest languages, best first")
+    async def detect_language(request: Request) -> list[dict]:
+        fields = await read_fields(request)
+        check_key(fields.get("api_key"), request.headers.get("authorization"))
+        q = fields.get("q")
+        if not q:
+            raise missing("q")
+        text = "\n".join(q) if isinstance(q, list) else str(q)
+        if len(text) > settings.max_chars:
+            raise ApiError(400, f"Invalid request: request ({len(text)}) exceeds text limit ({settings.max_chars})",
+                           "too_long")  # fmt: skip
+        return detect(text, service.source)
+
+    @router.get("/languages", summary="LibreTranslate's languages: the model's pair")
+    async def languages() -> list[dict]:
+        return [{"code": service.source, "name": name_of(service.source), "targets": [service.target]},
+                {"code": service.target, "name": name_of(service.target), "targets": []}]  # fmt: skip
+
+    @router.get("/frontend/settings", summary="LibreTranslate's settings for its web page and apps")
+    async def frontend_settings() -> dict:
+        return {
+            "charLimit": settings.max_chars,
+            "frontendTimeout": 500,
+            "apiKeys": bool(settings.api_keys),
+            "keyRequired": bool(settings.api_keys),
+            "suggestions": False,
+            "filesTranslation": True,
+            "supportedFilesFormat": list(FILE_FORMATS),
+            "language": {
+                "source": {"code": service.source, "name": name_of(service.source)},
+                "target": {"code": service.target, "name": name_of(service.target)},
+            },  # fmt: skip
+        }
+
+    @router.get("/spec", summary="LibreTranslate's API as a Swagger 2.0 document")
+    async def spec(request: Request) -> dict:
+        return swagger(request.app.openapi())
+
+    @router.post("/suggest", summary="LibreTranslate's suggestions: off on this server")
+    async def suggest() -> JSONResponse:
+        raise ApiError(403, "Suggestions are disabled on this server.", "suggestions_off")
+
+    @router.post("/translate_file", summary="LibreTranslate's file translation: .txt and .html")
+    async def translate_file(request: Request) -> dict:
+        form = await request.form()
+        fields = {**form, **request.query_params}
+        check_key(fields.get("api_key"), request.headers.get("authorization"))
+        upload = form.get("file")
+        if not isinstance(upload, UploadFile) or not upload.filename:
+            raise missing("file")
+        for name in ("source", "target"):
+            if not fields.get(name) or not isinstance(fields[name], str):
+                raise missing(name)
+        name = PurePath(upload.filename).name
+        suffix = PurePath(name).suffix.lower()
+        if suffix not in FILE_FORMATS:
+            raise ApiError(400, f"Invalid request: file format not supported (this server translates "
+                           f"{', '.join(FILE_FORMATS)} files)", "invalid")  # fmt: skip
+        try:
+            text = (await upload.read()).decode("utf-8-sig")
+        except UnicodeDecodeError as err:
+            raise ApiError(400, f"Invalid request: the file is not UTF-8 text ({err.reason} at byte {err.start})",
+                           "invalid") from None  # fmt: skip
+        source, target = str(fields["source"]).lower(), str(fields["target"]).lower()
+        pair(service.source if source == "auto" else source, target)
+        if suffix == ".txt":
+            (lines,) = await run([lines_of(text)], {}, request, "libretranslate")
+            out = "\n".join(t.nbest[0][0] for t in lines)
+        else:
+            document = Document(text)
+            (lines,) = await run([document.texts()], {}, request, "libretranslate")
+            out = document.render([t.nbest[0][0] for t in lines])
+        stored = f"{uuid.uuid4().hex}.{PurePath(name).stem}_{target}{suffix}"
+        now = time.time()
+        for old in [k for k, (when, _) in files.items() if now - when > KEPT_SECONDS]:
+            del files[old]
+        files[stored] = (now, out.encode("utf-8"))
+        while len(files) > KEPT_FILES:
+            files.popitem(last=False)
+        return {"translatedFileUrl": str(request.url_for("download_file", filename=stored))}
+
+    @router.get("/download_file/{filename}", name="download_file", summary="A translated file, once translated")
+    async def download_file(filename: str) -> Response:
+        if filename not in files:
+            raise ApiError(404, f"no translated file {filename!r}: files are kept for {KEPT_SECONDS // 60} minutes "
+                           f"(the newest {KEPT_FILES})", "not_found")  # fmt: skip
+        download = filename.split(".", 1)[1]
+        return Response(files[filename][1], media_type=FILE_FORMATS[PurePath(filename).suffix.lower()],
+                        headers={"Content-Disposition": f'attachment; filename="{download}"'})  # fmt: skip
+
+    return router
+
+
+def distinct(candidates: list[str], best: str) -> list[str]:
+    """LibreTranslate's alternatives: in the search's order, each once, never the best one, never empty."""
+    seen, kept = {best, ""}, []
+    for candidate in candidates:
+        if candidate not in seen:
+            seen.add(candidate)
+            kept.append(candidate)
+    return kept
+
+
+async def read_fields(request: Request) -> dict[str, Any]:
+    """A request's fields as LibreTranslate reads them: from a JSON body alone (it must be an object), else from
+    the query string and the form, the query string first; a repeated `q` in a form or query string is a list."""
+    kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if kind == "application/json" or kind.endswith("+json"):
+        try:
+            body = json.loads(await request.body() or b"{}")
+        except (ValueError, UnicodeDecodeError) as err:
+            raise ApiError(400, f"Invalid JSON format: {err}", "invalid") from None
+        if not isinstance(body, dict):
+            raise ApiError(400, "Invalid JSON format: the body must be an object with q, source and target",
+                           "invalid")  # fmt: skip
+        return body
+    fields: dict[str, Any] = {}
+    if kind in ("application/x-www-form-urlencoded", "multipart/form-data"):
+        form = await request.form()
+        fields.update({key: value for key, value in form.items() if isinstance(value, str)})
+        if form.getlist("q")[1:]:
+            fields["q"] = form.getlist("q")
+    fields.update(request.query_params)
+    if request.query_params.getlist("q")[1:]:
+        fields["q"] = request.query_params.getlist("q")
+    if isinstance(fields.get("q"), str):
+        fields["q"] = "\n".join(fields["q"].splitlines())  # as LibreTranslate: a form's CRLF is one line end
+    return fields
+
+
+def swagger(openapi: dict) -> dict:
+    """LibreTranslate's /spec is a Swagger 2.0 document titled LibreTranslate (clients such as Dialect check both):
+    ours lists the LibreTranslate routes this server answers, from its OpenAPI document."""
+    paths = {path: {method: {"summary": op.get("summary", ""), "responses": {"200": {"description": "OK"}}}
+                    for method, op in ops.items()}
+             for path, ops in openapi.get("paths", {}).items()
+             if path.startswith(("/translate", "/detect", "/languages", "/frontend", "/suggest"))}  # fmt: skip
+    return {
+        "swagger": "2.0",
+        "info": {
+            "title": "LibreTranslate",
+            "version": "1.9.6",
+            "description": "LibreTranslate's API, served by vaswani serve (a Transformer of 'Attention Is All You "
+            "Need'); its own API is at /docs",
+            "license": {"name": "Apache-2.0"},
+        },  # fmt: skip
+        "basePath": "/",
+        "paths": paths,
+    }

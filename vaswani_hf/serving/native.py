@@ -1,0 +1,146 @@
+"""Our own API beside LibreTranslate's: `POST /v1/translate` (n-best with scores, per-request decoding within the
+server's bounds, the cross-attention of the best translation), `GET /v1/model` (what is served) and `GET /`, the
+page to try the model in a browser (page.html, shipped with the package: no build step, nothing from a CDN).
+
+Its statuses are its own (docs/serving.md): 422 for a missing or invalid field, 413 for too much text, 403 without a
+valid key, 503 with Retry-After when the queue is full or the server is stopping, 504 past --request_timeout."""
+
+from __future__ import annotations
+
+import json
+from importlib import resources
+from pathlib import Path
+from typing import Annotated
+
+from fastapi import APIRouter, Header, Request
+from fastapi.responses import HTMLResponse
+from pydantic import BaseModel, Field
+
+from .guard import ApiError
+from .service import LANGUAGE_NAMES, Service
+
+
+class NativeRequest(BaseModel):
+    """`POST /v1/translate`: texts (each may hold several lines) and the decoding options of this request."""
+
+    texts: list[str] = Field(description="the texts to translate; a text with several lines is translated line by "
+                             "line, and its lines come back in order, empty lines kept")  # fmt: skip
+    beam_size: int | None = Field(default=None, ge=1, description="beam width (default: the server's; at most "
+                                  "--max_beam)")  # fmt: skip
+    length_penalty: float | None = Field(default=None, ge=0.0, le=2.0, allow_inf_nan=False,
+                                         description="GNMT alpha, 0 to 2 (paper: 0.6)")  # fmt: skip
+    nbest: int = Field(default=1, ge=1, description="translations per text, best first (at most --max_nbest)")
+    scores: bool = Field(default=True, description="give each translation's length-penalised log-probability")
+    attention: bool = Field(default=False, description="give the cross-attention of each line's best translation "
+                            "(the last decoder layer, averaged over its heads)")  # fmt: skip
+
+
+class NativeTranslation(BaseModel):
+    text: str
+    score: float | None = None
+    nbest: list[dict] | None = None
+    attention: list[dict] | None = None
+
+
+class NativeResponse(BaseModel):
+    translations: list[NativeTranslation]
+    model: str
+
+
+def native_router(service: Service, run, check_key) -> APIRouter:
+    """The routes; `run` translates a request's texts within the bounds, `check_key` checks its key."""
+    settings, router = service.settings, APIRouter()
+
+    @router.post("/v1/translate", response_model=NativeResponse, summary="Translate texts, with n-best and scores")
+    async def native_translate(asked: NativeRequest, request: Request,
+                               authorization: Annotated[str | None, Header()] = None) -> NativeResponse:  # fmt: skip
+        check_key(None, authorization)
+        for name, value, most, option in (("beam_size", asked.beam_size, settings.max_beam, "--max_beam"),
+                                          ("nbest", asked.nbest, settings.max_nbest, "--max_nbest")):  # fmt: skip
+            if value is not None and value > most:
+                raise ApiError(422, f"invalid request: {name} {value} is over this server's limit of {most} "
+                               f"({option})", "invalid")  # fmt: skip
+        options = {k: v for k, v in (("beam_size", asked.beam_size), ("length_penalty", asked.length_penalty))
+                   if v is not None}  # fmt: skip
+        if asked.nbest > 1:
+            options["nbest"] = asked.nbest
+        if asked.attention:
+            options["attention"] = True
+        results = await run([lines_of(text) for text in asked.texts], options, request, "native")
+        translations = []
+        for lines in results:
+            best = "\n".join(t.nbest[0][0] for t in lines)
+            score = sum(t.nbest[0][1] for t in lines) if asked.scores and _scored(lines) else None
+            nbest = None
+            if asked.nbest > 1:
+                nbest = [{"text": alternative(lines, k), "score": _score_at(lines, k) if asked.scores else None}
+                         for k in range(min(len(t.nbest) for t in lines) if lines else 0)]  # fmt: skip
+            attention = [t.attention for t in lines] if asked.attention else None
+            translations.append(NativeTranslation(text=best, score=score, nbest=nbest, attention=attention))
+        return NativeResponse(translations=translations, model=service.model_dir)
+
+    @router.get("/v1/model", summary="What is served: the pair, the model's size, its scores, the server's limits")
+    async def model_facts() -> dict:
+        return describe(service)
+
+    @router.get("/", response_class=HTMLResponse, summary="A page to try the model in a browser")
+    async def page() -> HTMLResponse:
+        return HTMLResponse(PAGE)
+
+    return router
+
+
+PAGE = resources.files(__package__).joinpath("page.html").read_text(encoding="utf-8")
+
+
+def describe(service: Service) -> dict:
+    """The pair, the model's size and scores (its training facts), and the limits a client must keep to."""
+    settings = service.settings
+    config = getattr(service.model, "config", None)  # an ONNX runner (--engine) has neither config nor parameters
+    parameters = getattr(service.model, "parameters", None)
+    facts = {}
+    path = Path(service.model_dir) / "training_facts.json"
+    if path.is_file():
+        try:
+            facts = json.loads(path.read_text())
+        except (OSError, ValueError):
+            facts = {}
+    evaluation = facts.get("evaluation") or {}
+    return {
+        "model": Path(service.model_dir).name or service.model_dir,
+        "source": service.source,
+        "target": service.target,
+        "source_name": LANGUAGE_NAMES.get(service.source, service.source),
+        "target_name": LANGUAGE_NAMES.get(service.target, service.target),
+        "parameters": sum(p.numel() for p in parameters())
+        if parameters
+        else (facts.get("model") or {}).get("parameters"),
+        "size": {name: getattr(config, name, None) for name in ("d_model", "encoder_layers", "decoder_layers")}
+        | {"heads": getattr(config, "encoder_attention_heads", None)},
+        "scores": {k: v for k, v in evaluation.items() if isinstance(v, int | float) and not isinstance(v, bool)},
+        "char_limit": settings.max_chars,
+        "key_required": bool(settings.api_keys),
+        "max_nbest": settings.max_nbest,
+        "max_beam": settings.max_beam,
+        "device": service.device,
+        "precision": service.precision,
+    }
+
+
+def lines_of(text: str) -> list[str]:
+    """A text's lines as `vaswani translate` reads a file's: split at line ends, a carriage return dropped."""
+    return [line.removesuffix("\r") for line in text.split("\n")]
+
+
+def _scored(lines: list) -> bool:
+    return all(t.nbest[0][1] is not None for t in lines)
+
+
+def alternative(lines: list, k: int) -> str:
+    """The text's k-th candidate, line by line (a line with fewer candidates gives its best)."""
+    return "\n".join(t.nbest[min(k, len(t.nbest) - 1)][0] for t in lines)
+
+
+def _score_at(lines: list, k: int) -> float | None:
+    scores = [t.nbest[min(k, len(t.nbest) - 1)][1] for t in lines]
+    return sum(scores) if lines and all(s is not None for s in scores) else None
