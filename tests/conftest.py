@@ -60,3 +60,23 @@ def translator(tmp_path_factory):
     result = vaswani("train", *TRAINED_RUN, "--max_steps", "1000", "--warmup_steps", "100", "--output_dir", str(out))
     assert result.returncode == 0, result.stderr[-3000:]
     return out
+
+
+# --- vaswani serve (tests/test_serve*.py) ---
+
+
+@pytest.fixture(scope="module")
+def model(trained):
+    return trained[0]
+
+
+@pytest.fixture(scope="module")
+def service(model):
+    from vaswani_hf.serving.service import Service, Settings
+    from vaswani_hf.translation.inference import load_for_inference
+
+    loaded, tokenizer = load_for_inference(model, device="cpu", precision="fp32")
+    service = Service(loaded, tokenizer, Settings(request_timeout=60), str(model), "cpu", "fp32", ("en", "de"))
+    service.warm_up()
+    yield service
+    service.batcher.stop()

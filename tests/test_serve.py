@@ -65,11 +65,6 @@ class Server:
 
 
 @pytest.fixture(scope="module")
-def model(trained):
-    return trained[0]
-
-
-@pytest.fixture(scope="module")
 def server(model):
     running = Server(model, "--max_chars", "2000")
     yield running
@@ -290,18 +285,6 @@ def test_a_model_folder_without_its_languages_is_refused_by_name(model, tmp_path
 
 
 # --- in process: faults injected into the batch, time-outs, clients that leave -----------------------------------
-
-
-@pytest.fixture(scope="module")
-def service(model):
-    from vaswani_hf.serving.service import Service, Settings
-    from vaswani_hf.translation.inference import load_for_inference
-
-    loaded, tokenizer = load_for_inference(model, device="cpu", precision="fp32")
-    service = Service(loaded, tokenizer, Settings(request_timeout=60), str(model), "cpu", "fp32", ("en", "de"))
-    service.warm_up()
-    yield service
-    service.batcher.stop()
 
 
 def call(service, *requests):
