@@ -25,7 +25,7 @@ EXTENDED = [line.strip() for line in open(os.path.join(os.path.dirname(__file__)
 
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        if any(item.nodeid == name or item.nodeid.startswith(name + "[") for name in EXTENDED):
+        if any(item.nodeid == name or item.nodeid.startswith((name + "[", name + "::")) for name in EXTENDED):
             item.add_marker(pytest.mark.extended)
 
 
