@@ -231,10 +231,15 @@ def main() -> None:
             found = margins(args.model, result["flipped"], reference)
             report.append(f"{name}: {len(found)} answers differ from `vaswani translate`; margins (length-penalised "
                           f"log-probability): median {statistics.median(found):.4f}, max {max(found):.4f}")  # fmt: skip
+    publish(report, args.out)
+
+
+def publish(report: list[str], out: Path | None) -> None:
+    """Print the report's lines, and write them to `out` when given."""
     text = "\n".join(report) + "\n"
     print(text)
-    if args.out:
-        args.out.write_text(text)
+    if out:
+        out.write_text(text)
 
 
 if __name__ == "__main__":
