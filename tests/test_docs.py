@@ -189,7 +189,9 @@ def test_every_name_in_the_second_tier_is_a_test():
         path, _, rest = name.partition("::")
         function, _, param = rest.partition("[")
         tree = ast.parse((ROOT / path).read_text())
-        assert function in {node.name for node in ast.walk(tree) if isinstance(node, ast.FunctionDef)}, name
+        functions = {node.name for node in ast.walk(tree) if isinstance(node, ast.FunctionDef)}
+        # a file alone takes all its tests
+        assert function in functions if function else any(f.startswith("test_") for f in functions), name
         if path == "tests/test_docs.py":
             assert param.rstrip("]") in blocks, f"{name}: no such block (its line moved?)"
 

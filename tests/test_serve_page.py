@@ -43,11 +43,6 @@ window.fetch = function (url, options = {}) {
 
 
 @pytest.fixture(scope="module")
-def model(trained):
-    return trained[0]
-
-
-@pytest.fixture(scope="module")
 def server(model):
     running = Server(model)
     yield running
