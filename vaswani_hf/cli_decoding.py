@@ -5,6 +5,7 @@ builders they share (models or an ensemble, precision, engine, decoding settings
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
@@ -332,6 +333,19 @@ def shortlist_command(argv: list[str]) -> int:
     return 0
 
 
+# `vaswani serve`'s bounds on one request and on the queue (docs/serving.md, "Limits"); defaults: serving.Settings
+SERVE_BOUNDS = {
+    "max_chars": "most characters a request, its texts together (400 on LibreTranslate's API, 413 on the native one)",
+    "max_lines": "most lines a request, its texts together",
+    "batch_limit": "most texts in a request's list (LibreTranslate's --batch-limit)",
+    "max_body_bytes": "most bytes a request body, refused before it is read (files for /translate_file included)",
+    "max_queue_lines": "most lines waiting for a batch; past it a request is refused at once with Retry-After (429 "
+    "on LibreTranslate's API, 503 on the native one)",
+    "max_beam": "the widest beam a request may ask for",
+    "max_nbest": "most translations a request may ask for (n-best; alternatives + 1)",
+}
+
+
 def serve_command(argv: list[str]) -> int:
     try:
         from .serving.server import bound_memory, serve
@@ -348,38 +362,26 @@ def serve_command(argv: list[str]) -> int:
     parser.add_argument("model_dir", help="a saved model folder")
     parser.add_argument("--host", default="127.0.0.1", help="the address to listen on (0.0.0.0: every interface)")
     parser.add_argument("--port", type=int, default=5000, help="LibreTranslate's port by default")
-    parser.add_argument("--max_batch_tokens", type=int, default=4096,
+    defaults = Settings()  # one place for the defaults: the options' and the in-process service's
+    parser.add_argument("--max_batch_tokens", type=int, default=defaults.max_batch_tokens,
                         help="padded source tokens per batch (lines x longest); 1 turns batching off (one line a "
                         "batch)")  # fmt: skip
-    parser.add_argument("--max_wait_ms", type=float, default=10.0,
+    parser.add_argument("--max_wait_ms", type=float, default=defaults.max_wait_ms,
                         help="how long the oldest waiting line waits for others to share its batch")  # fmt: skip
-    parser.add_argument("--max_chars", type=at_least_one, default=5000,
-                        help="most characters a request, its texts together (400 on LibreTranslate's API, 413 on "
-                        "the native one)")  # fmt: skip
-    parser.add_argument("--max_lines", type=at_least_one, default=200, help="most lines a request, its texts "
-                        "together")  # fmt: skip
-    parser.add_argument("--batch_limit", type=at_least_one, default=64,
-                        help="most texts in a request's list (LibreTranslate's --batch-limit)")  # fmt: skip
-    parser.add_argument("--max_body_bytes", type=at_least_one, default=1_000_000,
-                        help="most bytes a request body, refused before it is read (files for /translate_file "
-                        "included)")  # fmt: skip
-    parser.add_argument("--max_queue_lines", type=at_least_one, default=2048,
-                        help="most lines waiting for a batch; past it a request is refused at once with "
-                        "Retry-After (429 on LibreTranslate's API, 503 on the native one)")  # fmt: skip
-    parser.add_argument("--max_beam", type=at_least_one, default=16, help="the widest beam a request may ask for")
-    parser.add_argument("--max_nbest", type=at_least_one, default=8,
-                        help="most translations a request may ask for (n-best; alternatives + 1)")  # fmt: skip
+    for name, text in SERVE_BOUNDS.items():
+        parser.add_argument(f"--{name}", type=at_least_one, default=getattr(defaults, name), help=text)
     parser.add_argument("--open_metrics", action="store_true",
                         help="with --api_keys, serve /metrics without a key too (a scraper inside your "
                         "network)")  # fmt: skip
-    parser.add_argument("--detect_threshold", type=float, default=0.9,
+    parser.add_argument("--detect_threshold", type=float, default=defaults.detect_threshold,
                         help="source auto: refuse text the language identifier gives another language with at least "
                         "this probability (0-1; 1.01 never refuses)")  # fmt: skip
-    parser.add_argument("--request_timeout", type=float, default=60.0, help="seconds a request may wait (504)")
-    parser.add_argument("--drain_seconds", type=float, default=30.0,
+    parser.add_argument("--request_timeout", type=float, default=defaults.request_timeout,
+                        help="seconds a request may wait (504)")  # fmt: skip
+    parser.add_argument("--drain_seconds", type=float, default=defaults.drain_seconds,
                         help="after SIGTERM, how long requests in flight may take to finish")  # fmt: skip
-    parser.add_argument("--api_keys", metavar="FILE", help="a file of API keys, one a line: requests without one "
-                        "of them get 403 (default: no keys needed)")  # fmt: skip
+    parser.add_argument("--api_keys", metavar="FILE", help="a file of API keys, one a line: a request without a "
+                        "key gets 400, with a wrong one 403 (default: no keys needed)")  # fmt: skip
     parser.add_argument("--cors_origins", default="", help="comma-separated origins allowed to call from a "
                         "browser (CORS; default: none)")  # fmt: skip
     parser.add_argument("--source", help="the source language code (default: the model's training facts)")
@@ -396,14 +398,15 @@ def serve_command(argv: list[str]) -> int:
         if not keys:
             raise ValueError(f"--api_keys {path} holds no key: one key a line.")
     languages = model_languages(args.model_dir, args.source, args.target)
-    settings = Settings(max_batch_tokens=args.max_batch_tokens, max_wait_ms=args.max_wait_ms,
-                        max_chars=args.max_chars, request_timeout=args.request_timeout,
-                        drain_seconds=args.drain_seconds, api_keys=keys,
-                        cors_origins=tuple(o.strip() for o in args.cors_origins.split(",") if o.strip()),
-                        long_lines=args.long_lines, decoding=_decoding(args), max_lines=args.max_lines,
-                        batch_limit=args.batch_limit, max_body_bytes=args.max_body_bytes,
-                        max_queue_lines=args.max_queue_lines, max_beam=args.max_beam, max_nbest=args.max_nbest,
-                        open_metrics=args.open_metrics, detect_threshold=args.detect_threshold)  # fmt: skip
+    given = {f.name: getattr(args, f.name) for f in dataclasses.fields(Settings) if f.name in vars(args)}
+    settings = Settings(
+        **{
+            **given,
+            "api_keys": keys,
+            "decoding": _decoding(args),
+            "cors_origins": tuple(o.strip() for o in args.cors_origins.split(",") if o.strip()),
+        }
+    )
     model, tokenizer, precision = _load(args, [args.model_dir])
     device = str(getattr(model, "device", "cpu"))
     service = Service(model, tokenizer, settings, args.model_dir, device, precision.name, languages)

@@ -26,6 +26,5 @@ def detect(text: str, fallback: str, candidates: int = 3) -> list[dict]:
     if not any(character.isalpha() for character in text):
         return [{"confidence": 0.0, "language": fallback}]
     ranked = identifier().rank(text)[:candidates]
-    return [{"confidence": round(float(p) * 100, 1), "language": code} for code, p in ranked if p >= 0.005] or [
-        {"confidence": round(float(ranked[0][1]) * 100, 1), "language": ranked[0][0]}
-    ]
+    # the best is never under 1/97 (probabilities over 97 languages): the cut drops only the also-rans
+    return [{"confidence": round(float(p) * 100, 1), "language": code} for code, p in ranked if p >= 0.005]

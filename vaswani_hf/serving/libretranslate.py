@@ -36,6 +36,14 @@ def missing(name: str) -> ApiError:
     return ApiError(400, f"Invalid request: missing {name} parameter", "invalid")
 
 
+def languages_of(fields: dict) -> tuple[str, str]:
+    """The request's source and target, lower-cased (codes are case-insensitive); each must be given."""
+    for name in ("source", "target"):
+        if not fields.get(name) or not isinstance(fields[name], str):
+            raise missing(name)
+    return fields["source"].strip().lower(), fields["target"].strip().lower()
+
+
 def libretranslate_router(service: Service, run, check_key) -> APIRouter:
     """The routes; `run` translates a request's texts within the bounds, `check_key` checks its key."""
     settings, router = service.settings, APIRouter()
@@ -67,6 +75,17 @@ def libretranslate_router(service: Service, run, check_key) -> APIRouter:
                            "language")  # fmt: skip
         return best
 
+    async def translated(texts: list[str], html: bool, options: dict, request: Request) -> tuple[list[str], list]:
+        """Each text's translation, line by line, or for html its text nodes' with the markup kept; and the lines'
+        results (their n-best)."""
+        documents = [Document(text) for text in texts] if html else []
+        lines = [document.texts() for document in documents] if html else [lines_of(text) for text in texts]
+        results = await run(lines, options, request, "libretranslate")
+        best = [[t.nbest[0][0] for t in text] for text in results]
+        if html:
+            return [document.render(b) for document, b in zip(documents, best, strict=True)], results
+        return ["\n".join(b) for b in best], results
+
     @router.post("/translate", summary="LibreTranslate's translate: JSON, a form or the query string")
     async def translate(request: Request) -> JSONResponse:
         fields = await read_fields(request)
@@ -74,12 +93,9 @@ def libretranslate_router(service: Service, run, check_key) -> APIRouter:
         q = fields.get("q")
         if not q:
             raise missing("q")
-        for name in ("source", "target"):
-            if not fields.get(name) or not isinstance(fields[name], str):
-                raise missing(name)
+        source, target = languages_of(fields)
         if not (isinstance(q, str) or (isinstance(q, list) and all(isinstance(t, str) for t in q))):
             raise ApiError(400, "Invalid request: q must be a text or a list of texts", "invalid")
-        source, target = fields["source"].strip().lower(), fields["target"].strip().lower()
         form = fields.get("format") or "text"
         if form not in ("text", "html"):
             raise ApiError(400, f"{form} format is not supported", "invalid")
@@ -97,20 +113,13 @@ def libretranslate_router(service: Service, run, check_key) -> APIRouter:
                            " (--batch_limit texts a request)", "too_long")  # fmt: skip
         found = detected(texts) if source == "auto" else None
         pair(service.source if found else source, target)
-        if form == "html":
-            documents = [Document(text) for text in texts]
-            results = await run([document.texts() for document in documents], {}, request, "libretranslate")
-            translated = [document.render([t.nbest[0][0] for t in lines])
-                          for document, lines in zip(documents, results, strict=True)]  # fmt: skip
-            alternatives: list[list[str]] = [[] for _ in texts]  # as LibreTranslate: none for html
-        else:
-            options = {"nbest": count + 1} if count else {}
-            results = await run([lines_of(text) for text in texts], options, request, "libretranslate")
-            translated = ["\n".join(t.nbest[0][0] for t in lines) for lines in results]
-            alternatives = [distinct([alternative(lines, k) for k in range(1, count + 1)], best)
-                            for lines, best in zip(results, translated, strict=True)]  # fmt: skip
+        html = form == "html"  # as LibreTranslate: no alternatives for html
+        texts_out, results = await translated(texts, html, {"nbest": count + 1} if count and not html else {},
+                                              request)  # fmt: skip
+        alternatives = [[] if html else distinct([alternative(lines, k) for k in range(1, count + 1)], best)
+                        for lines, best in zip(results, texts_out, strict=True)]  # fmt: skip
         single = isinstance(q, str)
-        answer: dict[str, Any] = {"translatedText": translated[0] if single else translated}
+        answer: dict[str, Any] = {"translatedText": texts_out[0] if single else texts_out}
         if count:
             answer["alternatives"] = alternatives[0] if single else alternatives
         if found:
@@ -161,15 +170,12 @@ def libretranslate_router(service: Service, run, check_key) -> APIRouter:
 
     @router.post("/translate_file", summary="LibreTranslate's file translation: .txt and .html")
     async def translate_file(request: Request) -> dict:
-        form = await request.form()
-        fields = {**form, **request.query_params}
+        fields = await read_fields(request)
         check_key(fields.get("api_key"), request.headers.get("authorization"))
-        upload = form.get("file")
+        upload = (await request.form()).get("file")  # the form read once: Starlette keeps it
         if not isinstance(upload, UploadFile) or not upload.filename:
             raise missing("file")
-        for name in ("source", "target"):
-            if not fields.get(name) or not isinstance(fields[name], str):
-                raise missing(name)
+        source, target = languages_of(fields)
         name = PurePath(upload.filename).name
         suffix = PurePath(name).suffix.lower()
         if suffix not in FILE_FORMATS:
@@ -180,15 +186,8 @@ def libretranslate_router(service: Service, run, check_key) -> APIRouter:
         except UnicodeDecodeError as err:
             raise ApiError(400, f"Invalid request: the file is not UTF-8 text ({err.reason} at byte {err.start})",
                            "invalid") from None  # fmt: skip
-        source, target = str(fields["source"]).lower(), str(fields["target"]).lower()
         pair(service.source if source == "auto" else source, target)
-        if suffix == ".txt":
-            (lines,) = await run([lines_of(text)], {}, request, "libretranslate")
-            out = "\n".join(t.nbest[0][0] for t in lines)
-        else:
-            document = Document(text)
-            (lines,) = await run([document.texts()], {}, request, "libretranslate")
-            out = document.render([t.nbest[0][0] for t in lines])
+        (out,), _ = await translated([text], suffix != ".txt", {}, request)
         stored = f"{uuid.uuid4().hex}.{PurePath(name).stem}_{target}{suffix}"
         now = time.time()
         for old in [k for k, (when, _) in files.items() if now - when > KEPT_SECONDS]:

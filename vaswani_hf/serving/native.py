@@ -7,7 +7,6 @@ valid key, 503 with Retry-After when the queue is full or the server is stopping
 
 from __future__ import annotations
 
-import json
 from importlib import resources
 from pathlib import Path
 from typing import Annotated
@@ -17,7 +16,7 @@ from fastapi.responses import HTMLResponse
 from pydantic import BaseModel, Field
 
 from .guard import ApiError
-from .service import LANGUAGE_NAMES, Service
+from .service import LANGUAGE_NAMES, Service, saved_facts
 
 
 class NativeRequest(BaseModel):
@@ -98,13 +97,7 @@ def describe(service: Service) -> dict:
     settings = service.settings
     config = getattr(service.model, "config", None)  # an ONNX runner (--engine) has neither config nor parameters
     parameters = getattr(service.model, "parameters", None)
-    facts = {}
-    path = Path(service.model_dir) / "training_facts.json"
-    if path.is_file():
-        try:
-            facts = json.loads(path.read_text())
-        except (OSError, ValueError):
-            facts = {}
+    facts = saved_facts(service.model_dir)
     evaluation = facts.get("evaluation") or {}
     return {
         "model": Path(service.model_dir).name or service.model_dir,

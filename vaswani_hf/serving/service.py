@@ -238,15 +238,18 @@ def _result(line: Line) -> Translation:
 
 def model_languages(model_dir: str, source: str | None, target: str | None) -> tuple[str, str]:
     """The pair a model translates: as given, else from its training facts (`vaswani train` writes them)."""
-    facts = Path(model_dir) / "training_facts.json"
-    known = {}
-    if facts.is_file():
-        try:
-            known = json.loads(facts.read_text()).get("data", {})
-        except (OSError, ValueError):
-            known = {}
+    known = saved_facts(model_dir).get("data") or {}
     source, target = source or known.get("src"), target or known.get("tgt")
     if not source or not target:
         raise ValueError(f"{model_dir} does not say which languages it translates (no src/tgt in its "
                          "training_facts.json): give --source and --target, e.g. --source en --target de.")  # fmt: skip
     return source, target
+
+
+def saved_facts(model_dir: str) -> dict:
+    """The model's training_facts.json (`vaswani train` writes it), or {} where there is none to read."""
+    path = Path(model_dir) / "training_facts.json"
+    try:
+        return json.loads(path.read_text()) if path.is_file() else {}
+    except (OSError, ValueError):
+        return {}
