@@ -211,7 +211,8 @@ def test_the_tree_constraint_allows_only_what_can_still_become_a_tree_of_the_sen
     # rows of one batch in different states each get their own mask (the closing symbol is set row by row)
     prefixes = ["S NP DT NN", "S VP VBD NN", "S NP NP DT", "S NP DT /NP"]
     batch = torch.tensor([[tokenizer.pad_token_id] + [vocabulary["\u2581" + s] for s in p.split()] for p in prefixes])
-    together = constraint(batch, torch.zeros(len(prefixes), len(tokenizer)), row_examples=torch.zeros(4, dtype=int))
+    constraint.search_rows(torch.zeros(4, dtype=int), None)  # four rows of the one sentence
+    together = constraint(batch, torch.zeros(len(prefixes), len(tokenizer)))
     alone = [constraint(row[None], torch.zeros(1, len(tokenizer))) for row in batch]
     assert torch.equal(torch.isfinite(together), torch.isfinite(torch.cat(alone)))
     closes = [{n for n in tokenizer.convert_ids_to_tokens(row.nonzero().flatten().tolist()) if "/" in n}

@@ -169,12 +169,14 @@ class DecodingSettings:
 def apply_processors(settings: DecodingSettings, scores: torch.Tensor, step: int, limits: torch.Tensor, input_ids,
                      row_examples: torch.Tensor | None, sync_free: bool = False) -> torch.Tensor:  # fmt: skip
     """The logits processors of Transformers' loop for the supported settings, in its order, in place where it can,
-    then a target prefix's tokens.
+    then a target prefix's tokens. The per-example limit's EOS comes after the caller's processors, as
+    `SourceLengthLimitLogitsProcessor` does where generate() hands over to Transformers' loop: a processor that
+    masks EOS (a parser's tree constraint on an unfinished tree) would otherwise leave a row at its limit nothing.
 
     `scores` are (rows, vocabulary); `step` tokens were generated before this one; `limits` are each row's most
     generated tokens; `input_ids()` builds the decoder input so far, only for the processors that read it;
-    `row_examples` is the example each row decodes (on the CPU; needed with a target prefix, and given to a user
-    processor that reads it); `sync_free` never
+    `row_examples` is the example each row decodes (on the CPU; needed with a target prefix, and told, with each
+    row's tokens left, to a user processor that declares `reads_row_examples`); `sync_free` never
     reads a device value on the host (a captured search step, whose `step` is a device tensor), at the price of a
     masked copy every step for each rule that depends on the step.
     """
@@ -197,15 +199,19 @@ def apply_processors(settings: DecodingSettings, scores: torch.Tensor, step: int
             force(scores, None, settings.forced_eos)
     if settings.suppress is not None:
         scores[:, settings.suppress] = -math.inf
+    if settings.user_processors:
+        # a processor that declares `reads_row_examples` is told, just before the call, which example each row
+        # decodes (rows of sentences already done leave the batch, so a row's index no longer names its sentence)
+        # and how many tokens each row may still generate; its __call__ keeps Transformers' two arguments, so it
+        # runs in Transformers' loop too, which calls processors with (input_ids, scores) only
+        for processor in settings.user_processors:
+            if getattr(processor, "reads_row_examples", False):
+                processor.search_rows(row_examples, limits - step)
+        scores = settings.user_processors(input_ids(), scores)
     if settings.limit_eos is not None:
         at_limit = step + 1 >= limits
         if sync_free or bool(at_limit.any()):
             force(scores, at_limit, settings.limit_eos)
-    if settings.user_processors:
-        # a processor that asks for it (`reads_row_examples`) is told which example each row decodes: rows of
-        # sentences already done leave the batch, so a row's index no longer names its sentence
-        wants = any(getattr(processor, "reads_row_examples", False) for processor in settings.user_processors)
-        scores = settings.user_processors(input_ids(), scores, **({"row_examples": row_examples} if wants else {}))
     if settings.renormalize:
         scores = scores.log_softmax(dim=-1)
     if settings.prefix is not None and step < settings.prefix.shape[1]:
