@@ -8,7 +8,6 @@ defaults. Without `--data`, `vaswani train` runs the built-in number-words task,
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import sys
 from pathlib import Path
@@ -26,18 +25,6 @@ from .cli_decoding import (
 from .cli_parsing import evalb_command, evaluate_command, parse_command
 
 logger = logging.getLogger("vaswani")
-
-# Settings of the built-in task where it departs from the paper's WMT-sized defaults (small data, 2 CPU cores): the
-# small preset at d_model 128 / d_ff 512 reached BLEU 98 at step 800 and 100 at 1,200 (200 test sentences), in
-# 176 s for 1,600 steps on 2 cores limited to AVX2, where d_model 256 was at 85 after 800 steps.
-BUILTIN_DEFAULTS = {"vocab_size": 500, "preset": "small", "config_overrides": "d_model=128,d_ff=512",
-                    "warmup_steps": 400, "max_steps": 1200, "lr_scale": 0.5, "eval_split": "test", "max_tokens": 0,
-                    "save_strategy": "no"}  # fmt: skip
-# The built-in treebank (`vaswani train --task parse`): the built-in task's small model, 64-sentence batches
-# (length-sorted token batches ran 1.85x the sentences/s but reached F1 93.4 where these reached 98.4), and a 1,000
-# entry vocabulary that keeps each of its 622 words whole; the steps fit 10 minutes on 2 cores (docs/performance.md).
-BUILTIN_PARSE_DEFAULTS = {**BUILTIN_DEFAULTS, "vocab_size": 1000, "max_steps": 1650, "warmup_steps": 400,
-                          "lr_scale": 0.5}  # fmt: skip
 
 
 def _is_builtin(argv: list[str]) -> bool:
@@ -81,6 +68,9 @@ def _option_value(argv: list[str], name: str) -> str | None:
 
 
 def train_command(argv: list[str]) -> int:
+    import torch
+
+    from .tasks import task_named
     from .training.recipe import DataArguments, ModelArguments, VaswaniTrainingArguments, run_training
 
     parser = HfArgumentParser((DataArguments, ModelArguments, VaswaniTrainingArguments), prog="vaswani train")
@@ -91,12 +81,11 @@ def train_command(argv: list[str]) -> int:
     builtin = _is_builtin(argv)
     given = _option_names(argv)
     # The command picks the precision by the hardware (vaswani_hf.model.precision); the Python class keeps fp32.
-    parse = _option_value(argv, "task") == "parse"
-    builtin_defaults = BUILTIN_PARSE_DEFAULTS if parse else BUILTIN_DEFAULTS
-    # a treebank's held-out split is dev (WSJ section 22), a translation corpus's val
-    defaults = {"precision": "auto", **(builtin_defaults if builtin else {"eval_split": "dev"} if parse else {})}
-    if parse:  # a parser does not overwrite the translation model of the README's first command
-        defaults["output_dir"] = "vaswani-parser"
+    # The task says where its defaults depart from the paper's WMT-sized ones (its built-in data, a CPU).
+    task = task_named(_option_value(argv, "task") or DataArguments.task)
+    device = "cpu" if "use_cpu" in given or not torch.cuda.is_available() else "cuda"
+    defaults = {"precision": "auto", "output_dir": task.output_dir,
+                **task.train_defaults(builtin, device, preset_given="preset" in given)}  # fmt: skip
     if "preset" in given:  # the narrowing belongs to the built-in default preset, not to one asked for
         given.add("config_overrides")
     if given & {"save_steps", "average_last"}:  # asking for checkpoints ends the built-in task's "no checkpoints"
@@ -108,6 +97,7 @@ def train_command(argv: list[str]) -> int:
 def prepare_command(argv: list[str]) -> int:
     from .data.preparation import prepare, say
     from .data.prepared_cache import clear_cache
+    from .tasks import task_named
     from .training.recipe import DataArguments
 
     parser = HfArgumentParser(DataArguments, prog="vaswani prepare",
@@ -125,8 +115,7 @@ def prepare_command(argv: list[str]) -> int:
     if given := [f"--{a}" for a in TRAINING_ONLY_DATA_ARGUMENTS if a in _option_names(argv)]:
         parser.error(f"{', '.join(given)}: a training option, not a preparation one; give it to `vaswani train "
                      "--data DIR` with the prepared folder.")  # fmt: skip
-    if _option_value(argv, "task") == "parse":
-        parser.set_defaults(eval_split="dev")  # a treebank's held-out split (WSJ section 22)
+    parser.set_defaults(eval_split=task_named(_option_value(argv, "task") or DataArguments.task).eval_split)
     data_args, args = parser.parse_args_into_dataclasses(argv)
     if args.clear_cache:
         folder, freed = clear_cache(say)
@@ -134,15 +123,14 @@ def prepare_command(argv: list[str]) -> int:
         return 0
     if data_args.data is None and data_args.dataset_name is None:
         parser.error("give the corpus: --data FOLDER or --dataset_name NAME")
-    data_args.read_treebank(args.eval_splits)
+    data_args.read_data(args.eval_splits)
     request = data_args.request()
     evaluated = args.eval_splits
     if evaluated is None:  # the default split, where there is one
         evaluated = [s for s in [data_args.eval_split] if s != "none" and s in request.available_splits()]
     prepared = prepare(request, args.output_dir, data_args.preprocessing_num_workers, eval_splits=evaluated)
-    if data_args.treebank is not None:  # a parse model takes its labels from beside the prepared data
-        (prepared.path / "labels.json").write_text(json.dumps(data_args.treebank, indent=1))
-    pair = "--task parse" if data_args.treebank is not None else f"--src {data_args.src} --tgt {data_args.tgt}"
+    data_args.run_task.after_prepare(data_args, prepared.path)
+    pair = data_args.run_task.train_hint(data_args)
     print(f"prepared data in {prepared.path} (splits: {', '.join(prepared.splits)}); train on it with `vaswani train "
           f"--data {prepared.path} {pair} ...`")  # fmt: skip
     return 0

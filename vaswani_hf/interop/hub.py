@@ -21,6 +21,7 @@ import transformers
 from huggingface_hub import CommitInfo, EvalResult, HfApi, ModelCard, ModelCardData
 
 from ..model.precision import cpu_name
+from ..tasks import DEFAULT, task_named
 
 logger = logging.getLogger(__name__)
 
@@ -136,13 +137,13 @@ def build_model_card(facts: dict, repo_id: str, model_name: str | None = None) -
             for metric, metric_name in (("bleu", "BLEU (sacreBLEU)"), ("chrf", "chrF (sacreBLEU)"))
         ]  # fmt: skip
     name = model_name or repo_id.rstrip("/").split("/")[-1]
-    parser = data.get("task") == "parse"
+    task = task_named(data.get("task", DEFAULT))
     card_data = ModelCardData(
-        model_name=name, language=["en"] if parser else [x for x in (src, tgt) if x], license="apache-2.0",
+        model_name=name, language=task.card_languages(src, tgt), license="apache-2.0",
         library_name="transformers", pipeline_tag="translation",
-        tags=["constituency-parsing" if parser else "translation", "vaswani", "transformer", f"arxiv:{PAPER_ARXIV}"],
+        tags=[task.hub_tag, "vaswani", "transformer", f"arxiv:{PAPER_ARXIV}"],
         datasets=[data["dataset_id"]] if data.get("dataset_id") else None,
-        metrics=["evalb"] if parser else ["bleu", "chrf"], eval_results=eval_results,
+        metrics=list(task.hub_metrics), eval_results=eval_results,
     )  # fmt: skip
     evalb = None
     if "evalb_f1" in evaluation:
@@ -150,7 +151,7 @@ def build_model_card(facts: dict, repo_id: str, model_name: str | None = None) -
             name: round(evaluation[f"evalb_{name}"], 2)
             for name in ("f1", "recall", "precision", "complete_match", "tagging_accuracy", "error_sentences")
         }
-    doing = "parsing English into constituency trees (section 6.3)" if parser else f"translating {src} to {tgt}"
+    doing = task.card_doing(src, tgt)
     architecture, hyperparameters = _rows(facts)
     minutes = t["seconds"] / 60
     return ModelCard.from_template(
@@ -159,8 +160,8 @@ def build_model_card(facts: dict, repo_id: str, model_name: str | None = None) -
         repo_id=repo_id,
         model_name=name,
         summary=f"A {facts['model']['parameters'] / 1e6:.1f}M-parameter Transformer {doing}, trained on "
-        f"{data['name'] if parser else data['description']}.",
-        parser=parser,
+        f"{data['name'] if task.card_names_data else data['description']}.",
+        parser=task.card_decodes_trees,
         evalb=evalb,
         decoding_description=_decoding(facts.get("decoding")),
         example_source=data["example"][0],
@@ -174,12 +175,8 @@ def build_model_card(facts: dict, repo_id: str, model_name: str | None = None) -
         training_description=f"Trained for {t['steps']:,} steps in {minutes:.1f} minutes on {t['hardware']} "
         f"({t['target_tokens_per_s']:,} target tokens/s; final training loss {t['train_loss']}), with torch "
         f"{t['torch']} and transformers {t['transformers']}.",
-        evaluation_description=(
-            f"EVALB's figures (COLLINS.prm) on `{evaluation.get('split')}`"
-            if parser
-            else f"Cased, detokenized corpus BLEU and chrF (sacreBLEU) on `{evaluation.get('split')}`"
-        )
-        + f", decoded with {_decoding(facts.get('decoding'))}.",
+        evaluation_description=f"{task.card_metric_description} on `{evaluation.get('split')}`, decoded with "
+        f"{_decoding(facts.get('decoding'))}.",
         eval_split=evaluation.get("split"),
         eval_samples=evaluation.get("samples"),
         bleu=evaluation.get("bleu"),
@@ -214,32 +211,9 @@ def write_training_card(trainer, data_args, stats: dict, metrics: dict, source: 
     output_dir = Path(training_args.output_dir)
     model, tokenizer = trainer.model, trainer.processing_class
     example = (source, translate(model, tokenizer, [source], progress=False)[0])
-    parse = getattr(data_args, "task", "translate") == "parse"
-    name = "built-in English-German number words" if builtin else (data_args.dataset_name or Path(data_args.data).name)
-    if parse:
-        source = (data_args.treebank or {}).get("source") or data_args.data  # --data names the cache's pairs now
-        name = "the built-in English-like treebank" if data_args.data is None else Path(source).name
-        use = (
-            f"Research and education: section 6.3's parser reproduced on {name}; `vaswani parse` writes its trees "
-            "in Penn Treebank brackets and `vaswani evalb` scores them as EVALB does."
-        )
-        limits = (f"trained only on {len(trainer.train_dataset):,} trees of {name}; input must be tokenised as its "
-                  "training sentences were (Penn Treebank tokens, brackets as -LRB-/-RRB-).")  # fmt: skip
-    elif builtin:
-        use = (
-            "A demonstration that the recipe learns: English number words below 1000 (up to four per sentence) "
-            "into German number words, which needs reordering (twenty-one -> einundzwanzig)."
-        )
-        limits = "it knows nothing but number words; any other input gets meaningless output."
-    else:
-        use = (
-            f"Research and education: the paper's model and recipe reproduced on {name}, {data_args.src} to "
-            f"{data_args.tgt}. Evaluate it on your own domain before relying on it."
-        )
-        limits = (f"trained only on {len(trainer.train_dataset):,} sentence pairs of {name}; sentence-level, "
-                  "no document context; text unlike the training data (domain, length, characters outside the BPE "
-                  "vocabulary) gets worse and sometimes fluent but wrong output.")  # fmt: skip
-    data = {"name": name, "task": "parse" if parse else "translate", "dataset_id": data_args.dataset_name,
+    run_task = data_args.run_task
+    name, use, limits = run_task.card_use(data_args, builtin, len(trainer.train_dataset))
+    data = {"name": name, "task": run_task.name, "dataset_id": data_args.dataset_name,
             "description": task, "src": data_args.src,
             "tgt": data_args.tgt, "train_pairs": len(trainer.train_dataset), "max_length": data_args.max_length,
             "example": example, "intended_use": use, "limitations": limits}  # fmt: skip

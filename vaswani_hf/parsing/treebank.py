@@ -7,8 +7,10 @@ on a label); the unary top (`( (S ...) )`, `(TOP (S ...))`, `(ROOT ...)`) is rem
 
 A folder holds `{split}.trees`, `.mrg` or `.ptb` (gzip too: `.gz` after the name). `pairs_folder` writes its
 pairs once into the cache of prepared data, keyed by the tree files' content, so that everything translation
-data has (the prepared cache, resume, DDP, token batches) holds for a treebank: `{split}.words` + `{split}.tree`
-and `labels.json`, the treebank's phrase labels and tags, which a parse model keeps in its config.
+data has (the prepared cache, resume, DDP, token batches) holds for a treebank: `{split}.words` + `{split}.tree`,
+the held-out splits' cleaned trees themselves (`{split}.gold`, what evaluation scores against: a tree rebuilt from
+its target would carry the target's form, XX tags or the training labels) and `labels.json`, the treebank's phrase
+labels and tags, which a parse model keeps in its config, and its longest target (refused when over --max_length).
 """
 
 from __future__ import annotations
@@ -25,13 +27,13 @@ from filelock import FileLock
 
 from ..data.prepared_cache import cache_dir, content_hashes
 from .linearization import FORMS, linearize
-from .trees import MalformedTree, Tree, read_trees
+from .trees import MalformedTree, Tree, parse_tree, read_trees
 
 SUFFIXES = (".trees", ".mrg", ".ptb")
 TOP_LABELS = ("", "TOP", "ROOT")
 NULL_ELEMENT = "-NONE-"
 SOURCE, TARGET = "words", "tree"  # the pairs' file suffixes: {split}.words -> {split}.tree
-CONVERSION = 1  # raise when the cleaning or the pairs' layout changes: older conversions are then made anew
+CONVERSION = 2  # raise when the cleaning or the pairs' layout changes: older conversions are then made anew
 
 
 def clean_label(label: str) -> str:
@@ -95,6 +97,23 @@ def sentence_pairs(trees: Iterable[Tree], form: str = "tags", labels: dict | Non
         yield " ".join(word for _, word in tagged), linearize(cleaned, form)
 
 
+def gold_tree(tree: Tree) -> Tree | None:
+    """The tree a parse of its words is scored against: cleaned, under the TOP bracket parses are written with."""
+    return _under_top(clean(tree))
+
+
+def _under_top(cleaned: Tree | None) -> Tree | None:
+    return cleaned if cleaned is None or cleaned.label == "TOP" else Tree("TOP", [cleaned])
+
+
+def gold_pairs(trees: Iterable[Tree], form: str = "tags") -> Iterator[tuple[str, str, Tree]]:
+    """(words, linearised tree, gold tree) of each tree that cleaning leaves, as `sentence_pairs` gives them."""
+    for tree in trees:
+        cleaned = clean(tree)
+        if cleaned is not None:
+            yield " ".join(cleaned.words()), linearize(cleaned, form), _under_top(cleaned)
+
+
 def _phrase_labels(tree: Tree) -> Iterator[str]:
     stack = [tree]
     while stack:
@@ -104,7 +123,8 @@ def _phrase_labels(tree: Tree) -> Iterator[str]:
             stack.extend(child for child in node.children if isinstance(child, Tree))
 
 
-def write_pairs(pairs: Iterable[tuple[str, str]], folder: Path, split: str) -> int:
+def write_pairs(pairs: Iterable[tuple[str, str]], folder: Path, split: str, longest: dict | None = None) -> int:
+    """Write a split's pairs; with `longest`, keep there the longest target's line and its symbols (+ the end)."""
     count = 0
     with open(folder / f"{split}.{SOURCE}", "w", encoding="utf-8") as words, \
             open(folder / f"{split}.{TARGET}", "w", encoding="utf-8") as tree:  # fmt: skip
@@ -112,7 +132,23 @@ def write_pairs(pairs: Iterable[tuple[str, str]], folder: Path, split: str) -> i
             words.write(source + "\n")
             tree.write(target + "\n")
             count += 1
+            if longest is not None and (length := target.count(" ") + 2) > longest.get("tokens", 0):
+                longest.update(tokens=length, line=count, words=source.count(" ") + 1)
     return count
+
+
+def write_gold(trees: Iterable[Tree], folder: Path, split: str) -> None:
+    """A held-out split's gold trees, one a line, row for row with its pairs."""
+    with open(folder / f"{split}.gold", "w", encoding="utf-8") as out:
+        for tree in trees:
+            if (gold := gold_tree(tree)) is not None:
+                out.write(f"{gold}\n")
+
+
+def read_gold(folder: str | Path, split: str) -> list[Tree] | None:
+    """The split's gold trees written beside its pairs, or None where there are none (a folder of pairs)."""
+    path = Path(folder) / f"{split}.gold"
+    return [parse_tree(line) for line in path.read_text(encoding="utf-8").splitlines()] if path.is_file() else None
 
 
 def pairs_folder(folder: str | Path, splits: Iterable[str], form: str = "tags", train_split: str = "train") -> Path:
@@ -137,17 +173,21 @@ def pairs_folder(folder: str | Path, splits: Iterable[str], form: str = "tags", 
         staging.mkdir()
         try:
             labels = {"phrase_labels": set(), "tags": set()}
-            counts = {}
+            counts, longest = {}, {"file": str(files[0])}
             for split, path in zip(splits, files, strict=True):
-                met = labels if split == train_split else None
-                counts[split] = write_pairs(sentence_pairs(read_trees(path), form, met), staging, split)
+                training = split == train_split
+                met = labels if training else None
+                counts[split] = write_pairs(sentence_pairs(read_trees(path), form, met), staging, split,
+                                            longest if training else None)  # fmt: skip
                 if not counts[split]:
                     raise MalformedTree(f"{path}: no tree in the file.")
+                if not training:
+                    write_gold(read_trees(path), staging, split)
             if form == "tags" and (both := labels["phrase_labels"] & labels["tags"]):
                 raise ValueError(f"{files[0]}: {', '.join(sorted(both))} is both a phrase label and a tag, so the "
                                  "tags form (S NP DT NN /NP ...) would read two ways: train with --linearization xx, "
                                  "which writes every tag XX.")  # fmt: skip
-            summary = {"form": form, "source": str(folder), "pairs": counts,
+            summary = {"form": form, "source": str(folder), "pairs": counts, "longest_target": longest,
                        **{name: sorted(values) for name, values in labels.items()}}  # fmt: skip
             (staging / "labels.json").write_text(json.dumps(summary, indent=1))
             os.replace(staging, target)

@@ -12,13 +12,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.compute as pc
 import torch
 from datasets import Dataset
 from transformers import (
     AutoTokenizer,
     DataCollatorForSeq2Seq,
-    EvalPrediction,
     PreTrainedTokenizerBase,
     TrainerState,
     set_seed,
@@ -29,15 +29,13 @@ from ..data.preparation import DEFAULT_BPE_SAMPLE, prepare, say
 from ..data.prepared import InMemoryData, PreparedData, TokenizedData, token_lengths
 from ..data.prepared_cache import PreparationRequest, cache_dir, load_tokenizer, tokenizer_hash
 from ..data.readers import Pairs, load_split
-from ..data.tasks import builtin_splits
 from ..data.tokenization import BPEDropoutPairs, train_shared_bpe
 from ..interop.hub import write_training_card
 from ..model.configuration_vaswani import PAPER_ALIASES, VaswaniConfig
 from ..model.modeling_vaswani import VaswaniForConditionalGeneration
-from ..parsing.constraint import tree_constraint_factory
-from ..parsing.task import ParseMetrics, builtin_pairs, make_parser, parsing_of
+from ..tasks import TASKS, Task, task_named
 from ..translation.inference import load_model
-from ..translation.metrics import decode, load_metrics, metric_name, score_with
+from ..translation.metrics import TranslationMetrics, load_metrics
 from .averaging import average_checkpoints, last_checkpoints, list_checkpoints, load_weights
 from .trainer import (
     GracefulStopCallback,
@@ -52,7 +50,7 @@ from .training_speed import speedups_for_training, uncompiled
 logger = logging.getLogger(__name__)
 
 PRESETS = ("base", "big", "small", "tiny", "parse")
-TASKS = ("translate", "parse")
+__all__ = ["TranslationMetrics"]  # moved to vaswani_hf.translation.metrics; kept importable from here
 
 
 @dataclass
@@ -103,10 +101,8 @@ class DataArguments:
     max_eval_samples: int | None = field(default=None, metadata={"help": "evaluate on the first N pairs only"})
     task: str = field(
         default="translate",
-        metadata={"help": "translate, or parse: --data holds treebank files ({split}.trees, .mrg or .ptb, gzip too) "
-                  "and the model learns words -> linearised trees (section 6.3; docs/parsing.md); without --data, "
-                  "the built-in treebank"},
-    )  # fmt: skip
+        metadata={"help": "; ".join(task.summary for task in TASKS.values())},
+    )
     linearization: str = field(
         default="tags",
         metadata={"help": "parse: the target form, tags (`S NP DT NN /NP ...`, tensor2tensor's) or xx (every "
@@ -124,33 +120,19 @@ class DataArguments:
     )  # fmt: skip
 
     def __post_init__(self) -> None:
-        if self.task not in TASKS:
-            raise ValueError(f"--task {self.task}: choose one of {', '.join(TASKS)}.")
+        self.run_task: Task = task_named(self.task)
         if self.tree_search not in ("constrained", "plain"):
             raise ValueError(f"--tree_search {self.tree_search}: choose constrained or plain.")
-        self.treebank: dict | None = None  # a parse task's labels, once its treebank is read (`read_treebank`)
-        if self.task == "parse":  # tree symbols hold punctuation (/NP, PRP$, -LRB-), and treebank words are split
-            self.split_punctuation = False
+        self.treebank: dict | None = None  # a parse task's labels, once its treebank is read (`read_data`)
+        self.run_task.check_options(self)
 
-    def read_treebank(self, eval_splits: list[str] | None = None) -> None:
-        """For --task parse on a treebank folder: its training split and `eval_splits` (default: --eval_split,
-        where the folder has it) converted once into sentence pairs in the cache (`vaswani_hf.parsing.treebank`),
-        which --data then names; a prepared folder is taken as it is."""
-        if self.task != "parse" or self.treebank is not None or self.data is None:
-            return
-        from ..parsing.treebank import SOURCE, TARGET, available_splits, pairs_folder, read_labels
-
-        if not PreparedData.is_prepared(self.data):
-            if eval_splits is None:
-                present = available_splits(Path(self.data)) if Path(self.data).is_dir() else []
-                eval_splits = [split for split in [self.eval_split] if split in present]
-            self.data = str(pairs_folder(self.data, eval_splits, self.linearization, self.train_split))
-        self.treebank = read_labels(self.data)
-        self.src, self.tgt = SOURCE, TARGET
+    def read_data(self, eval_splits: list[str] | None = None) -> None:
+        """The task's reading of --data where its files are no sentence pairs (a treebank's trees)."""
+        self.run_task.read_data(self, eval_splits)
 
     def request(self, tokenizer: str | None = None) -> PreparationRequest:
         """What `prepare` reads, with the options that change the prepared data."""
-        self.read_treebank()
+        self.read_data()
         if self.bpe_sample_lines < 0:
             raise ValueError(f"--bpe_sample_lines must be a number of pairs (0: every pair), got "
                              f"{self.bpe_sample_lines}.")  # fmt: skip
@@ -158,7 +140,7 @@ class DataArguments:
         return PreparationRequest(self.dataset_name if hub else self.data, self.src, self.tgt, hub,
                                   self.dataset_config_name, self.vocab_size, self.split_punctuation,
                                   self.bpe_sample_lines or None, tokenizer or self.tokenizer, self.max_length,
-                                  self.train_split, whole_target_words=self.task == "parse")  # fmt: skip
+                                  self.train_split, whole_target_words=self.run_task.whole_target_words)  # fmt: skip
 
     def load(self, split: str) -> Pairs:
         """A small split as pairs in memory; an evaluation split keeps every pair (it is scored whole)."""
@@ -200,7 +182,7 @@ def tokenize_pairs(
 
 def evaluation_set(data: TokenizedData, split: str, max_samples: int | None = None, by_length: bool = False) -> Dataset:
     """A split's first `max_samples` pairs, tokenized, with each reference and source as written (`target_text`,
-    `source_text`, over whose words a parse model's trees are built): BLEU is
+    `source_text`, over whose words a parse model's trees are built, and `row`, its place in the split): BLEU is
     scored against the references as written, not as the vocabulary can spell them. Evaluation sets are never
     filtered (dropping test sentences would change the BLEU). `by_length`: longest source first, for less padding
     in generation (BLEU does not depend on the order)."""
@@ -212,59 +194,22 @@ def evaluation_set(data: TokenizedData, split: str, max_samples: int | None = No
     if by_length:
         order = np.argsort(-pc.utf8_length(text.column("source")).to_numpy(), kind="stable")
     tokens = tokens.take(order).append_column("target_text", text.column("target").take(order))
-    return Dataset(tokens.append_column("source_text", text.column("source").take(order)))
-
-
-class TranslationMetrics:
-    """`compute_metrics` for Seq2SeqTrainer with `predict_with_generate`: sacreBLEU's BLEU and chrF, and the
-    `metrics` asked for, through 🤗 Evaluate (`vaswani_hf.translation.metrics`).
-
-    `VaswaniTrainer` calls `expect(dataset)` before each evaluation. Rows beyond the data set (DDP pads its last
-    batches by repeating examples) are cut, and the remaining rows' labels must be the data set's, in order: no
-    example counts twice or goes missing."""
-
-    def __init__(self, tokenizer: PreTrainedTokenizerBase, metrics: list[str] | tuple[str, ...] = ()) -> None:
-        self.tokenizer = tokenizer
-        self.metrics = load_metrics(metrics)
-        # what its results are reported under ("brevity_penalty" is BLEU's)
-        self.names = (*(metric_name(spec) for spec in self.metrics), "brevity_penalty")
-        self.expected_labels: list[list[int]] | None = None
-        self.references: list[str] | None = None
-        self.hypotheses: list[str] = []
-
-    def expect(self, dataset: Dataset) -> None:
-        self.expected_labels = dataset["labels"]
-        self.references = dataset["target_text"] if "target_text" in dataset.column_names else None
-
-    def __call__(self, prediction: EvalPrediction) -> dict:
-        predictions = prediction.predictions[0] if isinstance(prediction.predictions, tuple) else prediction.predictions
-        labels = prediction.label_ids
-        if self.expected_labels is not None:
-            expected = len(self.expected_labels)
-            if len(predictions) < expected:
-                raise RuntimeError(f"evaluation returned {len(predictions)} rows for {expected} examples.")
-            predictions, labels = predictions[:expected], labels[:expected]
-            for row, (got, want) in enumerate(zip(labels, self.expected_labels, strict=True)):
-                # Seq2SeqTrainer pads labels with -100 or the pad id, which no real target contains.
-                if got[(got != -100) & (got != self.tokenizer.pad_token_id)].tolist() != want:
-                    raise RuntimeError(f"evaluation row {row} is not example {row}: rows were duplicated or reordered.")
-        self.hypotheses = decode(self.tokenizer, predictions)
-        references = self.references if self.references is not None else decode(self.tokenizer, labels)
-        return {**score_with(self.metrics, self.hypotheses, list(references)), "samples": len(self.hypotheses)}
+    tokens = tokens.append_column("source_text", text.column("source").take(order))
+    return Dataset(tokens.append_column("row", pa.array(order)))  # the example's row in the split (its gold tree)
 
 
 def build_model(
-    model_args: ModelArguments, tokenizer: PreTrainedTokenizerBase, treebank: dict | None = None
+    model_args: ModelArguments, tokenizer: PreTrainedTokenizerBase, data_args: DataArguments | None = None
 ) -> VaswaniForConditionalGeneration:
-    """A new model of the preset (or the checkpoint to fine-tune); with `treebank`, a parser of its labels."""
+    """A new model of the preset (or the checkpoint to fine-tune), made the task's (a parser of its labels)."""
     if model_args.model_name_or_path:
         model = load_model(model_args.model_name_or_path)
     else:
         special = {"pad_token_id": "<pad>", "bos_token_id": "<s>", "eos_token_id": "</s>", "unk_token_id": "<unk>"}
         ids = {name: tokenizer.convert_tokens_to_ids(token) for name, token in special.items()}
         model = VaswaniForConditionalGeneration(model_config(model_args, vocab_size=len(tokenizer), **ids))
-    if treebank is not None and not (model_args.model_name_or_path and parsing_of(model.config)):
-        make_parser(model, treebank)
+    if data_args is not None:
+        data_args.run_task.prepare_model(model, data_args, fine_tuning=bool(model_args.model_name_or_path))
     if model_args.attn_implementation:
         set_attention_kernel(model, model_args.attn_implementation)
     return model
@@ -322,7 +267,7 @@ def build_trainer(
     if isinstance(data, dict):
         data = InMemoryData(data, tokenizer, data_args.train_split, data_args.max_length)
     set_seed(training_args.seed)
-    model = build_model(model_args, tokenizer, data_args.treebank)
+    model = build_model(model_args, tokenizer, data_args)
     if not training_args.learning_rate:
         warmup = int(training_args.warmup_steps)
         training_args.learning_rate = noam_learning_rate(warmup, model.config.d_model, warmup, model_args.lr_scale)
@@ -354,14 +299,11 @@ def build_trainer(
         eval_dataset=eval_set,
         data_collator=DataCollatorForSeq2Seq(tokenizer, model=model),
         processing_class=tokenizer,
-        compute_metrics=ParseMetrics(tokenizer, parsing_of(model.config))
-        if parsing_of(model.config)
-        else TranslationMetrics(tokenizer, data_args.metric),
+        compute_metrics=data_args.run_task.metrics(tokenizer, model, data_args) if eval_set is not None else None,
         train_lengths=train_lengths,
         callbacks=callbacks,
     )
-    if parsing_of(model.config) and data_args.tree_search == "constrained":
-        trainer.batch_processors = tree_constraint_factory(tokenizer, parsing_of(model.config))
+    trainer.batch_processors = data_args.run_task.batch_processors(tokenizer, model, data_args)
     return trainer
 
 
@@ -426,13 +368,7 @@ def load_or_train_tokenizer(
         saved = (output_dir / "tokenizer.json").is_file()
         if (training_args.resume and saved) or not training_args.should_save:
             return AutoTokenizer.from_pretrained(output_dir)
-        train = pairs[data_args.train_split]
-        whole = ()
-        if data_args.task == "parse":  # the BPE is the words'; the tree's symbols are entries whole
-            texts = (source for source, _ in train)
-            whole = {symbol for _, target in train for symbol in target.split()}
-        else:
-            texts = (text for pair in train for text in pair)
+        texts, whole = data_args.run_task.vocabulary_texts(pairs[data_args.train_split])
         tokenizer = train_shared_bpe(texts, data_args.vocab_size, split_punctuation=data_args.split_punctuation,
                                      whole_words=whole)  # fmt: skip
         tokenizer.save_pretrained(output_dir)
@@ -462,15 +398,13 @@ def training_data(data_args: DataArguments, model_args: ModelArguments, training
     Fine-tuning keeps the checkpoint's vocabulary; one without a fast tokenizer reads its pairs into memory."""
     quiet = not training_args.should_log
     checkpoint_vocabulary = model_args.model_name_or_path
-    data_args.read_treebank()
+    data_args.read_data()
+    data_args.run_task.check_lengths(data_args)
     if checkpoint_vocabulary and not AutoTokenizer.from_pretrained(checkpoint_vocabulary).is_fast:
         builtin = True  # a slow (Python) tokenizer cannot run in the preparing processes
-    if builtin and data_args.data is None and data_args.dataset_name is None and data_args.task == "parse":
-        pairs, data_args.treebank = builtin_pairs(data_args.linearization)
-        tokenizer = load_or_train_tokenizer(data_args, model_args, training_args, pairs)
-        return InMemoryData(pairs, tokenizer, data_args.train_split, data_args.max_length), tokenizer
     if builtin:
-        pairs = builtin_splits() if data_args.data is None and data_args.dataset_name is None else {
+        own = data_args.data is None and data_args.dataset_name is None
+        pairs = data_args.run_task.builtin_pairs(data_args) if own else {
             split: data_args.load(split) for split in (data_args.train_split, data_args.eval_split)}  # fmt: skip
         tokenizer = load_or_train_tokenizer(data_args, model_args, training_args, pairs)
         return InMemoryData(pairs, tokenizer, data_args.train_split, data_args.max_length), tokenizer
@@ -547,11 +481,7 @@ def run_training(
             print(f"--resume: the run in {output_dir} already finished at step {finished}; nothing to train, the "
                   "model there is unchanged. Raise --max_steps (or --num_train_epochs) to train further.")  # fmt: skip
         return 0
-    if data_args.task == "parse":
-        task = f"parsing {'the built-in treebank' if data_args.data is None else data_args.data} (words->trees)"
-    else:
-        task = ("built-in English->German number words" if builtin
-                else f"{data_args.dataset_name or data_args.data} ({data_args.src}->{data_args.tgt})")  # fmt: skip
+    task = data_args.run_task.describe(data_args, builtin)
     data, tokenizer = training_data(data_args, model_args, training_args, builtin)
     if data_args.eval_split not in (*data.splits, "none"):  # a misspelt split must not skip the evaluation quietly
         raise ValueError(f"--eval_split {data_args.eval_split}: the data holds no such split (it has "
@@ -588,10 +518,7 @@ def run_training(
             logger.warning("the model card could not be written (%s: %s); the model is saved", type(err).__name__, err)
         summary = {**stats, "eval_split": data_args.eval_split, **metrics, "model_dir": str(output_dir)}
         print(json.dumps(summary))
-        bleu = f"BLEU {metrics['bleu']} on {data_args.eval_split}, " if "bleu" in metrics else ""
-        if "evalb_f1" in metrics:
-            bleu = (f"EVALB F1 {metrics['evalb_f1']:.2f} on {data_args.eval_split} ({metrics.get('repaired', 0)} "
-                    "outputs repaired), ")  # fmt: skip
-        print(f"{bleu}{stats['steps']} steps ({stats['seconds']:.0f} s, {stats['target_tokens_per_s']} target "
+        headline = data_args.run_task.headline(metrics, data_args.eval_split)
+        print(f"{headline}{stats['steps']} steps ({stats['seconds']:.0f} s, {stats['target_tokens_per_s']} target "
               f"tokens/s); model saved in {output_dir}")  # fmt: skip
     return 0

@@ -120,3 +120,41 @@ def compute_metrics(tokenizer: PreTrainedTokenizerBase, metrics: Iterable[str] =
         return score_with(modules, decode(tokenizer, predictions), decode(tokenizer, prediction.label_ids))
 
     return compute
+
+
+class TranslationMetrics:
+    """`compute_metrics` for Seq2SeqTrainer with `predict_with_generate`: sacreBLEU's BLEU and chrF, and the
+    `metrics` asked for, through 🤗 Evaluate (`vaswani_hf.translation.metrics`).
+
+    `VaswaniTrainer` calls `expect(dataset)` before each evaluation. Rows beyond the data set (DDP pads its last
+    batches by repeating examples) are cut, and the remaining rows' labels must be the data set's, in order: no
+    example counts twice or goes missing."""
+
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, metrics: list[str] | tuple[str, ...] = ()) -> None:
+        self.tokenizer = tokenizer
+        self.metrics = load_metrics(metrics)
+        # what its results are reported under ("brevity_penalty" is BLEU's)
+        self.names = (*(metric_name(spec) for spec in self.metrics), "brevity_penalty")
+        self.expected_labels: list[list[int]] | None = None
+        self.references: list[str] | None = None
+        self.hypotheses: list[str] = []
+
+    def expect(self, dataset) -> None:
+        self.expected_labels = dataset["labels"]
+        self.references = dataset["target_text"] if "target_text" in dataset.column_names else None
+
+    def __call__(self, prediction: EvalPrediction) -> dict:
+        predictions = prediction.predictions[0] if isinstance(prediction.predictions, tuple) else prediction.predictions
+        labels = prediction.label_ids
+        if self.expected_labels is not None:
+            expected = len(self.expected_labels)
+            if len(predictions) < expected:
+                raise RuntimeError(f"evaluation returned {len(predictions)} rows for {expected} examples.")
+            predictions, labels = predictions[:expected], labels[:expected]
+            for row, (got, want) in enumerate(zip(labels, self.expected_labels, strict=True)):
+                # Seq2SeqTrainer pads labels with -100 or the pad id, which no real target contains.
+                if got[(got != -100) & (got != self.tokenizer.pad_token_id)].tolist() != want:
+                    raise RuntimeError(f"evaluation row {row} is not example {row}: rows were duplicated or reordered.")
+        self.hypotheses = decode(self.tokenizer, predictions)
+        references = self.references if self.references is not None else decode(self.tokenizer, labels)
+        return {**score_with(self.metrics, self.hypotheses, list(references)), "samples": len(self.hypotheses)}
