@@ -185,3 +185,95 @@ def test_the_evaluate_module_loads_offline_and_gives_evalbs_figures(monkeypatch)
     assert figures == score_files(GOLD, TEST).as_dict()
     assert f"{figures['evalb_f1']:6.2f}" == " 69.62"
     assert metric.compute(predictions=test, references=gold, params="nk")["evalb_f1"] == pytest.approx(73.17, abs=0.005)
+
+
+# A parser's output file for a failed sentence holds `()`, `(())`, `(TOP)` or an empty line: EVALB reads each as a
+# tree of no words, a skip sentence. `( )` (a space inside) it reads as one empty word (an error sentence here:
+# Length unmatch (2|1)), `(TOP )` as an empty word tagged TOP, which the parameters delete (a skip), and `(NP)` inside a
+# tree as a bracket over no word (dropped). The reference is the real EVALB's output on these files (evalb.c of
+# nikitakit/self-attentive-parser's EVALB, built with cc, run with COLLINS.prm; nk.prm prints the same).
+FAILED_GOLD = """\
+(TOP (S (NP (DT The) (NN dog)) (VP (VBD barked)) (. .)))
+(TOP (S (NP (PRP He)) (VP (VBD saw) (NP (DT a) (NN cat))) (. .)))
+(TOP (S (NP (NNS Cats)) (VP (VBP sleep))))
+(TOP (S (NP (DT A) (NN bird)) (VP (VBD sang) (PP (IN in) (NP (DT the) (NN tree)))) (. .)))
+(TOP (S (NP (PRP It)) (VP (VBD rained))))
+(TOP (S (NP (PRP We)) (VP (VBD left) (ADVP (RB early)))))
+(TOP (S (NP (PRP They)) (VP (VBD won))))
+(TOP (S (NP (NNP Ann)) (VP (VBD ran) (ADVP (RB home))) (. .)))
+(TOP (S (NP (PRP She)) (VP (VBD smiled))))
+"""
+FAILED_TEST = """\
+(TOP (S (NP (DT The) (NN dog)) (VP (VBD barked)) (. .)))
+()
+(())
+
+(TOP)
+(TOP (S (NP) (NP (PRP We)) (VP (VBD left) (ADVP (RB early)))))
+( )
+(TOP (S (NP (NNP Ann)) (VP (VBD ran)) (ADVP (RB home)) (. .)))
+(TOP )
+"""
+FAILED_REFERENCE = """\
+  Sent.                        Matched  Bracket   Cross        Correct Tag
+ ID  Len.  Stat. Recal  Prec.  Bracket gold test Bracket Words  Tags Accracy
+============================================================================
+   1    4    0  100.00 100.00     3      3    3      0      3     3   100.00
+   2    5    2    0.00   0.00     0      0    0      0      0     0     0.00
+   3    2    2    0.00   0.00     0      0    0      0      0     0     0.00
+   4    7    2    0.00   0.00     0      0    0      0      0     0     0.00
+   5    2    2    0.00   0.00     0      0    0      0      0     0     0.00
+   6    3    0  100.00 100.00     4      4    4      0      3     3   100.00
+   7    2    1    0.00   0.00     0      0    0      0      0     0     0.00
+   8    4    0   75.00  75.00     3      4    4      0      3     3   100.00
+   9    2    2    0.00   0.00     0      0    0      0      0     0     0.00
+============================================================================
+                 90.91  90.91     10    11    11      0      9     9   100.00
+=== Summary ===
+
+-- All --
+Number of sentence        =      9
+Number of Error sentence  =      1
+Number of Skip  sentence  =      5
+Number of Valid sentence  =      3
+Bracketing Recall         =  90.91
+Bracketing Precision      =  90.91
+Bracketing FMeasure       =  90.91
+Complete match            =  66.67
+Average crossing          =   0.00
+No crossing               = 100.00
+2 or less crossing        = 100.00
+Tagging accuracy          = 100.00
+
+-- len<=40 --
+Number of sentence        =      9
+Number of Error sentence  =      1
+Number of Skip  sentence  =      5
+Number of Valid sentence  =      3
+Bracketing Recall         =  90.91
+Bracketing Precision      =  90.91
+Bracketing FMeasure       =  90.91
+Complete match            =  66.67
+Average crossing          =   0.00
+No crossing               = 100.00
+2 or less crossing        = 100.00
+Tagging accuracy          = 100.00
+"""
+
+
+def test_failed_parses_written_as_empty_brackets_are_skip_sentences_as_in_evalb(tmp_path, capsys):
+    (tmp_path / "gold.txt").write_text(FAILED_GOLD)
+    (tmp_path / "test.txt").write_text(FAILED_TEST)
+    for params in (COLLINS, NK):
+        result = score_files(tmp_path / "gold.txt", tmp_path / "test.txt", params)
+        assert format_per_sentence(result) + format_summary(result) == FAILED_REFERENCE
+        assert (result.all.sentences, result.all.error_sentences, result.all.skip_sentences) == (9, 1, 5)
+        assert result.rows[6].message == "Length unmatch (2|1)"
+    trees = read_tree_file(tmp_path / "test.txt")
+    assert trees[1] is None and trees[2] is None and trees[3] is None and trees[4] is None
+    assert evalb_command([str(tmp_path / "gold.txt"), str(tmp_path / "test.txt")]) == 0
+    assert capsys.readouterr().out == FAILED_REFERENCE[FAILED_REFERENCE.index("=== Summary ===") :]
+    # a malformed tree is still an error naming it, not a skip
+    (tmp_path / "bad.txt").write_text("(TOP (S (NN a) b))\n")
+    with pytest.raises(ValueError, match=r"bad.txt: tree 1 \(line 1\): the word 'b' has no tag"):
+        read_tree_file(tmp_path / "bad.txt")

@@ -8,7 +8,8 @@ The rules, as the C program applies them (each tree on its own, gold and test al
   an error sentence (length mismatch), not a tagging error.
 - A sentence's length (for the len<=40 summary) counts the gold's words except DELETE_LABEL_FOR_LENGTH tags
   (-NONE-): punctuation counts there.
-- A test tree without any word left (an empty line: a failed parse) is a skip sentence; a test tree whose word
+- A test tree without any word left (an empty line, or a failed parse written `()`, `(())`, `(TOP)`) is a skip
+  sentence; a test tree whose word
   count differs from the gold's (after the quote repair of QUOTE_LABEL, nk only), or whose words differ, is an
   error sentence. Neither adds to the bracket, crossing or tagging figures; both count as sentences.
 - Every non-preterminal is a bracket (start, end) over the kept words, the label cut at its first '-' or '='
@@ -18,6 +19,10 @@ The rules, as the C program applies them (each tree on its own, gold and test al
   (EQ_LABEL: ADVP = PRT). A test bracket crosses when a gold bracket overlaps it without nesting.
 - Tagging accuracy compares the tags of the kept words, position by position.
 - After more than MAX_ERROR + 1 error sentences EVALB gives up without a summary; we raise `EvalbAborted`.
+
+- Brackets read as EVALB reads them where a tree has empty ones (which `trees.parse_tree` refuses): `(NP)` is a
+  bracket over no word (dropped), and a label followed by a space and `)` is a word that is empty: `( )` is an
+  empty word (an error sentence against any gold), `(TOP )` an empty word tagged TOP (deleted: a skip).
 
 What differs, on purpose: EVALB reads one tree a line; we read pretty-printed files too (`read_tree_file`). EVALB
 scores the common part of files with different numbers of lines (warning on stderr); we raise ValueError naming
@@ -379,10 +384,74 @@ def score_trees(
     return EvalbResult(rows, _summarize(rows), _summarize(short), params)
 
 
+def read_tree(text: str) -> Tree | None:
+    """One tree as EVALB reads it, None for a tree of no words: an empty text, or empty brackets only (`()`,
+    `(())`, `(TOP)`: what parsers write for a sentence they failed). Empty brackets inside a tree are read as EVALB
+    reads them (see the module's text). Raises MalformedTree for anything else that is no tree."""
+    if not text.strip():
+        return None
+    try:
+        return parse_tree(text)
+    except MalformedTree as err:
+        refused = err  # parse_tree refuses empty brackets; EVALB reads them
+    tree = _with_empty_brackets(text)
+    if tree is False:
+        raise refused
+    return tree
+
+
+def _with_empty_brackets(text: str) -> Tree | None | bool:
+    """`text` read as EVALB's read_line reads a line: '(' and a label (up to a space or bracket); after a space,
+    a word (possibly empty) directly followed by ')' makes a preterminal; otherwise the bracket holds brackets, or
+    none. None where it holds no word at all; False where it is no tree this way either (a word outside a
+    preterminal, unbalanced brackets, text after the tree)."""
+    stack: list[Tree] = []
+    root: Tree | None = None
+    words = 0
+    index = 0
+    while index < len(text):
+        char = text[index]
+        if char.isspace():
+            index += 1
+        elif char == "(" and root is None:
+            end = index + 1
+            while end < len(text) and not (text[end].isspace() or text[end] in "()"):
+                end += 1
+            node = Tree(text[index + 1 : end])
+            word_start = end
+            while word_start < len(text) and text[word_start].isspace():
+                word_start += 1
+            word_end = word_start
+            while word_end < len(text) and not (text[word_end].isspace() or text[word_end] in "()"):
+                word_end += 1
+            preterminal = word_start > end and text[word_end : word_end + 1] == ")"
+            if not preterminal and word_end > word_start:
+                return False  # a word followed by more than its ')'
+            if stack:
+                stack[-1].children.append(node)
+            if preterminal:
+                node.children.append(text[word_start:word_end])
+                words += 1
+                root = None if stack else node
+                index = word_end + 1
+            else:
+                stack.append(node)
+                index = end
+        elif char == ")" and stack:
+            node = stack.pop()
+            root = None if stack else node
+            index += 1
+        else:
+            return False
+    if stack or root is None:
+        return False
+    return root if words else None
+
+
 def read_tree_file(path: str | Path) -> list[Tree | None]:
-    """The trees of a gold or test file, None for an empty tree. In a file of one tree a line (EVALB's format),
-    every blank line is an empty tree (a failed parse); in a file where any tree spans several lines, blank lines
-    only separate trees. Raises MalformedTree naming the file, the tree's number and its line."""
+    """The trees of a gold or test file, None for an empty tree (`read_tree`). In a file of one tree a line
+    (EVALB's format), every blank line is an empty tree (a failed parse); in a file where any tree spans several
+    lines, blank lines only separate trees. Raises MalformedTree naming the file, the tree's number and its line."""
     with open_text(path) as file:
         texts = list(tree_texts(file, keep_empty=True))
     if any("\n" in text.strip() for _, text in texts):
@@ -390,7 +459,7 @@ def read_tree_file(path: str | Path) -> list[Tree | None]:
     trees: list[Tree | None] = []
     for number, (line, text) in enumerate(texts, start=1):
         try:
-            trees.append(parse_tree(text) if text else None)
+            trees.append(read_tree(text))
         except MalformedTree as err:
             raise MalformedTree(f"{path}: tree {number} (line {line}): {err}") from None
     return trees
