@@ -3,7 +3,8 @@
 Importing the package registers the `vaswani` model type with `AutoConfig`, `AutoModel` and
 `AutoModelForSeq2SeqLM`, and marks the classes so `save_pretrained` ships their code for
 `trust_remote_code=True` loading where this package is not installed. It also brings back the `translation`
-pipeline task, which Transformers 5 removed, served by `VaswaniTranslationPipeline` for any seq2seq model.
+pipeline task, which Transformers 5 removed, served by `VaswaniTranslationPipeline` for any seq2seq model, and
+registers `constituency-parsing` for parse models (`Parser`'s decoding; docs/parsing.md).
 
 The package's parts are its folders: `model/` (what ships as remote code), `data/`, `training/`, `translation/`,
 `interop/`, and the `vaswani` command on top (`cli.py`). The names the documentation shows are importable from here;
@@ -29,6 +30,9 @@ _LAZY = {
     "marian_to_vaswani": "interop.convert",
     "convert_marian_checkpoint": "interop.convert",
     "torch_transformer_to_vaswani": "interop.convert",
+    "Parser": "parsing.parser",
+    "ParseResult": "parsing.parser",
+    "ConstituencyParsingPipeline": "parsing.parser",
 }
 
 __version__ = "0.1.0"
@@ -44,6 +48,31 @@ VaswaniForConditionalGeneration.register_for_auto_class("AutoModelForSeq2SeqLM")
 getattr(pipelines, "REMOVED_TASKS", {}).pop("translation", None)
 pipelines.PIPELINE_REGISTRY.register_pipeline(
     "translation", pipeline_class=VaswaniTranslationPipeline, pt_model=AutoModelForSeq2SeqLM, type="text"
+)
+
+
+class _Deferred(type):
+    """The metaclass of a stand-in that becomes the class it names on first use: the registry reads a pipeline
+    class's attributes and calls it, and both reach the real class, imported then (`import vaswani_hf` stays
+    light: Transformers 5.20 takes no dotted path in the registry, only a class)."""
+
+    def real(cls) -> type:
+        return getattr(importlib.import_module(f".{cls.module}", __name__), cls.name)
+
+    def __getattr__(cls, name: str):
+        return getattr(cls.real(), name)
+
+    def __call__(cls, *args, **kwargs):
+        return cls.real()(*args, **kwargs)
+
+
+class _ParsingPipeline(metaclass=_Deferred):
+    module, name = "parsing.parser", "ConstituencyParsingPipeline"
+
+
+# `pipeline("constituency-parsing", model=DIR)`: a parse model's trees (parsing/parser.py)
+pipelines.PIPELINE_REGISTRY.register_pipeline(
+    "constituency-parsing", pipeline_class=_ParsingPipeline, pt_model=AutoModelForSeq2SeqLM, type="text"
 )
 
 

@@ -8,15 +8,14 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections import deque
-from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from .cli_decoding import _add_decoding_job_options, _decoding, _load, _stream_lines, at_least_one
 from .cli_decoding import evaluate_command as evaluate_models
 
-PARSE_LONG_LINES = ("cut", "error")  # `split` would rejoin two trees: no tree of the sentence
-TREE_SEARCHES = ("constrained", "plain")
+# the parse loop and its refusals live with the Python API (parsing/parser.py), which the server shares too
+from .parsing.parser import PARSE_LONG_LINES, TREE_SEARCHES, parse_lines
+from .parsing.parser import require_parser as _require_parser
 
 
 def add_tree_search(parser: argparse.ArgumentParser) -> None:
@@ -26,55 +25,12 @@ def add_tree_search(parser: argparse.ArgumentParser) -> None:
                         "is, its outputs repaired into trees (docs/parsing.md)")  # fmt: skip
 
 
-def _require_parser(model, model_dir: str) -> dict:
-    from .parsing.task import parsing_of
-
-    parsing = parsing_of(model.config)
-    if parsing is None:
-        raise ValueError(f"{model_dir} is a translation model, not a parser (its config has no `parsing`): train one "
-                         "with `vaswani train --task parse`, or translate with `vaswani translate`.")  # fmt: skip
-    return parsing
-
-
 def _check_long_lines(args: argparse.Namespace) -> None:
     if args.long_lines not in PARSE_LONG_LINES:
         raise ValueError(
             f"--long-lines {args.long_lines}: a parse is one tree of the whole sentence; choose cut (the "
             "words past the model's length are attached at the top, counted as repaired) or error."
         )
-
-
-def parse_lines(model, tokenizer, parsing: dict, lines: Iterable[str], nbest: int = 1, constrained: bool = True,
-                **translate_kwargs) -> Iterator[list[tuple]]:  # fmt: skip
-    """Each line's n-best parses: (tree, score, whether it was repaired). A line is tokens split at spaces; round
-    brackets in them are written -LRB-/-RRB-, as the treebank writes them. An empty line gives no tree (None),
-    written as an empty line, as parsers write a sentence they could not parse."""
-    from .parsing.linearization import escape_word
-    from .parsing.task import output_tree
-    from .translation.inference import translate_stream
-
-    sentences: deque[list[str]] = deque()  # the words of the lines read and not yet parsed (one window at most)
-    if constrained:
-        from .parsing.constraint import tree_constraint_factory
-
-        translate_kwargs["batch_processors"] = tree_constraint_factory(tokenizer, parsing)
-
-    def sources() -> Iterator[str]:
-        for line in lines:
-            words = [escape_word(word) for word in line.split()]
-            sentences.append(words)
-            yield " ".join(words)
-
-    for candidates in translate_stream(model, tokenizer, sources(), nbest=nbest, **translate_kwargs):
-        words = sentences.popleft()
-        parses = []
-        for text, value, *_ in candidates[:nbest]:
-            if not words:
-                parses.append((None, value, False))
-                continue
-            tree, repair = output_tree(text, words, parsing)
-            parses.append((tree, value, bool(repair)))
-        yield parses
 
 
 def parse_command(argv: list[str]) -> int:

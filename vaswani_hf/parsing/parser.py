@@ -1,0 +1,296 @@
+"""A parse model from Python: `Parser` (sentences in, trees out), the `constituency-parsing` pipeline, and the one
+code path `vaswani parse`, `vaswani evaluate`, the pipeline and `vaswani serve`'s POST /parse share (`parse_lines`):
+the tree constraint, the escaping of brackets, the repair of outputs into trees of the sentence, the n-best scores.
+
+A sentence is a string, tokenised as the Penn Treebank is (NLTK's `TreebankWordTokenizer`: rules only, no data to
+download; `pip install "vaswani-hf[parse]"`), or a list of words taken as they are. Either way round brackets in a
+word are written -LRB- and -RRB-, as the treebank writes them, so every tree reads back. Trees are `nltk.Tree`s
+where NLTK is installed, this package's `Tree` otherwise (docs/parsing.md, "From Python")."""
+
+from __future__ import annotations
+
+import sys
+from collections import deque
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from transformers import Pipeline
+
+from .linearization import escape_word
+from .trees import Tree
+
+TREE_SEARCHES = ("constrained", "plain")
+PARSE_LONG_LINES = ("cut", "error")  # `split` would rejoin two trees: no tree of the sentence
+INSTALL = 'pip install "vaswani-hf[parse]"'
+
+Sentence = str | Sequence[str]
+
+
+class ParseResult(NamedTuple):
+    """One parse of a sentence: its tree (None for a sentence without words), the length-penalised log-probability
+    beam search ranked it by (None for greedy search), and whether the output had to be repaired into a tree of
+    the sentence (docs/parsing.md). A tuple, so `tree, score, repaired = result` reads it."""
+
+    tree: Any
+    score: float | None
+    repaired: bool
+
+
+def require_parser(model, model_dir: str | Path) -> dict:
+    """A parse model's labels and form (`config.parsing`); a translation model is refused by name."""
+    from .task import parsing_of
+
+    parsing = parsing_of(getattr(model, "config", None))
+    if parsing is None:
+        raise ValueError(f"{model_dir} is a translation model, not a parser (its config has no `parsing`): train one "
+                         "with `vaswani train --task parse`, or translate with `vaswani translate`.")  # fmt: skip
+    return parsing
+
+
+def _name_of(model) -> str:
+    """How an error names a model given as an object: the folder or Hub id it was loaded from."""
+    return getattr(getattr(model, "config", None), "_name_or_path", "") or "the model"
+
+
+def check_choices(tree_search: str, long_lines: str) -> None:
+    if tree_search not in TREE_SEARCHES:
+        raise ValueError(f"tree_search {tree_search!r}: choose {' or '.join(TREE_SEARCHES)}.")
+    if long_lines not in PARSE_LONG_LINES:
+        raise ValueError(f"long_lines {long_lines!r}: a parse is one tree of the whole sentence; choose cut (the "
+                         "words past the model's length are attached at the top, counted as repaired) or "
+                         "error.")  # fmt: skip
+
+
+def nltk_available() -> bool:
+    try:
+        import nltk  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def tokenize(sentence: str) -> list[str]:
+    """A sentence's Penn Treebank tokens (NLTK's TreebankWordTokenizer: `don't` -> `do n't`, quotes -> `` and '')."""
+    try:
+        from nltk.tokenize import TreebankWordTokenizer
+    except ImportError:
+        raise ImportError(f"a sentence given as a string is tokenised with NLTK's TreebankWordTokenizer: {INSTALL} "
+                          "(or give each sentence as a list of words)") from None  # fmt: skip
+    return TreebankWordTokenizer().tokenize(sentence)
+
+
+def words_of(sentence: Sentence) -> list[str]:
+    """The words a sentence is parsed as: a string tokenised, a list of words as they are; round brackets escaped.
+    A word holding white space is refused: the model reads a sentence as words split at spaces."""
+    if isinstance(sentence, str):
+        words = tokenize(sentence)
+    elif isinstance(sentence, Sequence) and all(isinstance(word, str) for word in sentence):
+        words = list(sentence)
+        for number, word in enumerate(words, 1):
+            if not word or word.split() != [word]:
+                raise ValueError(f"word {number} ({word!r}) is empty or holds white space: a sentence is a string, "
+                                 "or a list of words without spaces (to parse several sentences, give a list of "
+                                 "them to parse_sents)")  # fmt: skip
+    else:
+        raise TypeError(f"a sentence is a string or a list of words (strings), not {type(sentence).__name__}")
+    return [escape_word(word) for word in words]
+
+
+def parse_lines(model, tokenizer, parsing: dict, lines: Iterable[str], nbest: int = 1, constrained: bool = True,
+                **translate_kwargs) -> Iterator[list[ParseResult]]:  # fmt: skip
+    """Each line's n-best parses, best first. A line is tokens split at spaces; round brackets in them are written
+    -LRB-/-RRB-, as the treebank writes them. An empty line gives no tree (None), written as an empty line, as
+    parsers write a sentence they could not parse. `translate_kwargs` go to `translate_stream` (batch_size,
+    max_tokens, long_lines, num_beams, ...)."""
+    from ..translation.inference import translate_stream
+    from .task import output_tree
+
+    sentences: deque[list[str]] = deque()  # the words of the lines read and not yet parsed (one window at most)
+    if constrained:
+        from .constraint import tree_constraint_factory
+
+        translate_kwargs["batch_processors"] = tree_constraint_factory(tokenizer, parsing)
+
+    def sources() -> Iterator[str]:
+        for line in lines:
+            words = [escape_word(word) for word in line.split()]
+            sentences.append(words)
+            yield " ".join(words)
+
+    for candidates in translate_stream(model, tokenizer, sources(), nbest=nbest, **translate_kwargs):
+        words = sentences.popleft()
+        parses = []
+        for text, value, *_ in candidates[:nbest]:
+            if not words:
+                parses.append(ParseResult(None, value, False))
+                continue
+            tree, repair = output_tree(text, words, parsing)
+            parses.append(ParseResult(tree, value, bool(repair)))
+        yield parses
+
+
+def parse_words(model, tokenizer, parsing: dict, sentences: Iterable[list[str]], nbest: int = 1,
+                tree_search: str = "constrained", **translate_kwargs) -> Iterator[list[ParseResult]]:  # fmt: skip
+    """`parse_lines` of sentences already made words (`words_of`): what `Parser`, the pipeline and the server
+    run."""
+    lines = (" ".join(words) for words in sentences)
+    return parse_lines(model, tokenizer, parsing, lines, nbest, tree_search == "constrained", **translate_kwargs)
+
+
+def as_tree_kind(tree: Tree | None, as_nltk: bool):
+    """`tree` as an `nltk.Tree` (built without recursion: a deep tree must not hit Python's limit) or as it is."""
+    if tree is None or not as_nltk:
+        return tree
+    from nltk import Tree as NltkTree
+
+    built: dict[int, NltkTree] = {}
+    stack: list[tuple[Tree, bool]] = [(tree, False)]
+    while stack:
+        node, children_done = stack.pop()
+        if children_done:
+            kids = [built.pop(id(child)) if isinstance(child, Tree) else child for child in node.children]
+            built[id(node)] = NltkTree(node.label, kids)
+            continue
+        stack.append((node, True))
+        stack.extend((child, False) for child in node.children if isinstance(child, Tree))
+    return built[id(tree)]
+
+
+def bracketed(tree) -> str:
+    """A tree (ours or NLTK's) on one line of PTB brackets, as `vaswani parse` writes it (`str()` of an
+    `nltk.Tree` breaks lines at 70 characters)."""
+    if tree is None:
+        return ""
+    if isinstance(tree, Tree):
+        return str(tree)
+    return tree.pformat(margin=sys.maxsize)
+
+
+def resolve_nltk(as_nltk: bool | None) -> bool:
+    """None: NLTK's trees where NLTK is installed; True: NLTK's (an ImportError naming the extra without it)."""
+    if as_nltk is None:
+        return nltk_available()
+    if as_nltk and not nltk_available():
+        raise ImportError(f"as_nltk=True returns nltk.Tree objects: {INSTALL}")
+    return bool(as_nltk)
+
+
+class Parser:
+    """A parse model with `vaswani parse`'s decoding: `parse(sentence)` gives its tree, `parse_sents(sentences)`
+    the trees of many, batched by length (at most `batch_size` sentences and `max_tokens` padded tokens a batch).
+    With `nbest=N` each sentence gives its N best as `ParseResult(tree, score, repaired)`, best first."""
+
+    def __init__(self, model, tokenizer, *, num_beams: int | None = None, length_penalty: float | None = None,
+                 tree_search: str = "constrained", batch_size: int = 32, max_tokens: int | None = 4096,
+                 long_lines: str = "cut", as_nltk: bool | None = None, name: str | None = None) -> None:  # fmt: skip
+        check_choices(tree_search, long_lines)
+        self.model, self.tokenizer = model, tokenizer
+        self.parsing = require_parser(model, name or _name_of(model))
+        self.decoding = {k: v for k, v in (("num_beams", num_beams), ("length_penalty", length_penalty))
+                         if v is not None}  # fmt: skip
+        self.tree_search, self.long_lines = tree_search, long_lines
+        self.batch_size, self.max_tokens = batch_size, max_tokens
+        self.as_nltk = resolve_nltk(as_nltk)
+
+    @classmethod
+    def from_pretrained(cls, model_dir: str | Path, device: str | None = None, precision: str = "auto",
+                        num_beams: int | None = None, tree_search: str = "constrained",
+                        **kwargs) -> Parser:  # fmt: skip
+        """Load a parse model as `vaswani parse` loads it: a local folder (checked first, for clear errors) or a Hub
+        id, on the GPU when there is one, in `precision` (auto, fp32, bf16, int8: `vaswani_hf.model.precision`).
+        A translation model is refused. `kwargs`: `Parser`'s (batch_size, max_tokens, long_lines, as_nltk, ...)."""
+        from ..model.precision import resolve_precision
+        from ..translation.inference import check_model_folder, default_device, is_local, load_for_inference
+
+        check_choices(tree_search, kwargs.get("long_lines", "cut"))
+        if is_local(model_dir):  # a folder that is not a whole model stops before the precision is measured
+            check_model_folder(model_dir)
+        device = device or default_device(precision)
+        model, tokenizer = load_for_inference(model_dir, device=device, precision=resolve_precision(precision, device))
+        return cls(model, tokenizer, num_beams=num_beams, tree_search=tree_search, name=str(model_dir), **kwargs)
+
+    def parse(self, sentence: Sentence, nbest: int | None = None, **options):
+        """The tree of one sentence (None when it has no words); with `nbest=N`, its N best `ParseResult`s.
+        `options`: tree_search, num_beams, length_penalty for this call."""
+        if not isinstance(sentence, str | Sequence):
+            raise TypeError(f"a sentence is a string or a list of words, not {type(sentence).__name__}")
+        return next(iter(self.parse_sents([sentence], nbest, **options)))
+
+    def parse_sents(self, sentences: Iterable[Sentence], nbest: int | None = None, *,
+                    batch_size: int | None = None, max_tokens: int | None = None, **options) -> Iterator:  # fmt: skip
+        """Each sentence's tree (with `nbest=N`: its N best `ParseResult`s), in input order, lazily: sentences are
+        read and parsed 10,000 at a time, so an iterator of any length streams."""
+        if nbest is not None and (not isinstance(nbest, int) or nbest < 1):
+            raise ValueError(f"nbest must be a whole number of at least 1, got {nbest!r}")
+        tree_search = options.pop("tree_search", self.tree_search)
+        check_choices(tree_search, self.long_lines)
+        unknown = set(options) - {"num_beams", "length_penalty"}
+        if unknown:
+            raise TypeError(f"unknown option(s) {', '.join(sorted(unknown))}: tree_search, num_beams, length_penalty")
+        decoding = {**self.decoding, **{k: v for k, v in options.items() if v is not None}}
+        results = parse_words(self.model, self.tokenizer, self.parsing, map(words_of, sentences), nbest or 1,
+                              tree_search, batch_size=batch_size or self.batch_size,
+                              max_tokens=max_tokens or self.max_tokens, long_lines=self.long_lines,
+                              **decoding)  # fmt: skip
+        for parses in results:
+            kept = [ParseResult(as_tree_kind(p.tree, self.as_nltk), p.score, p.repaired) for p in parses]
+            yield kept[0].tree if nbest is None else kept
+
+
+class ConstituencyParsingPipeline(Pipeline):
+    """`pipeline("constituency-parsing", model=DIR)`: `Parser`'s decoding behind Transformers' pipeline API.
+
+    `pipe(sentence)` gives `{"tree", "score", "repaired"}`; `pipe([s1, s2, ...])` a list of them, parsed in
+    batches together (`batch_size`, default 32). A sentence is a string (tokenised as the Penn Treebank is) or a
+    list of words, so one sentence given as words is `pipe([["The", "dog", "barked", "."]])`. With `nbest=N`, each
+    sentence gives a list of its N best. Options: nbest, tree_search, as_nltk, long_lines, max_tokens, and
+    `generate()`'s num_beams and length_penalty."""
+
+    _load_processor = False
+    _load_image_processor = False
+    _load_feature_extractor = False
+    _load_tokenizer = True
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.parsing = require_parser(self.model, _name_of(self.model))
+
+    def __call__(self, inputs, **kwargs):
+        # one batched search over all the sentences (Pipeline's own __call__ would run them one at a time)
+        single = isinstance(inputs, str)
+        sentences = [inputs] if single else list(inputs)
+        batch_size = kwargs.pop("batch_size", None)
+        preprocess, forward, postprocess = self._sanitize_parameters(**kwargs)
+        # the options given when the pipeline was made, under this call's (as Pipeline.__call__ merges them)
+        forward, postprocess = {**self._forward_params, **forward}, {**self._postprocess_params, **postprocess}
+        words = [words for sentence in sentences for words in self.preprocess(sentence, **preprocess)["words"]]
+        results = self.postprocess(self._forward({"words": words}, batch_size=batch_size, **forward), **postprocess)
+        return results[0] if single else results
+
+    def _sanitize_parameters(self, nbest=None, tree_search=None, as_nltk=None, long_lines=None, max_tokens=None,
+                             **generate_kwargs):  # fmt: skip
+        forward = {k: v for k, v in (("nbest", nbest), ("tree_search", tree_search), ("long_lines", long_lines),
+                                     ("max_tokens", max_tokens)) if v is not None}  # fmt: skip
+        check_choices(forward.get("tree_search", "constrained"), forward.get("long_lines", "cut"))
+        postprocess = {k: v for k, v in (("nbest", nbest), ("as_nltk", as_nltk)) if v is not None}
+        return {}, {**forward, **generate_kwargs}, postprocess
+
+    def preprocess(self, sentence: Sentence) -> dict:
+        return {"words": [words_of(sentence)]}
+
+    def _forward(self, model_inputs: dict, nbest: int | None = None, tree_search: str = "constrained",
+                 batch_size: int | None = None, max_tokens: int | None = 4096, long_lines: str = "cut",
+                 **generate_kwargs) -> dict:  # fmt: skip
+        parses = parse_words(self.model, self.tokenizer, self.parsing, model_inputs["words"], nbest or 1, tree_search,
+                             batch_size=batch_size or 32, max_tokens=max_tokens, long_lines=long_lines,
+                             **generate_kwargs)  # fmt: skip
+        return {"parses": list(parses)}
+
+    def postprocess(self, model_outputs: dict, nbest: int | None = None, as_nltk: bool | None = None) -> list:
+        kind = resolve_nltk(as_nltk)
+        results = []
+        for parses in model_outputs["parses"]:
+            found = [{"tree": as_tree_kind(p.tree, kind), "score": p.score, "repaired": p.repaired} for p in parses]
+            results.append(found if nbest and nbest > 1 else found[0])
+        return results
