@@ -277,3 +277,22 @@ def test_failed_parses_written_as_empty_brackets_are_skip_sentences_as_in_evalb(
     (tmp_path / "bad.txt").write_text("(TOP (S (NN a) b))\n")
     with pytest.raises(ValueError, match=r"bad.txt: tree 1 \(line 1\): the word 'b' has no tag"):
         read_tree_file(tmp_path / "bad.txt")
+
+
+def test_the_evaluate_module_reads_failed_parses_as_evalb_does(tmp_path, monkeypatch):
+    """`()` and the other empty brackets a parser writes for a failed sentence are skip sentences in the 🤗 Evaluate
+    module too (it read predictions with parse_tree, which refused them): its figures are `vaswani evalb`'s on the
+    same files, the real EVALB's."""
+    evaluate = pytest.importorskip("evaluate")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    folder = Path(__file__).parents[1] / "vaswani_hf" / "parsing" / "metric_modules" / "evalb"
+    metric = evaluate.load(str(folder))
+    (tmp_path / "gold.txt").write_text(FAILED_GOLD)
+    (tmp_path / "test.txt").write_text(FAILED_TEST)
+    figures = metric.compute(predictions=FAILED_TEST.splitlines(), references=FAILED_GOLD.splitlines())
+    assert figures == score_files(tmp_path / "gold.txt", tmp_path / "test.txt").as_dict()
+    assert (figures["evalb_error_sentences"], figures["evalb_skip_sentences"]) == (1, 5)
+    assert f"{figures['evalb_f1']:.2f}" == "90.91"
+    with pytest.raises(ValueError, match=r"prediction 1: .*the word 'b' has no tag"):  # still an error, named
+        metric.compute(predictions=["(TOP (S (NN a) b))"], references=[FAILED_GOLD.splitlines()[0]])

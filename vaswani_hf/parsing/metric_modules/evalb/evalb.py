@@ -4,8 +4,8 @@ offline by path: the figures of the C program run with COLLINS.prm (or nk.prm), 
 import datasets
 import evaluate
 
-from vaswani_hf.parsing.evalb import parameters, score_trees
-from vaswani_hf.parsing.trees import MalformedTree, parse_tree
+from vaswani_hf.parsing.evalb import parameters, read_tree, score_trees
+from vaswani_hf.parsing.trees import MalformedTree
 
 _CITATION = """@misc{sekine-collins-1997-evalb,
     title = "{EVALB}: a bracket scoring program",
@@ -16,7 +16,8 @@ _CITATION = """@misc{sekine-collins-1997-evalb,
 
 _INPUTS = """
 Args:
-    predictions: the parser's trees, one bracketed string each ('' for a failed parse: a skip sentence).
+    predictions: the parser's trees, one bracketed string each ('', '()', '(())' or '(TOP)' for a failed parse:
+        a skip sentence, as EVALB reads them).
     references: the gold trees, one bracketed string each.
     params: 'collins' (COLLINS.prm, the default) or 'nk' (nk.prm).
 Returns:
@@ -26,10 +27,12 @@ Returns:
 
 
 def _trees(texts, kind):
+    # read as `vaswani evalb` reads a file's lines (EVALB's rules): a parser writes `()` for a sentence it failed,
+    # which EVALB counts as a skip sentence, not an error that stops the scoring
     trees = []
     for number, text in enumerate(texts, start=1):
         try:
-            trees.append(parse_tree(text) if text.strip() else None)
+            trees.append(read_tree(text))
         except MalformedTree as err:
             raise ValueError(f"{kind} {number}: {err}") from None
     return trees
