@@ -17,12 +17,13 @@ from transformers import HfArgumentParser
 
 from .cli_decoding import (
     at_least_one,
+    evaluate_command,
     score_command,
     serve_command,
     shortlist_command,
     translate_command,
 )
-from .cli_parsing import evalb_command, evaluate_command, parse_command
+from .cli_parsing import evalb_command, parse_command
 
 logger = logging.getLogger("vaswani")
 
@@ -67,23 +68,23 @@ def _option_value(argv: list[str], name: str) -> str | None:
     return value
 
 
-def train_command(argv: list[str]) -> int:
+def train_arguments(argv: list[str], device: str | None = None) -> tuple:
+    """`vaswani train`'s options as (data, model, training arguments, whether the data is built in), with the
+    defaults of the task asked for: where they depart from the paper's WMT-sized ones, for its built-in data or
+    for this `device` kind (default: "cuda" where one is visible and not --use_cpu, else "cpu")."""
     import torch
 
     from .tasks import task_named
-    from .training.recipe import DataArguments, ModelArguments, VaswaniTrainingArguments, run_training
+    from .training.recipe import DataArguments, ModelArguments, VaswaniTrainingArguments
 
     parser = HfArgumentParser((DataArguments, ModelArguments, VaswaniTrainingArguments), prog="vaswani train")
-    if argv and argv[0] in ("-h", "--help"):
-        parser.print_help()
-        return 0
     argv = _repeated_metrics_joined(argv)
     builtin = _is_builtin(argv)
     given = _option_names(argv)
-    # The command picks the precision by the hardware (vaswani_hf.model.precision); the Python class keeps fp32.
-    # The task says where its defaults depart from the paper's WMT-sized ones (its built-in data, a CPU).
     task = task_named(_option_value(argv, "task") or DataArguments.task)
-    device = "cpu" if "use_cpu" in given or not torch.cuda.is_available() else "cuda"
+    if device is None:
+        device = "cpu" if "use_cpu" in given or not torch.cuda.is_available() else "cuda"
+    # The command picks the precision by the hardware (vaswani_hf.model.precision); the Python class keeps fp32.
     defaults = {"precision": "auto", "output_dir": task.output_dir,
                 **task.train_defaults(builtin, device, preset_given="preset" in given)}  # fmt: skip
     if "preset" in given:  # the narrowing belongs to the built-in default preset, not to one asked for
@@ -91,7 +92,19 @@ def train_command(argv: list[str]) -> int:
     if given & {"save_steps", "average_last"}:  # asking for checkpoints ends the built-in task's "no checkpoints"
         given.add("save_strategy")
     parser.set_defaults(**{k: v for k, v in defaults.items() if k not in given})
-    return run_training(*parser.parse_args_into_dataclasses(argv), builtin=builtin)
+    return (*parser.parse_args_into_dataclasses(argv), builtin)
+
+
+def train_command(argv: list[str]) -> int:
+    if argv and argv[0] in ("-h", "--help"):
+        from .training.recipe import DataArguments, ModelArguments, VaswaniTrainingArguments
+
+        HfArgumentParser((DataArguments, ModelArguments, VaswaniTrainingArguments), prog="vaswani train").print_help()
+        return 0
+    from .training.recipe import run_training
+
+    *arguments, builtin = train_arguments(argv)
+    return run_training(*arguments, builtin=builtin)
 
 
 def prepare_command(argv: list[str]) -> int:

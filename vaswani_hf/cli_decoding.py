@@ -258,10 +258,9 @@ def _read_lines(path: str | None) -> list[str]:
         raise ValueError(f"{path} is not UTF-8 text (byte {err.start}).") from None
 
 
-def evaluate_command(argv: list[str], more_arguments=None, other_model=None) -> int:
-    """`vaswani evaluate`; `more_arguments(parser)` adds options, and `other_model(args, model, tokenizer,
-    precision)` evaluates a model that is no translator, returning its exit status (None: a translator); the
-    parsing jobs give both (`cli_parsing.evaluate_command`)."""
+def evaluate_command(argv: list[str]) -> int:
+    """`vaswani evaluate`: the model's task evaluates it (a parser's EVALB figures), or, where the task leaves it
+    to the shared evaluation, BLEU and chrF of its translations."""
     from .data.readers import load_split
     from .data.tasks import builtin_splits
     from .translation.inference import evaluate
@@ -283,13 +282,16 @@ def evaluate_command(argv: list[str], more_arguments=None, other_model=None) -> 
                         "local 🤗 Evaluate module (a folder holding NAME.py, or the .py file), or a Hub id when "
                         "online")  # fmt: skip
     _add_decoding_job_options(parser)
-    if more_arguments is not None:
-        more_arguments(parser)
+    from .tasks import TASKS, task_of
+
+    for task in TASKS.values():
+        task.evaluate_options(parser)
     args = parser.parse_args(argv)
     model_dirs = _model_dirs(parser, args)
     load_metrics(args.metric)  # a metric that does not load stops before any model is read or sentence decoded
     model, tokenizer, precision = _load(args, model_dirs)
-    if other_model is not None and (status := other_model(args, model, tokenizer, precision)) is not None:
+    task = task_of(getattr(model, "config", None))
+    if (status := task.evaluate(args, model, tokenizer, precision, _decoding(args))) is not None:
         return status
     # every pair of a test set is scored, an empty source too (its hypothesis is empty), so that the hypotheses
     # stay line by line beside the references
@@ -346,10 +348,31 @@ SERVE_BOUNDS = {
 }
 
 
+def serving_parts(model, args: argparse.Namespace) -> tuple:
+    """FOR NOW, until the task seam takes it (`vaswani_hf.tasks`: `Task.serving_routers`): what `vaswani serve`
+    serves a model with: its routers (`create_app`'s), its batch function (`Service`'s; None: translation's), its
+    languages and what the start-up line calls its routes. The one place serving asks whether a model parses."""
+    from .parsing.task import parsing_of
+
+    if parsing_of(getattr(model, "config", None)) is None:
+        from .serving.app import translation_routers
+        from .serving.service import model_languages
+
+        languages = model_languages(args.model_dir, args.source, args.target)
+        routes = f"{languages[0]}->{languages[1]} (LibreTranslate: POST /translate; POST /v1/translate)"
+        return translation_routers, None, languages, routes
+    from .cli_parsing import _check_long_lines
+    from .serving.parsing_api import parse_batch, parsing_routers
+
+    _check_long_lines(args)
+    language = args.source or "en"  # a parser reads and writes one language (its trees' words)
+    return parsing_routers, parse_batch, (language, language), "a parser (POST /parse)"
+
+
 def serve_command(argv: list[str]) -> int:
     try:
         from .serving.server import bound_memory, serve
-        from .serving.service import Service, Settings, model_languages
+        from .serving.service import Service, Settings
     except ImportError as err:  # FastAPI, uvicorn, prometheus-client: the serve extra
         raise ImportError(f"vaswani serve needs the serve extra ({err.name} is missing): pip install "
                           "\"vaswani-hf[serve]\"") from None  # fmt: skip
@@ -397,7 +420,6 @@ def serve_command(argv: list[str]) -> int:
         keys = frozenset(line.strip() for line in path.read_text().splitlines() if line.strip())
         if not keys:
             raise ValueError(f"--api_keys {path} holds no key: one key a line.")
-    languages = model_languages(args.model_dir, args.source, args.target)
     given = {f.name: getattr(args, f.name) for f in dataclasses.fields(Settings) if f.name in vars(args)}
     settings = Settings(
         **{
@@ -408,14 +430,13 @@ def serve_command(argv: list[str]) -> int:
         }
     )
     model, tokenizer, precision = _load(args, [args.model_dir])
+    routers, decode_batch, languages, routes = serving_parts(model, args)
     device = str(getattr(model, "device", "cpu"))
-    service = Service(model, tokenizer, settings, args.model_dir, device, precision.name, languages)
+    service = Service(model, tokenizer, settings, args.model_dir, device, precision.name, languages, decode_batch)
     start = time.monotonic()
     service.warm_up()
-    print(f"warmed up in {time.monotonic() - start:.1f} s; serving {languages[0]}->{languages[1]} on "
-          f"http://{args.host}:{args.port} (try it: GET /; LibreTranslate: POST /translate; POST /v1/translate; "
-          "docs at /docs)",
-          file=sys.stderr, flush=True)  # fmt: skip
-    serve(service, args.host, args.port)
+    print(f"warmed up in {time.monotonic() - start:.1f} s; serving {routes} on http://{args.host}:{args.port} (try "
+          "it: GET /; docs at /docs)", file=sys.stderr, flush=True)  # fmt: skip
+    serve(service, args.host, args.port, routers)
     print("stopped", file=sys.stderr, flush=True)
     return 0

@@ -53,11 +53,12 @@ def _name_of(model) -> str:
     return getattr(getattr(model, "config", None), "_name_or_path", "") or "the model"
 
 
-def check_choices(tree_search: str, long_lines: str) -> None:
+def check_choices(tree_search: str, long_lines: str, names: tuple[str, str] = ("tree_search", "long_lines")) -> None:
+    """Refuse a search or a long-line rule a parse cannot take; `names`: the options as the caller spells them."""
     if tree_search not in TREE_SEARCHES:
-        raise ValueError(f"tree_search {tree_search!r}: choose {' or '.join(TREE_SEARCHES)}.")
+        raise ValueError(f"{names[0]} {tree_search!r}: choose {' or '.join(TREE_SEARCHES)}.")
     if long_lines not in PARSE_LONG_LINES:
-        raise ValueError(f"long_lines {long_lines!r}: a parse is one tree of the whole sentence; choose cut (the "
+        raise ValueError(f"{names[1]} {long_lines}: a parse is one tree of the whole sentence; choose cut (the "
                          "words past the model's length are attached at the top, counted as repaired) or "
                          "error.")  # fmt: skip
 

@@ -26,6 +26,16 @@ CPU_SETTINGS = {"vocab_size": 1000, "preset": "small", "config_overrides": "d_mo
 MAX_LENGTH = 1024
 
 
+def add_tree_search(parser) -> None:
+    """--tree_search, as `vaswani parse` and `vaswani evaluate` take it."""
+    from ..parsing.parser import TREE_SEARCHES
+
+    parser.add_argument("--tree_search", "--tree-search", choices=TREE_SEARCHES, default="constrained",
+                        help="constrained (default): the beam search extends a hypothesis only where it can still "
+                        "become a tree of the sentence (parsing/constraint.py); plain: section 6.3's search as it "
+                        "is, its outputs repaired into trees (docs/parsing.md)")  # fmt: skip
+
+
 class ParsingTask(Task):
     name = "parse"
     summary = (
@@ -135,6 +145,51 @@ class ParsingTask(Task):
         if "evalb_f1" not in metrics:
             return ""
         return f"EVALB F1 {metrics['evalb_f1']:.2f} on {split} ({metrics.get('repaired', 0)} outputs repaired), "
+
+    def evaluate_options(self, parser) -> None:
+        add_tree_search(parser)
+
+    def evaluate(self, args, model, tokenizer, precision, decoding: dict) -> int | None:
+        """`vaswani evaluate` of a parse model: the split's trees parsed from their words and scored, with EVALB's
+        rules, against the split's cleaned trees themselves (for every form: an xx model's words take the gold
+        tags, `scored_tree`). Prints EVALB's summary, then the figures as JSON; --hypotheses writes the trees
+        scored, so `vaswani evalb` of the cleaned gold file and them gives the same figures."""
+        parsing = parsing_of(getattr(model, "config", None))
+        if parsing is None:
+            return None
+        from ..parsing.builtin_treebank import builtin_treebank
+        from ..parsing.evalb import format_summary, score_trees
+        from ..parsing.parser import check_choices, parse_lines
+        from ..parsing.task import SCORING, scored_tree
+        from ..parsing.treebank import gold_pairs, split_file
+        from ..parsing.trees import read_trees
+        from ..translation.source_lines import LineReport
+
+        check_choices(args.tree_search, args.long_lines, ("--tree_search", "--long-lines"))
+        if args.data:
+            trees = read_trees(split_file(Path(args.data), args.split))
+        else:
+            splits = builtin_treebank()
+            if args.split not in splits:
+                raise ValueError(f"--split {args.split}: the built-in treebank has {', '.join(splits)}.")
+            trees = splits[args.split]
+        examples = list(gold_pairs(trees, parsing["form"]))
+        report = LineReport()
+        parses = parse_lines(model, tokenizer, parsing, (words for words, *_ in examples),
+                             constrained=args.tree_search == "constrained", batch_size=args.batch_size,
+                             long_lines=args.long_lines, report=report, **decoding)  # fmt: skip
+        gold, tests, repaired = [], [], 0
+        for (_, _, gold_tree), ((tree, _, was_repaired), *_) in zip(examples, parses, strict=True):
+            gold.append(gold_tree)
+            tests.append(None if tree is None else scored_tree(tree, gold_tree, parsing))
+            repaired += was_repaired
+        result = score_trees(gold, tests, SCORING)
+        if args.hypotheses:
+            Path(args.hypotheses).write_text("".join(f"{tree or ''}\n" for tree in tests), encoding="utf-8")
+        print(format_summary(result))
+        print(json.dumps({"split": args.split, "sentences": len(examples), "precision": precision.name,
+                          **result.as_dict(), "repaired": repaired, "lines_cut": len(report.cut)}))  # fmt: skip
+        return 0
 
     def card_use(self, data_args, builtin: bool, train_pairs: int) -> tuple[str, str, str]:
         source = (data_args.treebank or {}).get("source") or data_args.data  # --data names the cache's pairs now
