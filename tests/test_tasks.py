@@ -161,3 +161,34 @@ def _clean(tree):
     from vaswani_hf.parsing.treebank import clean
 
     return clean(tree)
+
+
+def test_an_xx_parser_is_scored_against_the_gold_trees_in_training_and_evaluate_as_evalb_scores_it(tmp_path):
+    """With every tag written XX, a tree rebuilt from the target kept the punctuation that EVALB deletes by its
+    gold tag: every sentence with punctuation was an error sentence. Now both evaluations score the real gold."""
+    from vaswani_hf.parsing.treebank import gold_tree
+
+    from .helpers import vaswani
+    from .test_parsing_training import PARSE_RUN
+
+    splits = builtin_treebank(train_size=200, test_size=6)
+    write_treebank(tmp_path / "tb", {"train": splits["train"], "dev": splits["dev"]})
+    assert sum("(. " in str(tree) for tree in splits["dev"]) >= 3  # sentences with punctuation
+    env = {**__import__("os").environ, "VASWANI_PREPARED_CACHE": str(tmp_path / "cache")}
+    run = [*PARSE_RUN, "--max_steps", "20", "--linearization", "xx", "--eval_split", "dev"]
+    result = vaswani("train", *run, "--data", str(tmp_path / "tb"), "--output_dir", str(tmp_path / "m"), env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads(next(line for line in result.stdout.splitlines() if line.startswith('{"')))
+    assert summary["evalb_error_sentences"] == 0 and summary["evalb_valid_sentences"] == 6
+    result = vaswani("evaluate", str(tmp_path / "m"), "--data", str(tmp_path / "tb"), "--split", "dev",
+                     "--num-beams", "2", "--hypotheses", str(tmp_path / "hyp.trees"), env=env)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    figures = json.loads(result.stdout.splitlines()[-1])
+    assert figures["evalb_error_sentences"] == 0 and figures["evalb_valid_sentences"] == 6
+    (tmp_path / "gold.trees").write_text("".join(f"{gold_tree(tree)}\n" for tree in splits["dev"]))
+    scored = vaswani("evalb", str(tmp_path / "gold.trees"), str(tmp_path / "hyp.trees"), "-e", "0", "--json")
+    assert scored.returncode == 0, scored.stderr
+    by_evalb = json.loads(scored.stdout.splitlines()[-1])
+    assert {k: by_evalb[k] for k in figures if k.startswith("evalb_")} == {
+        k: v for k, v in figures.items() if k.startswith("evalb_")
+    }

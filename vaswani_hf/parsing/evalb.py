@@ -32,6 +32,7 @@ both counts. A malformed tree is an error naming the file, the tree and its line
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import sys
 from collections.abc import Sequence
@@ -534,7 +535,8 @@ def format_summary(result: EvalbResult) -> str:
 
 
 def evalb_command(argv: list[str]) -> int:
-    """`vaswani evalb GOLD TEST [--params collins|nk] [--per_sentence]`: print EVALB's summary (and table)."""
+    """`vaswani evalb GOLD TEST [--params collins|nk] [--per_sentence] [--json]`: print EVALB's summary (and
+    table, and figures as JSON)."""
     parser = argparse.ArgumentParser(
         prog="vaswani evalb",
         description="Score constituency parses as EVALB does (COLLINS.prm by default), printing its summary.",
@@ -551,6 +553,8 @@ def evalb_command(argv: list[str]) -> int:
         "repairs quote tags, and gives up only after 10000 error sentences)",
     )
     parser.add_argument("--per_sentence", action="store_true", help="print EVALB's table before the summary")
+    parser.add_argument("--json", action="store_true",
+                        help="then the figures as one JSON line, named as `vaswani evaluate` names them")  # fmt: skip
     parser.add_argument("-e", "--max_errors", type=int, default=None,
                         help="give up after this many error sentences, as EVALB's -e (default: the parameters'; "
                         "COLLINS.prm: 10); 0: never")  # fmt: skip
@@ -562,6 +566,8 @@ def evalb_command(argv: list[str]) -> int:
     if args.per_sentence:
         sys.stdout.write(format_per_sentence(result))
     sys.stdout.write(format_summary(result))
+    if args.json:
+        print(json.dumps(result.as_dict()))
     return 0
 
 
