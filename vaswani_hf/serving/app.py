@@ -1,6 +1,10 @@
-"""The HTTP API of `vaswani serve` (FastAPI): LibreTranslate's (libretranslate.py), so the apps written for it work
-unchanged, and our own (native.py: n-best, scores, per-request decoding, cross-attention, the page at `/`), with
-`GET /health` and `GET /metrics` (Prometheus). docs/serving.md shows both with curl.
+"""The HTTP API of `vaswani serve` (FastAPI): the routes its caller gives, with `GET /health`, `GET /metrics`
+(Prometheus) and one error handling for all. A translation model's are LibreTranslate's (libretranslate.py), so the
+apps written for it work unchanged, and our own (native.py: n-best, scores, per-request decoding, cross-attention,
+the page at `/`); a parser's are `POST /parse` (parsing_api.py). docs/serving.md shows them with curl.
+
+The app never asks what a model is: `create_app(service, routers)` takes a function of (service, run, check_key)
+giving the routers (a task's `serving_routers`), and `run` serves any request's lines within the bounds.
 
 Every refusal is `{"error": message}`, naming the problem and its limit, with the status each API's clients expect
 (docs/serving.md, "Errors"); 429 and 503 carry Retry-After."""
@@ -8,8 +12,9 @@ Every refusal is `{"error": message}`, naming the problem and its limit, with th
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
-from fastapi import FastAPI, Request
+from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, PlainTextResponse
@@ -21,8 +26,17 @@ from .libretranslate import libretranslate_router
 from .native import native_router
 from .service import LineTooLong, Overloaded, Service, TranslationError
 
+Routers = Callable[..., list[APIRouter]]  # (service, run, check_key) -> the routes a model is served with
 
-def create_app(service: Service) -> FastAPI:
+
+def translation_routers(service: Service, run, check_key) -> list[APIRouter]:
+    """A translation model's routes: LibreTranslate's API and the native one (with the page)."""
+    return [libretranslate_router(service, run, check_key), native_router(service, run, check_key)]
+
+
+def create_app(service: Service, routers: Routers | None = None) -> FastAPI:
+    """The app serving `service` with the routes `routers(service, run, check_key)` gives (default: a translation
+    model's), beside /health and /metrics."""
     settings = service.settings
     app = FastAPI(title="vaswani serve", description=__doc__.split("\n\n")[0], version="1", docs_url="/docs",
                   openapi_url="/openapi.json")  # fmt: skip
@@ -67,9 +81,12 @@ def create_app(service: Service) -> FastAPI:
         if key not in settings.api_keys:
             raise ApiError(403, "Invalid API key", "forbidden")
 
-    async def run(lines_per_text: list[list[str]], options: dict, request: Request, api: str) -> list[list]:
-        """Translate a request's texts (each a list of lines), within the bounds, statuses as `api`'s clients
-        expect them."""
+    async def run(lines_per_text: list[list[str]], options: dict, request: Request, api: str,
+                  chars: int | None = None, noun: str = "translation",
+                  doing: str = "translating") -> list[list]:  # fmt: skip
+        """Decode a request's texts (each a list of lines) with the service's batch function, within the bounds,
+        statuses as `api`'s clients expect them. `chars`: the request's characters as its client sent them,
+        where its lines are not its text (a parse's escaped words); `noun` and `doing` name the work in errors."""
         libre = api == "libretranslate"
         if not service.ready:
             raise ApiError(503, "the model is still loading: retry in a moment", "not_ready", {"Retry-After": "5"})
@@ -78,14 +95,14 @@ def create_app(service: Service) -> FastAPI:
             raise ApiError(400 if libre else 413, f"Invalid request: the text has {lines} lines; this server takes "
                            f"at most {settings.max_lines} a request (--max_lines): send it in parts",
                            "too_long")  # fmt: skip
-        chars = sum(len(line) for text in lines_per_text for line in text)
+        chars = sum(len(line) for text in lines_per_text for line in text) if chars is None else chars
         if chars > settings.max_chars:
             raise ApiError(400 if libre else 413, f"Invalid request: request ({chars}) exceeds text limit "
                            f"({settings.max_chars}): send it in parts (--max_chars)", "too_long")  # fmt: skip
         start = time.monotonic()
         flat = [line for text in lines_per_text for line in text]
         try:
-            done = await service.translate(flat, options, lambda: disconnected(request))
+            done = await service.decode(flat, options, lambda: disconnected(request))
         except Overloaded as err:
             headers = {"Retry-After": str(err.retry_after)}
             raise (ApiError(429, f"Slowdown: {err}", "overloaded", headers) if libre
@@ -93,12 +110,12 @@ def create_app(service: Service) -> FastAPI:
         except LineTooLong as err:
             raise ApiError(400, f"Invalid request: {err}", "too_long") from None
         except TimeoutError:
-            raise ApiError(504, f"no translation within {settings.request_timeout:g} s (--request_timeout): the "
+            raise ApiError(504, f"no {noun} within {settings.request_timeout:g} s (--request_timeout): the "
                            "server is busy; retry, or send less text", "timeout") from None  # fmt: skip
         except ConnectionAbortedError:
             raise ApiError(499, "the client left", "disconnected") from None
         except TranslationError as err:
-            raise ApiError(500, f"translating this request failed: {err}", "model") from None
+            raise ApiError(500, f"{doing} this request failed: {err}", "model") from None
         service.metrics.latency.labels(api=api).observe(time.monotonic() - start)
         service.metrics.requests.labels(api=api, status="200").inc()
         out, at = [], 0
@@ -107,8 +124,8 @@ def create_app(service: Service) -> FastAPI:
             at += len(text)
         return out
 
-    app.include_router(libretranslate_router(service, run, check_key))
-    app.include_router(native_router(service, run, check_key))
+    for router in (routers or translation_routers)(service, run, check_key):
+        app.include_router(router)
 
     @app.get("/health", summary="ready or not, and what is served")
     async def health() -> JSONResponse:

@@ -25,6 +25,8 @@ def api_of(path: str) -> str:
     """The metrics' `api` label: one of a few values, whatever path a client sends."""
     if path.startswith("/v1/"):
         return "native"
+    if path == "/parse":
+        return "parse"
     if path == "/" or path.startswith(LIBRETRANSLATE_PATHS):
         return "libretranslate"
     return "other"

@@ -117,6 +117,7 @@ def describe(service: Service) -> dict:
         "max_beam": settings.max_beam,
         "device": service.device,
         "precision": service.precision,
+        "endpoint": "v1/translate",  # where the page sends what is typed (a parser's routes say /parse)
     }
 
 

@@ -11,7 +11,7 @@ import time
 
 import uvicorn
 
-from .app import create_app
+from .app import Routers, create_app
 from .service import Service
 
 
@@ -34,9 +34,10 @@ def bound_memory() -> None:
     libc.mallopt(m_trim_threshold, 128 * 1024)
 
 
-def serve(service: Service, host: str, port: int) -> None:
-    """Serve `service` on host:port until a signal; then drain, stop the model worker and return."""
-    config = uvicorn.Config(create_app(service), host=host, port=port, log_level="warning",
+def serve(service: Service, host: str, port: int, routers: Routers | None = None) -> None:
+    """Serve `service` with `routers` (`create_app`'s) on host:port until a signal; then drain, stop the model
+    worker and return."""
+    config = uvicorn.Config(create_app(service, routers), host=host, port=port, log_level="warning",
                             timeout_graceful_shutdown=max(int(service.settings.drain_seconds), 1))  # fmt: skip
     DrainingServer(config, service).run()
     service.batcher.stop()

@@ -7,7 +7,9 @@ import asyncio
 import json
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -27,7 +29,7 @@ LANGUAGE_NAMES = {"ar": "Arabic", "cs": "Czech", "de": "German", "en": "English"
 
 
 class TranslationError(Exception):
-    """A request's text could not be translated (a batch failed in the model)."""
+    """A request's text could not be translated or parsed (a batch failed in the model)."""
 
 
 class Overloaded(Exception):
@@ -115,19 +117,23 @@ class Metrics:
 
 
 class Service:
-    """The model, its batcher and the server's state."""
+    """The model, its batcher and the server's state. `decode_batch(service, lines, options)` decodes one batch
+    and returns a result a line, each with `tokens` (output tokens, for the metrics); the caller gives the one its
+    model's routes expect (a parser's: `parsing_api.parse_batch`); by default, `translate_batch`."""
 
     def __init__(self, model, tokenizer, settings: Settings, model_dir: str, device: str, precision: str,
-                 languages: tuple[str, str]) -> None:  # fmt: skip
+                 languages: tuple[str, str],
+                 decode_batch: Callable[[Service, list[str], dict], list] | None = None) -> None:  # fmt: skip
         self.model, self.tokenizer, self.settings = model, tokenizer, settings
         self.model_dir, self.device, self.precision = model_dir, device, precision
         self.source, self.target = languages
+        self.decode_batch = partial(decode_batch, self) if decode_batch else self.translate_batch
         self.metrics = Metrics()
         self.ready = self.draining = False
         self.in_flight = 0
         self.limit = source_limit(model, tokenizer)
         self.lines_per_second = 0.0  # the worker's pace, for Retry-After
-        self.batcher = DynamicBatcher(self.translate_batch, self.count_tokens, settings.max_batch_tokens,
+        self.batcher = DynamicBatcher(self.decode_batch, self.count_tokens, settings.max_batch_tokens,
                                       settings.max_wait_ms, self.on_batch, self.metrics.dropped.inc)  # fmt: skip
 
     def count_tokens(self, text: str) -> int:
@@ -162,16 +168,16 @@ class Service:
 
     def warm_up(self) -> None:
         """The first batch builds the kernels and the caches: done before the server says it is ready."""
-        self.translate_batch(["warm up"], {})
+        self.decode_batch(["warm up"], {})
         identifier()  # the language identifier's model, loaded before the first /detect
         self.ready = True
 
-    async def translate(self, lines: list[str], options: dict, left) -> list[Translation]:
-        """The lines' translations, in order. `left()` is awaited beside them and returns when the client has gone
-        (the request's receive channel). Raises Overloaded, before queueing anything, when the queue is full;
-        LineTooLong for a line over the model's limit with --long-lines error; TimeoutError past the request timeout;
-        ConnectionAbortedError as soon as the client leaves (its waiting lines are dropped either way);
-        TranslationError when its line failed in the model."""
+    async def decode(self, lines: list[str], options: dict, left) -> list:
+        """The lines' results (`decode_batch`'s: translations, or a parser's trees), in order. `left()` is awaited
+        beside them and returns when the client has gone (the request's receive channel). Raises Overloaded, before
+        queueing anything, when the queue is full; LineTooLong for a line over the model's limit with --long-lines
+        error; TimeoutError past the request timeout; ConnectionAbortedError as soon as the client leaves (its
+        waiting lines are dropped either way); TranslationError when its line failed in the model."""
         tokens = [self.count_tokens(line) for line in lines]
         if self.settings.long_lines == "error":
             for number, count in enumerate(tokens, 1):
@@ -229,7 +235,7 @@ def cross_attention(model, tokenizer, source: str, translation: str) -> dict:
             "weights": [[round(w, 4) for w in row] for row in weights.cpu().tolist()]}  # fmt: skip
 
 
-def _result(line: Line) -> Translation:
+def _result(line: Line):
     try:
         return line.future.result()
     except RuntimeError as err:
