@@ -348,29 +348,6 @@ SERVE_BOUNDS = {
 }
 
 
-def serving_parts(model, args: argparse.Namespace) -> tuple:
-    """FOR NOW, until the task seam takes all of it (`Task.serving_routers` and a batch function beside it): what
-    `vaswani serve` serves a model with: its routers (`create_app`'s), its batch function (`Service`'s; None:
-    translation's), its languages, and what the start-up line calls its routes. The one place serving asks which
-    task a model is (a parser's task has no serving parts yet)."""
-    from .tasks import task_of
-    from .tasks.parsing import ParsingTask
-
-    task = task_of(getattr(model, "config", None))
-    if not isinstance(task, ParsingTask):
-        from .serving.service import model_languages
-
-        languages = model_languages(args.model_dir, args.source, args.target)
-        routes = f"{languages[0]}->{languages[1]} (LibreTranslate: POST /translate; POST /v1/translate)"
-        return task.serving_routers, None, languages, routes
-    from .parsing.parser import check_choices
-    from .serving.parsing_api import parse_batch, parsing_routers
-
-    check_choices("constrained", args.long_lines, ("--tree_search", "--long-lines"))  # `split` would rejoin trees
-    language = args.source or "en"  # a parser reads and writes one language (its trees' words)
-    return parsing_routers, parse_batch, (language, language), "a parser (POST /parse)"
-
-
 def serve_command(argv: list[str]) -> int:
     try:
         from .serving.server import bound_memory, serve
@@ -432,7 +409,9 @@ def serve_command(argv: list[str]) -> int:
         }
     )
     model, tokenizer, precision = _load(args, [args.model_dir])
-    routers, decode_batch, languages, routes = serving_parts(model, args)
+    from .tasks import task_of
+
+    routers, decode_batch, languages, routes = task_of(getattr(model, "config", None)).serving(args)
     device = str(getattr(model, "device", "cpu"))
     service = Service(model, tokenizer, settings, args.model_dir, device, precision.name, languages, decode_batch)
     start = time.monotonic()

@@ -4,7 +4,7 @@ apps written for it work unchanged, and our own (native.py: n-best, scores, per-
 the page at `/`); a parser's are `POST /parse` (parsing_api.py). docs/serving.md shows them with curl.
 
 The app never asks what a model is: `create_app(service, routers)` takes a function of (service, run, check_key)
-giving the routers (a task's `serving_routers`), and `run` serves any request's lines within the bounds.
+giving the routers (a task's `serving` names them), and `run` serves any request's lines within the bounds.
 
 Every refusal is `{"error": message}`, naming the problem and its limit, with the status each API's clients expect
 (docs/serving.md, "Errors"); 429 and 503 carry Retry-After."""

@@ -153,5 +153,5 @@ def refusing_translation_router(service: Service, run, check_key) -> APIRouter:
 
 
 def parsing_routers(service: Service, run, check_key) -> list[APIRouter]:
-    """A parse model's routes (a task's `serving_routers`)."""
+    """A parse model's routes (a task's `serving` names them)."""
     return [parse_router(service, run, check_key), refusing_translation_router(service, run, check_key)]

@@ -108,7 +108,9 @@ class Task:
     def card_languages(self, src: str | None, tgt: str | None) -> list[str]:
         return [x for x in (src, tgt) if x]
 
-    # --- serving -------------------------------------------------------------------------------------------------
-    def serving_routers(self, service, run, check_key) -> list:
-        """The FastAPI routers `vaswani serve` answers with for this task's model."""
+    # --- serving ---------------------------------------------------------------------------------------------------
+    def serving(self, args) -> tuple[Callable, Callable | None, tuple[str, str], str]:
+        """What `vaswani serve` (its parsed options `args`) serves the task's model with: its routers (a function
+        `(service, run, check_key) -> [APIRouter]`, `create_app`'s), its batch function (`Service`'s; None:
+        translating), its languages, and what the start-up line calls its routes."""
         raise NotImplementedError

@@ -191,6 +191,14 @@ class ParsingTask(Task):
                           **result.as_dict(), "repaired": repaired, "lines_cut": len(report.cut)}))  # fmt: skip
         return 0
 
+    def serving(self, args) -> tuple:
+        from ..parsing.parser import check_choices
+        from ..serving.parsing_api import parse_batch, parsing_routers
+
+        check_choices("constrained", args.long_lines, ("--tree_search", "--long-lines"))  # `split` would rejoin trees
+        language = args.source or "en"  # a parser reads and writes one language (its trees' words)
+        return parsing_routers, parse_batch, (language, language), "a parser (POST /parse)"
+
     def card_use(self, data_args, builtin: bool, train_pairs: int) -> tuple[str, str, str]:
         source = (data_args.treebank or {}).get("source") or data_args.data  # --data names the cache's pairs now
         name = "the built-in English-like treebank" if data_args.data is None else Path(source).name

@@ -56,8 +56,10 @@ class TranslationTask(Task):
                   "and sometimes fluent but wrong output.")  # fmt: skip
         return name, use, limits
 
-    def serving_routers(self, service, run, check_key) -> list:
-        from ..serving.libretranslate import libretranslate_router
-        from ..serving.native import native_router
+    def serving(self, args) -> tuple:
+        from ..serving.app import translation_routers
+        from ..serving.service import model_languages
 
-        return [libretranslate_router(service, run, check_key), native_router(service, run, check_key)]
+        languages = model_languages(args.model_dir, args.source, args.target)
+        routes = f"{languages[0]}->{languages[1]} (LibreTranslate: POST /translate; POST /v1/translate)"
+        return translation_routers, None, languages, routes
