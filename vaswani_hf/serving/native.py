@@ -46,6 +46,15 @@ class NativeResponse(BaseModel):
     model: str
 
 
+def check_search_bounds(settings, beam_size: int | None, nbest: int | None) -> None:
+    """A request's beam and n-best within the server's bounds (--max_beam, --max_nbest), else 422 naming them."""
+    for name, value, most, option in (("beam_size", beam_size, settings.max_beam, "--max_beam"),
+                                      ("nbest", nbest, settings.max_nbest, "--max_nbest")):  # fmt: skip
+        if value is not None and value > most:
+            raise ApiError(422, f"invalid request: {name} {value} is over this server's limit of {most} "
+                           f"({option})", "invalid")  # fmt: skip
+
+
 def native_router(service: Service, run, check_key) -> APIRouter:
     """The routes; `run` translates a request's texts within the bounds, `check_key` checks its key."""
     settings, router = service.settings, APIRouter()
@@ -54,11 +63,7 @@ def native_router(service: Service, run, check_key) -> APIRouter:
     async def native_translate(asked: NativeRequest, request: Request,
                                authorization: Annotated[str | None, Header()] = None) -> NativeResponse:  # fmt: skip
         check_key(None, authorization)
-        for name, value, most, option in (("beam_size", asked.beam_size, settings.max_beam, "--max_beam"),
-                                          ("nbest", asked.nbest, settings.max_nbest, "--max_nbest")):  # fmt: skip
-            if value is not None and value > most:
-                raise ApiError(422, f"invalid request: {name} {value} is over this server's limit of {most} "
-                               f"({option})", "invalid")  # fmt: skip
+        check_search_bounds(settings, asked.beam_size, asked.nbest)
         options = {k: v for k, v in (("beam_size", asked.beam_size), ("length_penalty", asked.length_penalty))
                    if v is not None}  # fmt: skip
         if asked.nbest > 1:

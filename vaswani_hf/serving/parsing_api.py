@@ -19,7 +19,7 @@ from pydantic import BaseModel, Field
 from ..parsing.linearization import linearize
 from ..parsing.parser import INSTALL, TREE_SEARCHES, ParseResult, bracketed, parse_lines, require_parser, words_of
 from .guard import ApiError
-from .native import PAGE, describe
+from .native import PAGE, check_search_bounds, describe
 from .service import DECODING_OPTIONS, Service
 
 # the routes a translator answers and a parser does not (LibreTranslate's, and the native one)
@@ -93,11 +93,7 @@ def parse_router(service: Service, run, check_key) -> APIRouter:
     async def parse(asked: ParseRequest, request: Request,
                     authorization: Annotated[str | None, Header()] = None) -> ParseResponse:  # fmt: skip
         check_key(None, authorization)
-        for name, value, most, option in (("beam_size", asked.beam_size, settings.max_beam, "--max_beam"),
-                                          ("nbest", asked.nbest, settings.max_nbest, "--max_nbest")):  # fmt: skip
-            if value is not None and value > most:
-                raise ApiError(422, f"invalid request: {name} {value} is over this server's limit of {most} "
-                               f"({option})", "invalid")  # fmt: skip
+        check_search_bounds(settings, asked.beam_size, asked.nbest)
         lines, chars = [], 0
         for number, sentence in enumerate(asked.sentences):
             try:
