@@ -198,7 +198,7 @@ def main() -> None:
     if args.lines:
         lines = [line for line in args.lines.read_text(encoding="utf-8").split("\n") if line.strip()]
     else:
-        from vaswani_hf.data.tasks import builtin_splits
+        from vaswani_hf.data.number_words import builtin_splits
 
         lines = [source for source, _ in builtin_splits()["test"]]
     unique = list(dict.fromkeys(lines))

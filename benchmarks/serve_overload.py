@@ -127,7 +127,7 @@ def main() -> None:
     parser.add_argument("--processes", type=int, default=8, help="load processes for the 256 clients")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
-    from vaswani_hf.data.tasks import builtin_splits
+    from vaswani_hf.data.number_words import builtin_splits
 
     lines = [source for source, _ in builtin_splits()["test"]]
     report = [f"# `vaswani serve` past its capacity: {args.model}", "", machine(), ""]

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from vaswani_hf.data.tasks import english, german
+from vaswani_hf.data.number_words import english, german
 from vaswani_hf.training.recipe import noam_learning_rate
 
 from .helpers import TINY_RUN, vaswani
@@ -182,7 +182,7 @@ def test_score_is_the_forced_decoding_log_probability(trained, tmp_path):
 
 def test_translate_streams_a_file_in_windows_and_token_batches(tmp_path, trained):
     # windows of 7 lines, batches of at most 20 padded tokens: the same lines, in the same order, as one window
-    from vaswani_hf.data.tasks import english
+    from vaswani_hf.data.number_words import english
 
     lines = [english(n) + (" , " + english(n * 7 % 997) if n % 3 else "") for n in range(1, 41)]
     source = tmp_path / "in.en"

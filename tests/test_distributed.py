@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from vaswani_hf.data.tasks import number_pairs
+from vaswani_hf.data.number_words import number_pairs
 
 # These are the CPU (gloo) tests: on a machine with one GPU, two processes would both pick it and NCCL refuses that.
 CPU_ONLY = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from vaswani_hf.data.tasks import builtin_splits
+from vaswani_hf.data.number_words import builtin_splits
 from vaswani_hf.translation.inference import load_for_inference
 
 from .helpers import TRAINED_RUN, vaswani

@@ -12,7 +12,7 @@ import time
 import pytest
 import torch
 
-from vaswani_hf.data.tasks import number_pairs
+from vaswani_hf.data.number_words import number_pairs
 from vaswani_hf.training.averaging import STOP_MARKER, list_checkpoints, load_weights
 from vaswani_hf.training.trainer import STAGING_DIR, _start_loader_process
 

@@ -139,7 +139,7 @@ def test_a_missing_data_folder_is_named(tmp_path, capsys):
 def test_one_command_end_to_end_on_a_tiny_model(tmp_path):
     """The real `vaswani train` and `vaswani evaluate`, two seeds of a tiny model on split files laid out as
     Multi30k's: every flag of the recipe is accepted, and the table comes from what evaluate printed."""
-    from vaswani_hf.data.tasks import number_pairs
+    from vaswani_hf.data.number_words import number_pairs
 
     data = tmp_path / "data"
     data.mkdir()

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from vaswani_hf import VaswaniConfig, VaswaniForConditionalGeneration
-from vaswani_hf.data.tasks import builtin_splits
+from vaswani_hf.data.number_words import builtin_splits
 from vaswani_hf.translation.ensemble import Ensemble
 from vaswani_hf.translation.inference import evaluate, load_for_inference
 

@@ -15,11 +15,11 @@ import pytest
 from datasets import Dataset
 
 from vaswani_hf.data.batching import TokenBudgetBatchSampler
+from vaswani_hf.data.number_words import number_pairs
 from vaswani_hf.data.preparation import prepare
 from vaswani_hf.data.prepared import PreparedData, token_lengths
 from vaswani_hf.data.prepared_cache import PreparationRequest, cache_dir
 from vaswani_hf.data.readers import jsonl_chunks, load_split, split_chunks
-from vaswani_hf.data.tasks import number_pairs
 
 from .helpers import TINY_RUN, vaswani
 

@@ -13,8 +13,8 @@ from transformers import TrainerCallback, get_scheduler
 
 from vaswani_hf import VaswaniConfig, VaswaniForConditionalGeneration
 from vaswani_hf.data.batching import BatchRows, PadPairs, TokenBudgetBatchSampler
+from vaswani_hf.data.number_words import number_pairs
 from vaswani_hf.data.readers import load_split
-from vaswani_hf.data.tasks import number_pairs
 from vaswani_hf.data.tokenization import train_shared_bpe
 from vaswani_hf.training.averaging import (
     STOP_MARKER,

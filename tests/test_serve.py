@@ -16,7 +16,7 @@ import httpx
 import pytest
 from libretranslatepy import LibreTranslateAPI
 
-from vaswani_hf.data.tasks import builtin_splits
+from vaswani_hf.data.number_words import builtin_splits
 from vaswani_hf.serving.batching import DynamicBatcher
 
 from .helpers import vaswani

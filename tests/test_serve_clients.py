@@ -19,7 +19,7 @@ import httpx
 import pytest
 from libretranslatepy import LibreTranslateAPI
 
-from vaswani_hf.data.tasks import builtin_splits
+from vaswani_hf.data.number_words import builtin_splits
 
 from .helpers import vaswani
 from .test_serve import Server

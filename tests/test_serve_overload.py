@@ -13,7 +13,7 @@ import time
 
 import httpx
 
-from vaswani_hf.data.tasks import builtin_splits
+from vaswani_hf.data.number_words import builtin_splits
 
 from .test_serve import Server, _metric, call
 

@@ -10,7 +10,7 @@ from huggingface_hub.errors import StrictDataclassError
 from transformers import LogitsProcessor
 
 from vaswani_hf import VaswaniConfig, VaswaniForConditionalGeneration
-from vaswani_hf.data.tasks import builtin_splits
+from vaswani_hf.data.number_words import builtin_splits
 from vaswani_hf.model.decoding_state_vaswani import DecodingState
 from vaswani_hf.model.precision import quantize_int8
 from vaswani_hf.model.search_vaswani import gnmt_length_penalty

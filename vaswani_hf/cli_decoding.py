@@ -261,8 +261,8 @@ def _read_lines(path: str | None) -> list[str]:
 def evaluate_command(argv: list[str]) -> int:
     """`vaswani evaluate`: the model's task evaluates it (a parser's EVALB figures), or, where the task leaves it
     to the shared evaluation, BLEU and chrF of its translations."""
+    from .data.number_words import builtin_splits
     from .data.readers import load_split
-    from .data.tasks import builtin_splits
     from .translation.inference import evaluate
     from .translation.metrics import load_metrics
     from .translation.source_lines import LineReport

@@ -1,7 +1,7 @@
 """The built-in treebank of the parsing task (section 6.3): English-like sentences and their Penn Treebank trees,
 generated offline and deterministically, so `vaswani train --task parse` runs without the (licensed) WSJ files.
 
-Like the number-words task (`vaswani_hf.data.tasks`) it is made to be learnable in minutes, so it is unambiguous
+Like the number-words task (`vaswani_hf.data.number_words`) it is made to be learnable in minutes, so it is unambiguous
 given the words. Every word has one part of speech ("dog" is always NN), and every attachment follows from them:
 - a PP after a verb's object belongs to the verb only where the verb's class takes that PP ("placed the book on
   the table", "filled the box with water", "gave the book to him"); after any other verb it belongs to the noun

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..data.tasks import builtin_splits
+from ..data.number_words import builtin_splits
 from ..translation.metrics import TranslationMetrics
 from .base import Pairs, Task
 
