@@ -122,7 +122,7 @@ def test_the_marker_parser_sees_what_a_reader_sees(tmp_path):
 @pytest.fixture(scope="session")
 def workspace(tmp_path_factory) -> Path:
     """The folder the blocks run in, as a user's after `vaswani train` (tiny settings)."""
-    from vaswani_hf.data.tasks import builtin_splits
+    from vaswani_hf.data.number_words import builtin_splits
 
     root = tmp_path_factory.mktemp("docs") / "work"
     root.mkdir()
@@ -139,11 +139,17 @@ def workspace(tmp_path_factory) -> Path:
     (root / "starts.txt").write_text("drei\n\n\n\n\n\n", encoding="utf-8")
     # parsing (docs/parsing.md): a treebank folder, a barely trained parser, sentences and their gold trees
     from vaswani_hf.parsing.builtin_treebank import builtin_treebank, write_treebank
+    from vaswani_hf.parsing.treebank import gold_tree
+
+    from .test_parsing_training import without_punctuation
 
     treebank = builtin_treebank(train_size=300, test_size=6)
     write_treebank(root / "treebank", {"train": treebank["train"], "dev": treebank["dev"]})
-    write_treebank(root, {"gold": treebank["test"]})
-    (root / "sentences.txt").write_text("".join(" ".join(t.words()) + "\n" for t in treebank["test"]))
+    # gold.trees as docs/parsing.md says to write a gold file: cleaned, under TOP; without punctuation, which a
+    # barely trained parser mistags, and EVALB deletes by each tree's own tags (an error sentence, no figures)
+    gold = [gold_tree(without_punctuation(tree)) for tree in treebank["test"]]
+    (root / "gold.trees").write_text("".join(f"{tree}\n" for tree in gold))
+    (root / "sentences.txt").write_text("".join(" ".join(t.words()) + "\n" for t in gold))
     parser = ["--task", "parse", "--preset", "tiny", "--max_steps", "30", "--vocab_size", "200", "--eval_split", "none"]
     result = vaswani("train", *parser, "--disable_tqdm", "true", "--output_dir", str(root / "vaswani-parser"))
     assert result.returncode == 0, result.stderr[-3000:]
@@ -175,6 +181,14 @@ def test_the_block_runs_as_written(block, workspace, tmp_path):
     assert result.returncode == 0, (
         f"{block.name} failed (exit {result.returncode}):\n{block.code}\n--- stderr ---\n{result.stderr[-3000:]}"
     )
+    if "vaswani evalb gold.trees" in block.code:  # a summary of every sentence, with real figures
+        summaries = result.stdout.split("=== Summary ===")[1:]
+        assert len(summaries) == block.code.count("vaswani evalb gold.trees"), result.stdout
+        for summary in summaries:
+            figures = dict(line.split("=") for line in summary.split("-- len<=40 --")[0].splitlines() if "=" in line)
+            figures = {name.strip(): value.strip() for name, value in figures.items()}
+            assert (figures["Number of sentence"], figures["Number of Error sentence"]) == ("6", "0"), summary
+            assert 0 < float(figures["Bracketing FMeasure"]) <= 100, summary
 
 
 def test_every_name_in_the_second_tier_is_a_test():
