@@ -443,3 +443,28 @@ def test_a_missing_attention_kernel_is_a_clear_error_before_the_data(tmp_path):
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
     assert "--attn_implementation flash_attention_2" in result.stderr and "use sdpa" in result.stderr
     assert not (tmp_path / "run" / "tokenizer.json").exists()  # refused before the BPE was trained
+
+
+# --- a long CPU run's memory (training/memory.py) --------------------------------------------------------------
+
+
+def test_a_cpu_run_hands_glibcs_free_pages_back_on_schedule(tokenizer, tmp_path, monkeypatch):
+    import sys
+
+    from vaswani_hf.training import memory
+
+    calls = []
+    monkeypatch.setattr(memory, "glibc_trim", lambda: calls.append)
+    trainer = make_trainer(tokenizer, tmp_path, max_steps=6)
+    [trim] = [cb for cb in trainer.callback_handler.callbacks if isinstance(cb, memory.MallocTrimCallback)]
+    trim.every = 2
+    trainer.train()
+    assert calls == [0, 0, 0] and trim.trims == 3  # after updates 2, 4 and 6
+    # the real one, where the C library is glibc; off by the switch, and never on a GPU
+    monkeypatch.undo()
+    if sys.platform.startswith("linux") and memory.glibc_trim() is not None:
+        assert memory.glibc_trim()(0) in (0, 1)
+    monkeypatch.setenv("VASWANI_MALLOC_TRIM", "0")
+    assert memory.glibc_trim() is None and memory.memory_callbacks(torch.device("cpu")) == []
+    monkeypatch.delenv("VASWANI_MALLOC_TRIM")
+    assert memory.memory_callbacks(torch.device("meta")) == []

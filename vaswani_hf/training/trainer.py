@@ -37,6 +37,7 @@ from ..data.batching import BatchRows, PadPairs, TokenBudgetBatchSampler
 from ..model.precision import MasterWeightAdamW, Precision, resolve_precision
 from ..model.validation_vaswani import labels_checked_on_the_host
 from .averaging import STOP_MARKER, list_checkpoints, load_weights
+from .memory import memory_callbacks
 from .regularization import drop_source_tokens, with_r_drop
 from .step_profile import StepProfile
 from .training_speed import (
@@ -311,6 +312,8 @@ class VaswaniTrainer(Seq2SeqTrainer):
             )
             self.compile_watch = CompileWatch(plan, self._say)
             compile_in_place(self.model, len(self.buckets))
+        for callback in memory_callbacks(self.args.device):  # a long CPU run's RSS stays flat (memory.py)
+            self.add_callback(callback)
         if self.profile is not None:
             self.add_callback(_OptimizerMarks(self.profile))
             if not self.speedups.compile:  # the encoder-decoder's end: forward | output layer and loss
