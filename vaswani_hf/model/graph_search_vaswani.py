@@ -21,7 +21,12 @@ shapes; the padding is masked, and each sentence still ends at its own limit. At
 searches (default 4) are kept, least recently used dropped first, and all of them once the model's weights move.
 
 Same tokens and scores as the eager searches (tests/test_graph_decoding.py). It is used where a CUDA model decodes
-with the paper's settings and no translator feature that needs the eager search (`fits`). The switch:
+with the paper's settings and no translator feature that needs the eager search (`fits`). A caller's logits
+processor runs inside the captured step where it declares `static_shapes` (a parser's tree constraint,
+`parsing/constraint.py`): it then keeps its shapes, reads nothing on the host, and is handed a static view (every
+row's whole token buffer, the positions not yet written holding the fill token; the fixed example of each row;
+each row's tokens left as a device tensor). A kept search decodes a later call with the processors it was captured
+with, each `refill`ed with the later call's values. The switch:
 `generate(graph_decoding=False)` or `VASWANI_GRAPH_DECODING=0` keeps the eager search. `graph_decoding=True` on
 a CPU model runs this search with `ReplayedStep` in place of a CUDA graph, which is how the tests cover it.
 Shipped as Hub remote code: imports only torch, transformers and the files beside it.
@@ -66,17 +71,25 @@ def graph_decoding(asked: bool | None, device: torch.device) -> bool:
 
 
 def fits(settings: DecodingSettings, model) -> bool:
-    """Whether this search can decode `settings` for `model`. A target prefix, constraints, bad words, the caller's
-    logits processors and per-step scores all need the eager search, as do attention kernels that take one encoder
-    row per beam (flash, flex)."""
+    """Whether this search can decode `settings` for `model`. A target prefix, constraints, bad words, per-step
+    scores and the caller's logits processors, unless each declares `static_shapes` (`static_processors`), all need
+    the eager search, as do attention kernels that take one encoder row per beam (flash, flex)."""
     return (
         settings.prefix is None
         and settings.constraints is None
         and settings.bad_words is None
-        and not settings.user_processors
+        and static_processors(settings.user_processors)
         and not settings.per_step_outputs
         and model.config._attn_implementation in ("sdpa", "eager")
     )
+
+
+def static_processors(processors) -> bool:
+    """Whether every logits processor declares `static_shapes`: its `__call__` keeps every shape static for a
+    static view of the rows and reads no device value on the host, and it has `static_key()` (the constants its
+    step reads, part of `GraphKey`) and `refill(other)` (takes another call's processor's values into its own
+    tensors, in place). A processor that declares nothing may read anything: the eager search runs it."""
+    return all(getattr(processor, "static_shapes", False) for processor in processors)
 
 
 def bucket(n: int) -> int:
@@ -191,6 +204,12 @@ class GraphedSearch:
         self.done = torch.zeros(state.encoder_hidden.shape[0], dtype=torch.bool, device=device)
         rows = state.encoder_hidden.shape[0] * state.rows_per_example
         self.tokens = torch.full((rows,), settings.start, dtype=torch.long, device=device)
+        # what a processor that reads the rows is told: each row's example (fixed: finished sentences stay), and
+        # the decoder's start symbol in front of the token buffer of the static view (`input_ids`)
+        self.row_examples = torch.arange(state.encoder_hidden.shape[0], device=device).repeat_interleave(
+            state.rows_per_example
+        )
+        self.start_column = torch.full((rows, 1), settings.start, dtype=torch.long, device=device)
         self.graph: torch.cuda.CUDAGraph | ReplayedStep | None = None
         self.warmed = False
         self.captures = 0
@@ -198,6 +217,9 @@ class GraphedSearch:
     def begin(self, settings: DecodingSettings, encoder_hidden: torch.Tensor, mask: torch.Tensor | None) -> None:
         self.state.load(encoder_hidden, mask)
         self.settings.limits.copy_(settings.limits)
+        for kept, given in zip(self.settings.user_processors, settings.user_processors, strict=True):
+            if kept is not given:  # the step reads the processors it was captured with
+                kept.refill(given)
         self.step_index.zero_()
         self.done.zero_()
         self.tokens.fill_(self.settings.start)
@@ -207,6 +229,11 @@ class GraphedSearch:
         raise NotImplementedError
 
     def result(self) -> dict:
+        raise NotImplementedError
+
+    def input_ids(self) -> torch.Tensor:
+        """The static view of the decoder input so far, for the caller's processors: (rows, 1 + steps), the start
+        symbol, then every position of each row's token buffer (the fill token where nothing is written yet)."""
         raise NotImplementedError
 
     def buffers(self) -> list[torch.Tensor]:
@@ -265,8 +292,8 @@ class GraphedGreedySearch(GraphedSearch):
 
     def advance(self) -> None:
         settings, step, done = self.settings, self.step_index, self.done
-        scores = apply_processors(settings, self.state.logits(self.tokens).t(), step, settings.limits, None, None,
-                                  sync_free=True)  # fmt: skip
+        scores = apply_processors(settings, self.state.logits(self.tokens).t(), step, settings.limits,
+                                  self.input_ids, self.row_examples, sync_free=True)  # fmt: skip
         tokens = scores.argmax(-1)
         write_step(self.generated, step, torch.where(done, settings.fill, tokens))
         ends = ~done & (torch.isin(tokens, settings.eos) | (step + 1 >= settings.limits))
@@ -277,6 +304,9 @@ class GraphedGreedySearch(GraphedSearch):
 
     def result(self) -> dict:
         return {"sequences": self.generated.clone(), "lengths": self.lengths.clone()}
+
+    def input_ids(self) -> torch.Tensor:
+        return torch.cat([self.start_column, self.generated], dim=1)
 
     def buffers(self) -> list[torch.Tensor]:
         return [*super().buffers(), self.generated, self.lengths]
@@ -298,7 +328,8 @@ class GraphedBeamSearch(GraphedSearch):
         settings, step, search = self.settings, self.step_index, self.beams
         row_limits = settings.limits.repeat_interleave(settings.num_beams)
         log_probs = log_softmax_in_place(self.state.logits(self.tokens))
-        log_probs = apply_processors(settings, log_probs, step, row_limits, None, None, sync_free=True)
+        log_probs = apply_processors(settings, log_probs, step, row_limits, self.input_ids, self.row_examples,
+                                     sync_free=True)  # fmt: skip
         advanced = advance_beams(settings, step, log_probs, search)
         search.copy_(advanced.beams.keep_where(self.done, search))
         self.done.logical_or_(advanced.done)
@@ -313,6 +344,9 @@ class GraphedBeamSearch(GraphedSearch):
             "scores": self.beams.finished_scores[:, :n].flatten().clone(),
             "lengths": self.beams.finished_lengths[:, :n].flatten().clone(),
         }
+
+    def input_ids(self) -> torch.Tensor:
+        return torch.cat([self.start_column, self.beams.running.flatten(0, 1)], dim=1)
 
     def buffers(self) -> list[torch.Tensor]:
         return [*super().buffers(), *(getattr(self.beams, f.name) for f in fields(self.beams))]
@@ -344,7 +378,8 @@ class GraphKey:
         # Transformers' "never" with its own penalty reads max_new_tokens as the step's constant
         exact = settings.max_new_tokens if settings.early_stopping == "never" and not settings.gnmt else None
         suppress = tuple(settings.suppress.tolist()) if settings.suppress is not None else None
-        step_settings = (*constant, tuple(settings.eos.tolist()), suppress, exact, model.training,
+        processors = tuple(processor.static_key() for processor in settings.user_processors)
+        step_settings = (*constant, tuple(settings.eos.tolist()), suppress, exact, processors, model.training,
                          model.config._attn_implementation)  # fmt: skip
         return cls(encoder_hidden.shape[0], settings.num_beams, source, steps, encoder_hidden.dtype,
                    encoder_hidden.device, step_settings)  # fmt: skip

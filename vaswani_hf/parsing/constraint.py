@@ -23,6 +23,7 @@ words left); a row is never left without a candidate.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 from transformers import LogitsProcessor, PreTrainedTokenizerBase
@@ -41,9 +42,18 @@ class TreeConstraint(LogitsProcessor):
     repetition_penalty, ...) runs it too; there the rows are every example's beams side by side, as that loop
     keeps them. This package's search declares more before each call (`reads_row_examples`, `search_rows`):
     finished sentences leave its batch, so a row's index no longer names its sentence, and each row's limit
-    lets the constraint close the tree in time."""
+    lets the constraint close the tree in time.
+
+    It keeps static shapes and reads nothing on the host (`static_shapes`), so the static-shape search
+    (`graph_search_vaswani`, a CUDA graph on a GPU) runs it inside its captured step. That search hands it a static
+    view: `input_ids` is the whole fixed-length buffer of each row's tokens, the positions not yet written holding
+    the search's fill token (EOS or padding: a symbol of kind OTHER, which changes none of the counts below), the
+    rows' examples are fixed (finished sentences stay in that batch) and the tokens left are a device tensor. A
+    kept graph decodes a later batch of the same shape with the processor it was captured with: `refill` takes the
+    later batch's values into that one's tensors."""
 
     reads_row_examples = True  # the search calls `search_rows` before each call
+    static_shapes = True  # a captured search step may run it (graph_search_vaswani.fits)
 
     def __init__(self, kinds: torch.Tensor, closing: torch.Tensor, eos: int, words: torch.Tensor) -> None:
         self.kinds, self.closing, self.eos, self.words = kinds, closing, eos, words
@@ -58,10 +68,23 @@ class TreeConstraint(LogitsProcessor):
 
     def tables(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The tables on the search's device, moved once: a copy a step, and a read-back a step for the rows,
-        would make every step of a GPU search wait on the host."""
+        would make every step of a GPU search wait on the host. Copies of this processor's own (also on the
+        CPU), since `refill` writes into them and the factory shares `kinds` and `closing` between batches."""
         if device not in self.on_device:
-            self.on_device[device] = (self.kinds.to(device), self.closing.to(device), self.words.to(device))
+            self.on_device[device] = tuple(t.to(device, copy=True) for t in (self.kinds, self.closing, self.words))
         return self.on_device[device]
+
+    def static_key(self) -> tuple:
+        """What a captured step of this processor reads as constants (`graph_search_vaswani.GraphKey`)."""
+        return type(self).__qualname__, tuple(self.kinds.shape), tuple(self.words.shape), self.eos
+
+    def refill(self, other: TreeConstraint) -> None:
+        """Take `other`'s tables and word counts (a later batch of the same `static_key`) into this processor's
+        tensors, in place: a kept graph reads the addresses it was captured with."""
+        self.kinds, self.closing, self.words = other.kinds, other.closing, other.words
+        for kept in self.on_device.values():
+            for mine, theirs in zip(kept, (other.kinds, other.closing, other.words), strict=True):
+                mine.copy_(theirs)
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
         (row_examples, remaining), self.rows = self.rows or (None, None), None
@@ -72,47 +95,75 @@ class TreeConstraint(LogitsProcessor):
         words = words[row_examples.to(device)]
         if kinds.shape[0] < scores.shape[1]:  # entries past the tokenizer's (a resized model's): no tree symbols
             kinds = torch.cat([kinds, kinds.new_full((scores.shape[1] - kinds.shape[0],), OTHER)])
-        # after the decoder's start symbol; a column of padding in front keeps the first step's tensors non-empty
-        ids = torch.nn.functional.pad(input_ids[:, 1:], (1, 0), value=self.eos)
-        kind = kinds[ids]
-        kind[:, 0] = OTHER
-        opens, tags = kind == OPEN, kind == TAG
-        depth_after = (opens.long() - (kind == CLOSING).long()).cumsum(1)
-        tags_after = tags.long().cumsum(1)
-        depth, written = depth_after[:, -1], tags_after[:, -1]
-        # the innermost open constituent: the last opening after which the depth is still the depth now
-        innermost = opens & (depth_after == depth[:, None])
-        position = (innermost.long() * torch.arange(ids.shape[1], device=ids.device)).argmax(1, keepdim=True)
-        has_open = innermost.any(1) & (depth > 0)
-        label = ids.gather(1, position).squeeze(1)
-        holds_word = written > tags_after.gather(1, position).squeeze(1)
+        state = prefix_state(kinds, input_ids)
+        return allowed_only(scores, state, kinds, closing, self.eos, words,
+                            None if remaining is None else remaining.to(device))  # fmt: skip
 
-        allowed = torch.zeros_like(scores, dtype=torch.bool)
-        room = written < words
-        # at most 2 constituents a word and 5 more (treebanks have about one): an untrained model that keeps
-        # opening would otherwise run to the length limit
-        nesting = room & (opens.sum(1) < 2 * words + 5)
-        if remaining is not None:
-            # the fewest tokens that finish the tree: a tag for each word left, a closing for each open
-            # constituent (an empty innermost one gets the next tag), the end. A tag or a closing takes one of
-            # them and one step; an opening adds its closing: it needs two more steps than that to spare
-            needed = (words - written).clamp(min=0) + depth.clamp(min=0) + 1
-            nesting &= needed + 2 <= remaining.to(device)
-        allowed |= room[:, None] & (kinds == TAG)[None, :]
-        allowed |= nesting[:, None] & (kinds == OPEN)[None, :]
-        # each row may close its innermost constituent once it holds a word (a gather and scatter, not the rows'
-        # indices, which a GPU would have to send back to the host)
-        close = closing[label][:, None]
-        allowed.scatter_(1, close, allowed.gather(1, close) | (has_open & holds_word)[:, None])
-        allowed[:, self.eos] = (written == words) & (depth == 0)
-        if remaining is not None:
-            # the row's last step ends it: a finished tree ends here anyway, an unfinished one (a limit shorter
-            # than the words) is mended by `to_tree`, where masking the end would leave the row nothing
-            last = remaining.to(device) <= 1
-            allowed &= ~last[:, None]
-            allowed[:, self.eos] |= last
-        allowed[:, self.eos] |= ~allowed.any(1)  # a row of a finished sentence: never all masked
-        return scores.masked_fill(~allowed, float("-inf"))
+
+class RowState(NamedTuple):
+    """What the constraint needs of a hypothesis: its open constituents (`depth`), the tags and openings it has
+    written, the innermost open constituent's label and whether that one holds a word yet."""
+
+    depth: torch.Tensor
+    written: torch.Tensor
+    opens: torch.Tensor
+    label: torch.Tensor
+    has_open: torch.Tensor
+    holds_word: torch.Tensor
+
+
+def prefix_state(kinds: torch.Tensor, input_ids: torch.Tensor) -> RowState:
+    """Each row's `RowState`, read from its whole prefix (after the decoder's start symbol) with tensor operations,
+    so beams may be reordered freely. A negative id (a search's fill where it has no padding) is no symbol."""
+    # a column of padding in front keeps the first step's tensors non-empty
+    ids = torch.nn.functional.pad(input_ids[:, 1:], (1, 0), value=-1)
+    kind = torch.where(ids >= 0, kinds[ids.clamp(min=0)], OTHER)
+    opens, tags = kind == OPEN, kind == TAG
+    depth_after = (opens.long() - (kind == CLOSING).long()).cumsum(1)
+    tags_after = tags.long().cumsum(1)
+    depth, written = depth_after[:, -1], tags_after[:, -1]
+    # the innermost open constituent: the last opening after which the depth is still the depth now
+    innermost = opens & (depth_after == depth[:, None])
+    position = (innermost.long() * torch.arange(ids.shape[1], device=ids.device)).argmax(1, keepdim=True)
+    has_open = innermost.any(1) & (depth > 0)
+    label = ids.gather(1, position).squeeze(1).clamp(min=0)
+    holds_word = written > tags_after.gather(1, position).squeeze(1)
+    return RowState(depth, written, opens.sum(1), label, has_open, holds_word)
+
+
+def allowed_only(scores: torch.Tensor, state: RowState, kinds: torch.Tensor, closing: torch.Tensor, eos: int,
+                 words: torch.Tensor, remaining: torch.Tensor | None) -> torch.Tensor:  # fmt: skip
+    """`scores` with every symbol the rules of the module's text forbid at -inf. Each rule is decided per row
+    (a few values a row), then spread over the vocabulary by each entry's kind in one pass: at beam 21 the
+    (rows x vocabulary) passes were most of the constraint's time."""
+    room = state.written < words
+    # at most 2 constituents a word and 5 more (treebanks have about one): an untrained model that keeps
+    # opening would otherwise run to the length limit
+    nesting = room & (state.opens < 2 * words + 5)
+    can_close = state.has_open & state.holds_word
+    can_end = (state.written == words) & (state.depth == 0)
+    if remaining is not None:
+        # the fewest tokens that finish the tree: a tag for each word left, a closing for each open
+        # constituent (an empty innermost one gets the next tag), the end. A tag or a closing takes one of
+        # them and one step; an opening adds its closing: it needs two more steps than that to spare
+        needed = (words - state.written).clamp(min=0) + state.depth.clamp(min=0) + 1
+        nesting &= needed + 2 <= remaining
+        # the row's last step ends it: a finished tree ends here anyway, an unfinished one (a limit shorter
+        # than the words) is mended by `to_tree`, where masking the end would leave the row nothing
+        last = remaining <= 1
+        room, nesting, can_close, can_end = room & ~last, nesting & ~last, can_close & ~last, can_end | last
+    # a row with nothing allowed (a finished sentence's row) may end: never all masked. A kind absent from the
+    # vocabulary allows nothing
+    present = torch.stack([(kinds == kind).any() for kind in (OPEN, TAG)])
+    can_end |= ~((nesting & present[0]) | (room & present[1]) | can_close | can_end)
+    none = torch.zeros_like(room)
+    allowed = torch.stack([none, nesting, none, room], 1).index_select(1, kinds.long())  # by kind: (rows, vocab)
+    # each row may close its innermost constituent (a gather and scatter, not the rows' indices, which a GPU
+    # would have to send back to the host)
+    close = closing[state.label][:, None]
+    allowed.scatter_(1, close, allowed.gather(1, close) | can_close[:, None])
+    allowed[:, eos] = can_end
+    return torch.where(allowed, scores, float("-inf"))
 
 
 def tree_constraint_factory(
