@@ -57,7 +57,7 @@ class TreeConstraint(LogitsProcessor):
 
     def __init__(self, kinds: torch.Tensor, closing: torch.Tensor, eos: int, words: torch.Tensor) -> None:
         self.kinds, self.closing, self.eos, self.words = kinds, closing, eos, words
-        self.on_device: dict[torch.device, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+        self.on_device: dict[torch.device, Tables] = {}
         self.rows: tuple[torch.Tensor | None, torch.Tensor | None] | None = None
 
     def search_rows(self, examples: torch.Tensor | None, remaining: torch.Tensor | None) -> None:
@@ -66,38 +66,69 @@ class TreeConstraint(LogitsProcessor):
         later to Transformers' loop, which calls nothing first, does not read another search's rows."""
         self.rows = (examples, remaining)
 
-    def tables(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The tables on the search's device, moved once: a copy a step, and a read-back a step for the rows,
-        would make every step of a GPU search wait on the host. Copies of this processor's own (also on the
-        CPU), since `refill` writes into them and the factory shares `kinds` and `closing` between batches."""
+    def tables(self, device: torch.device) -> Tables:
+        """The tables on the search's device, made once: a copy a step, and a read-back a step for the rows,
+        would make every step of a GPU search wait on the host. This processor's own (also on the CPU), since
+        `refill` writes into them and the factory shares `kinds` and `closing` between batches."""
         if device not in self.on_device:
-            self.on_device[device] = tuple(t.to(device, copy=True) for t in (self.kinds, self.closing, self.words))
+            self.on_device[device] = Tables.of(self.kinds, self.closing, self.eos, self.words, device)
         return self.on_device[device]
+
+    def possible_tokens(self) -> torch.Tensor:
+        """The only token ids this processor ever leaves a finite score: the tree symbols and the end. The search
+        may seek its top candidates among these alone (`search_vaswani.candidate_columns`)."""
+        symbols = (self.kinds != OTHER).nonzero().flatten()
+        return torch.cat([symbols, torch.tensor([self.eos], dtype=symbols.dtype)])
 
     def static_key(self) -> tuple:
         """What a captured step of this processor reads as constants (`graph_search_vaswani.GraphKey`)."""
-        return type(self).__qualname__, tuple(self.kinds.shape), tuple(self.words.shape), self.eos
+        symbols = int((self.kinds != OTHER).sum())
+        return type(self).__qualname__, tuple(self.kinds.shape), symbols, tuple(self.words.shape), self.eos
 
     def refill(self, other: TreeConstraint) -> None:
         """Take `other`'s tables and word counts (a later batch of the same `static_key`) into this processor's
         tensors, in place: a kept graph reads the addresses it was captured with."""
         self.kinds, self.closing, self.words = other.kinds, other.closing, other.words
-        for kept in self.on_device.values():
-            for mine, theirs in zip(kept, (other.kinds, other.closing, other.words), strict=True):
+        for device, kept in self.on_device.items():
+            for mine, theirs in zip(kept, other.tables(device), strict=True):
                 mine.copy_(theirs)
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
         (row_examples, remaining), self.rows = self.rows or (None, None), None
         rows, device = input_ids.shape[0], input_ids.device
-        kinds, closing, words = self.tables(device)
+        tables = self.tables(device)
+        words = tables.words
         if row_examples is None:  # every example still in the batch, its beams side by side
             row_examples = torch.arange(words.shape[0], device=device).repeat_interleave(rows // words.shape[0])
-        words = words[row_examples.to(device)]
-        if kinds.shape[0] < scores.shape[1]:  # entries past the tokenizer's (a resized model's): no tree symbols
-            kinds = torch.cat([kinds, kinds.new_full((scores.shape[1] - kinds.shape[0],), OTHER)])
-        state = prefix_state(kinds, input_ids)
-        return allowed_only(scores, state, kinds, closing, self.eos, words,
+        state = prefix_state(tables.kinds, input_ids)
+        return allowed_only(scores, state, tables, words[row_examples.to(device)],
                             None if remaining is None else remaining.to(device))  # fmt: skip
+
+
+class Tables(NamedTuple):
+    """A constraint's tables on one device: each vocabulary entry's kind, an opening's closing symbol, each
+    example's words; the tree symbols and the end (`symbols`, sorted), their kinds, each entry's index among them
+    (`symbol_of`: one past the last for an entry that is none), the entries that are none (`other`) and the
+    end's index among the symbols (`end`, a tensor: a captured step reads it from memory)."""
+
+    kinds: torch.Tensor
+    closing: torch.Tensor
+    words: torch.Tensor
+    symbols: torch.Tensor
+    symbol_kinds: torch.Tensor
+    symbol_of: torch.Tensor
+    other: torch.Tensor
+    end: torch.Tensor
+
+    @classmethod
+    def of(cls, kinds: torch.Tensor, closing: torch.Tensor, eos: int, words: torch.Tensor, device) -> Tables:
+        other = kinds == OTHER
+        other[eos] = False
+        symbols = (~other).nonzero().flatten()
+        symbol_of = torch.full(kinds.shape, symbols.numel(), dtype=torch.long)
+        symbol_of[symbols] = torch.arange(symbols.numel())
+        tables = (kinds, closing, words, symbols, kinds[symbols].long(), symbol_of, other, symbol_of[eos : eos + 1])
+        return cls(*(t.to(device, copy=True) for t in tables))
 
 
 class RowState(NamedTuple):
@@ -131,11 +162,12 @@ def prefix_state(kinds: torch.Tensor, input_ids: torch.Tensor) -> RowState:
     return RowState(depth, written, opens.sum(1), label, has_open, holds_word)
 
 
-def allowed_only(scores: torch.Tensor, state: RowState, kinds: torch.Tensor, closing: torch.Tensor, eos: int,
-                 words: torch.Tensor, remaining: torch.Tensor | None) -> torch.Tensor:  # fmt: skip
+def allowed_only(scores: torch.Tensor, state: RowState, tables: Tables, words: torch.Tensor,
+                 remaining: torch.Tensor | None) -> torch.Tensor:  # fmt: skip
     """`scores` with every symbol the rules of the module's text forbid at -inf. Each rule is decided per row
-    (a few values a row), then spread over the vocabulary by each entry's kind in one pass: at beam 21 the
-    (rows x vocabulary) passes were most of the constraint's time."""
+    (a few values a row), then spread over the tree symbols by each one's kind; every other entry is masked in
+    one pass over the vocabulary (at beam 21 the passes over rows x vocabulary were most of the constraint's
+    time, and a parser's vocabulary is mostly word pieces, never allowed)."""
     room = state.written < words
     # at most 2 constituents a word and 5 more (treebanks have about one): an untrained model that keeps
     # opening would otherwise run to the length limit
@@ -154,16 +186,25 @@ def allowed_only(scores: torch.Tensor, state: RowState, kinds: torch.Tensor, clo
         room, nesting, can_close, can_end = room & ~last, nesting & ~last, can_close & ~last, can_end | last
     # a row with nothing allowed (a finished sentence's row) may end: never all masked. A kind absent from the
     # vocabulary allows nothing
-    present = torch.stack([(kinds == kind).any() for kind in (OPEN, TAG)])
+    present = torch.stack([(tables.symbol_kinds == kind).any() for kind in (OPEN, TAG)])
     can_end |= ~((nesting & present[0]) | (room & present[1]) | can_close | can_end)
     none = torch.zeros_like(room)
-    allowed = torch.stack([none, nesting, none, room], 1).index_select(1, kinds.long())  # by kind: (rows, vocab)
+    # (rows, symbols + 1): each symbol by its kind, then a last column that takes the scatter of a row with
+    # nothing to close
+    allowed = torch.stack([none, nesting, none, room, none], 1).index_select(
+        1, torch.nn.functional.pad(tables.symbol_kinds, (0, 1), value=4)
+    )
     # each row may close its innermost constituent (a gather and scatter, not the rows' indices, which a GPU
     # would have to send back to the host)
-    close = closing[state.label][:, None]
+    close = tables.symbol_of[tables.closing[state.label]][:, None]
     allowed.scatter_(1, close, allowed.gather(1, close) | can_close[:, None])
-    allowed[:, eos] = can_end
-    return torch.where(allowed, scores, float("-inf"))
+    allowed = allowed[:, :-1].index_copy(1, tables.end, can_end[:, None])
+    other = tables.other
+    if other.shape[0] < scores.shape[1]:  # entries past the tokenizer's (a resized model's): no tree symbols
+        other = torch.nn.functional.pad(other, (0, scores.shape[1] - other.shape[0]), value=True)
+    masked = torch.where(other, float("-inf"), scores)
+    masked[:, tables.symbols] = torch.where(allowed, scores[:, tables.symbols], float("-inf"))
+    return masked
 
 
 def tree_constraint_factory(
