@@ -61,7 +61,7 @@ def test_push_then_load_anywhere_with_remote_code(trained, hub, tmp_path):
                 "modeling_vaswani.py", "tokenizer.json", "tokenizer_config.json", "README.md",
                 "training_facts.json", "attention-cross.png", "pipeline_vaswani.py", "generation_vaswani.py",
                 "search_vaswani.py", "lexical_vaswani.py", "decoding_state_vaswani.py", "fast_products_vaswani.py",
-                "alignment_vaswani.py"}  # fmt: skip
+                "alignment_vaswani.py", "remote_code_vaswani.py"}  # fmt: skip
     assert expected <= set(files), set(files)
     assert not any(name.startswith(("checkpoint-", "test.hyp", "trainer_state")) for name in files)
     assert len(hub.commits) == 2  # the repository's initial commit, then everything in one commit

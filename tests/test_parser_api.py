@@ -134,10 +134,17 @@ def test_the_pipeline_gives_the_parser_s_trees(parser, model_dir):
     assert isinstance(ours, Tree) and str(ours) == bracketed(expected[1][0].tree)
 
 
-def test_import_vaswani_hf_registers_the_task_without_loading_the_parser():
-    code = ("import sys, vaswani_hf; from transformers.pipelines import PIPELINE_REGISTRY; "
-            "assert 'constituency-parsing' in PIPELINE_REGISTRY.get_supported_tasks(); "
-            "assert 'vaswani_hf.parsing.parser' not in sys.modules; "
+@pytest.mark.parametrize("first", ["vaswani_hf", "transformers.pipelines"])
+def test_import_vaswani_hf_registers_the_tasks_without_loading_the_parser(first):
+    """Whichever is imported first, `pipeline()` knows both tasks; `import vaswani_hf` loads no parser, and neither
+    it nor the `vaswani` command loads Transformers' pipelines (half a second of every start) or `evaluate` (which
+    imports them)."""
+    light = "assert not {'transformers.pipelines', 'evaluate'} & set(sys.modules)"
+    code = (f"import sys, {first}; import vaswani_hf; "
+            + ("" if first == "transformers.pipelines" else f"{light}; assert 'vaswani_hf.parsing.parser' not in "
+               f"sys.modules; import vaswani_hf.cli; {light}; ")
+            + "from transformers import pipeline; from transformers.pipelines import PIPELINE_REGISTRY; "
+            "assert {'translation', 'constituency-parsing'} <= set(PIPELINE_REGISTRY.get_supported_tasks()); "
             "assert vaswani_hf.Parser.__module__ == 'vaswani_hf.parsing.parser'")  # fmt: skip
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-2000:]

@@ -12,12 +12,14 @@ those outside the model load their part on first use, so `import vaswani_hf` sta
 """
 
 import importlib
+import importlib.abc
+import importlib.util
+import sys
 
-from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM, pipelines
+from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM
 
 from .model.configuration_vaswani import VaswaniConfig
 from .model.modeling_vaswani import VaswaniForConditionalGeneration, VaswaniModel, VaswaniPreTrainedModel
-from .model.pipeline_vaswani import VaswaniTranslationPipeline
 from .model.search_vaswani import gnmt_length_penalty
 
 # name -> the module that defines it, imported on first use (PEP 562)
@@ -30,9 +32,10 @@ _LAZY = {
     "marian_to_vaswani": "interop.convert",
     "convert_marian_checkpoint": "interop.convert",
     "torch_transformer_to_vaswani": "interop.convert",
+    "VaswaniTranslationPipeline": "model.pipeline_vaswani",
     "Parser": "parsing.parser",
     "ParseResult": "parsing.parser",
-    "ConstituencyParsingPipeline": "parsing.parser",
+    "ConstituencyParsingPipeline": "parsing.pipeline",
 }
 
 __version__ = "0.1.0"
@@ -43,18 +46,17 @@ AutoModelForSeq2SeqLM.register(VaswaniConfig, VaswaniForConditionalGeneration, e
 VaswaniConfig.register_for_auto_class("AutoConfig")
 VaswaniModel.register_for_auto_class("AutoModel")
 VaswaniForConditionalGeneration.register_for_auto_class("AutoModelForSeq2SeqLM")
-# `pipeline("translation", model=<a model object>)` has no config naming our pipeline to go by, and Transformers 5
-# refuses the task by name before it looks at `pipeline_class`: lift the refusal and register the task.
-getattr(pipelines, "REMOVED_TASKS", {}).pop("translation", None)
-pipelines.PIPELINE_REGISTRY.register_pipeline(
-    "translation", pipeline_class=VaswaniTranslationPipeline, pt_model=AutoModelForSeq2SeqLM, type="text"
-)
 
 
 class _Deferred(type):
     """The metaclass of a stand-in that becomes the class it names on first use: the registry reads a pipeline
     class's attributes and calls it, and both reach the real class, imported then (`import vaswani_hf` stays
-    light: Transformers 5.20 takes no dotted path in the registry, only a class)."""
+    light: Transformers 5.20 takes no dotted path in the registry, only a class). It bears the real class's
+    name, which a loading config compares with the pipeline it declares (`configuration_vaswani`)."""
+
+    def __init__(cls, *args) -> None:
+        super().__init__(*args)
+        cls.__name__ = cls.name
 
     def real(cls) -> type:
         return getattr(importlib.import_module(f".{cls.module}", __name__), cls.name)
@@ -66,14 +68,59 @@ class _Deferred(type):
         return cls.real()(*args, **kwargs)
 
 
+class _TranslationPipeline(metaclass=_Deferred):
+    # a stand-in here too: the tasks are registered while Transformers' pipelines module is being imported, which
+    # the real class's own module may be what imports
+    module, name = "model.pipeline_vaswani", "VaswaniTranslationPipeline"
+
+
 class _ParsingPipeline(metaclass=_Deferred):
-    module, name = "parsing.parser", "ConstituencyParsingPipeline"
+    module, name = "parsing.pipeline", "ConstituencyParsingPipeline"
 
 
-# `pipeline("constituency-parsing", model=DIR)`: a parse model's trees (parsing/parser.py)
-pipelines.PIPELINE_REGISTRY.register_pipeline(
-    "constituency-parsing", pipeline_class=_ParsingPipeline, pt_model=AutoModelForSeq2SeqLM, type="text"
-)
+def _register_pipelines(pipelines) -> None:
+    """The pipeline tasks, into Transformers' registry. `pipeline("translation", model=<a model object>)` has no
+    config naming our pipeline to go by, and Transformers 5 refuses the task by name before it looks at
+    `pipeline_class`: lift the refusal and register the task. `pipeline("constituency-parsing", model=DIR)`: a
+    parse model's trees (parsing/pipeline.py)."""
+    getattr(pipelines, "REMOVED_TASKS", {}).pop("translation", None)
+    pipelines.PIPELINE_REGISTRY.register_pipeline(
+        "translation", pipeline_class=_TranslationPipeline, pt_model=AutoModelForSeq2SeqLM, type="text"
+    )
+    pipelines.PIPELINE_REGISTRY.register_pipeline(
+        "constituency-parsing", pipeline_class=_ParsingPipeline, pt_model=AutoModelForSeq2SeqLM, type="text"
+    )
+
+
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """Runs `then(module)` right after the module `name` is executed, the first time anything imports it.
+    Transformers' pipelines module imports its image and audio processing (half a second of every `vaswani` command
+    and `import vaswani_hf` on 2 CPU cores), and only `pipeline()` reads the registry: the tasks are registered
+    when `transformers.pipelines` is imported, before any `pipeline()` call can run, not before."""
+
+    def __init__(self, name: str, then) -> None:
+        self.name, self.then = name, then
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname != self.name:
+            return None
+        sys.meta_path.remove(self)  # once; the finders after this one find the module
+        spec = importlib.util.find_spec(fullname)
+        if spec is not None and spec.loader is not None:
+            run = spec.loader.exec_module
+
+            def exec_module(module, run=run):
+                run(module)
+                self.then(module)
+
+            spec.loader.exec_module = exec_module
+        return spec
+
+
+if "transformers.pipelines" in sys.modules:
+    _register_pipelines(sys.modules["transformers.pipelines"])
+else:
+    sys.meta_path.insert(0, _AfterImport("transformers.pipelines", _register_pipelines))
 
 
 def __getattr__(name: str):
@@ -89,7 +136,6 @@ __all__ = [
     "VaswaniForConditionalGeneration",
     "VaswaniModel",
     "VaswaniPreTrainedModel",
-    "VaswaniTranslationPipeline",
     "gnmt_length_penalty",
     "__version__",
     *_LAZY,

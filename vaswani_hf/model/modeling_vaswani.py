@@ -41,7 +41,7 @@ from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 from .configuration_vaswani import VaswaniConfig
 from .decoding_state_vaswani import fold_beams, unfold_beams
 from .generation_vaswani import VaswaniGenerationMixin
-from .pipeline_vaswani import VaswaniRemoteCodeMixin
+from .remote_code_vaswani import VaswaniRemoteCodeMixin
 from .search_vaswani import PAPER_GENERATION_DEFAULTS
 from .validation_vaswani import check_labels, check_source, check_target
 

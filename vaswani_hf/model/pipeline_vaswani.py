@@ -52,29 +52,3 @@ class VaswaniTranslationPipeline(Pipeline):
             clean_up_tokenization_spaces=clean_up_tokenization_spaces,
         )
         return [{"translation_text": text.strip()} for text in texts]
-
-
-class VaswaniRemoteCodeMixin:
-    """What a saved vaswani model declares for loading without this package (`trust_remote_code=True`): its three
-    Auto classes and this translation pipeline. A base of `VaswaniPreTrainedModel`."""
-
-    def save_pretrained(self, save_directory, *args, **kwargs):
-        if self.is_remote_code():
-            # `register_for_auto_class` records only the saved class and AutoConfig: record all three Auto classes
-            # so AutoModel and AutoModelForSeq2SeqLM both load the checkpoint as remote code.
-            module = type(self).__module__.rsplit(".", 1)[-1]
-            config_module = type(self.config).__module__.rsplit(".", 1)[-1]
-            self.config.auto_map = {
-                **(getattr(self.config, "auto_map", None) or {}),
-                "AutoConfig": f"{config_module}.VaswaniConfig",
-                "AutoModel": f"{module}.VaswaniModel",
-                "AutoModelForSeq2SeqLM": f"{module}.VaswaniForConditionalGeneration",
-            }
-            # Transformers 5 has no built-in translation task: declare ours. Transformers ships every file the
-            # modeling file imports relatively (`from .x import y`, read as text) beside it, at save time and when
-            # it loads it as remote code, so a re-saved remote-code model keeps the pipeline its config declares.
-            self.config.custom_pipelines = {
-                "translation": {"impl": f"pipeline_vaswani.{VaswaniTranslationPipeline.__name__}",
-                                "pt": ["AutoModelForSeq2SeqLM"], "tf": [], "type": "text"}
-            }  # fmt: skip
-        return super().save_pretrained(save_directory, *args, **kwargs)

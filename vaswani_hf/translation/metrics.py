@@ -11,10 +11,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import evaluate
 import numpy as np
 from transformers import EvalPrediction, PreTrainedTokenizerBase
+
+if TYPE_CHECKING:  # imported where a metric loads: `evaluate` imports Transformers' pipelines, a second a command
+    import evaluate
 
 PACKAGED = {name: Path(__file__).with_name("metric_modules") / name for name in ("bleu", "chrf")}
 DEFAULT_METRICS = ("bleu", "chrf")  # the recipe's: always reported, `--metric` adds to them
@@ -37,6 +40,8 @@ def load_metric(spec: str) -> evaluate.EvaluationModule:
     local = spec in PACKAGED or path.exists() or path.suffix == ".py"
     if local and not path.exists():
         raise FileNotFoundError(f"--metric {spec}: no such file or folder.")
+    import evaluate
+
     try:
         module = evaluate.load(str(path) if local else spec, keep_in_memory=True)
     except Exception as err:  # evaluate raises FileNotFoundError, ConnectionError, ImportError, ... by cause
