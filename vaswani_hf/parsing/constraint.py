@@ -77,8 +77,7 @@ class TreeConstraint(LogitsProcessor):
     def possible_tokens(self) -> torch.Tensor:
         """The only token ids this processor ever leaves a finite score: the tree symbols and the end. The search
         may seek its top candidates among these alone (`search_vaswani.candidate_columns`)."""
-        symbols = (self.kinds != OTHER).nonzero().flatten()
-        return torch.cat([symbols, torch.tensor([self.eos], dtype=symbols.dtype)])
+        return self.tables(self.kinds.device).symbols
 
     def static_key(self) -> tuple:
         """What a captured step of this processor reads as constants (`graph_search_vaswani.GraphKey`)."""
@@ -107,9 +106,11 @@ class TreeConstraint(LogitsProcessor):
 
 class Tables(NamedTuple):
     """A constraint's tables on one device: each vocabulary entry's kind, an opening's closing symbol, each
-    example's words; the tree symbols and the end (`symbols`, sorted), their kinds, each entry's index among them
-    (`symbol_of`: one past the last for an entry that is none), the entries that are none (`other`) and the
-    end's index among the symbols (`end`, a tensor: a captured step reads it from memory)."""
+    example's words; the tree symbols and the end (`symbols`, sorted), their kinds with one more column of kind 4
+    (`symbol_kinds`: that column takes the scatter of a row with nothing to close), each entry's index among them
+    (`symbol_of`: one past the last for an entry that is none), the entries that are none (`other`), the end's
+    index among the symbols (`end`, a tensor: a captured step reads it from memory) and whether the vocabulary
+    has an opening label and a tag at all (`present`). Derived once, not at every step."""
 
     kinds: torch.Tensor
     closing: torch.Tensor
@@ -119,6 +120,7 @@ class Tables(NamedTuple):
     symbol_of: torch.Tensor
     other: torch.Tensor
     end: torch.Tensor
+    present: torch.Tensor
 
     @classmethod
     def of(cls, kinds: torch.Tensor, closing: torch.Tensor, eos: int, words: torch.Tensor, device) -> Tables:
@@ -127,7 +129,9 @@ class Tables(NamedTuple):
         symbols = (~other).nonzero().flatten()
         symbol_of = torch.full(kinds.shape, symbols.numel(), dtype=torch.long)
         symbol_of[symbols] = torch.arange(symbols.numel())
-        tables = (kinds, closing, words, symbols, kinds[symbols].long(), symbol_of, other, symbol_of[eos : eos + 1])
+        symbol_kinds = torch.nn.functional.pad(kinds[symbols].long(), (0, 1), value=4)
+        present = torch.stack([(symbol_kinds == kind).any() for kind in (OPEN, TAG)])
+        tables = (kinds, closing, words, symbols, symbol_kinds, symbol_of, other, symbol_of[eos : eos + 1], present)
         return cls(*(t.to(device, copy=True) for t in tables))
 
 
@@ -186,14 +190,11 @@ def allowed_only(scores: torch.Tensor, state: RowState, tables: Tables, words: t
         room, nesting, can_close, can_end = room & ~last, nesting & ~last, can_close & ~last, can_end | last
     # a row with nothing allowed (a finished sentence's row) may end: never all masked. A kind absent from the
     # vocabulary allows nothing
-    present = torch.stack([(tables.symbol_kinds == kind).any() for kind in (OPEN, TAG)])
-    can_end |= ~((nesting & present[0]) | (room & present[1]) | can_close | can_end)
+    can_end |= ~((nesting & tables.present[0]) | (room & tables.present[1]) | can_close | can_end)
     none = torch.zeros_like(room)
     # (rows, symbols + 1): each symbol by its kind, then a last column that takes the scatter of a row with
     # nothing to close
-    allowed = torch.stack([none, nesting, none, room, none], 1).index_select(
-        1, torch.nn.functional.pad(tables.symbol_kinds, (0, 1), value=4)
-    )
+    allowed = torch.stack([none, nesting, none, room, none], 1).index_select(1, tables.symbol_kinds)
     # each row may close its innermost constituent (a gather and scatter, not the rows' indices, which a GPU
     # would have to send back to the host)
     close = tables.symbol_of[tables.closing[state.label]][:, None]
