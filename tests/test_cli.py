@@ -5,7 +5,7 @@ import json
 import pytest
 
 from vaswani_hf.data.number_words import english, german
-from vaswani_hf.training.recipe import noam_learning_rate
+from vaswani_hf.training.trainer import noam_learning_rate
 
 from .helpers import TINY_RUN, vaswani
 

@@ -325,3 +325,21 @@ def test_lora_trains_merges_saves_and_reloads(targets, tmp_path):
     assert torch.equal(merged.generate(input_ids=ids, attention_mask=mask, max_new_tokens=5),
                        AutoModelForSeq2SeqLM.from_pretrained(tmp_path / "merged").generate(
                            input_ids=ids, attention_mask=mask, max_new_tokens=5))  # fmt: skip
+
+
+def test_the_packages_pipelines_claim_vaswani_models_only():
+    """`import vaswani_hf` registers `translation` and `constituency-parsing` for every model; another model's
+    translation gets Transformers' own refusal of the removed task, never the Vaswani pipeline (which knows nothing
+    of T5's prefixes or NLLB's language tokens)."""
+    from transformers import MarianConfig, MarianMTModel
+
+    marian = MarianMTModel(MarianConfig(vocab_size=50, d_model=8, encoder_layers=1, decoder_layers=1,
+                                        encoder_attention_heads=1, decoder_attention_heads=1, encoder_ffn_dim=8,
+                                        decoder_ffn_dim=8, pad_token_id=0, decoder_start_token_id=0))  # fmt: skip
+    tokenizer = word_tokenizer()
+    with pytest.raises(KeyError, match="The task translation has been removed from transformers.*MarianMTModel"):
+        pipeline("translation", model=marian, tokenizer=tokenizer)
+    with pytest.raises(ValueError, match="parses with a Vaswani parse model.*MarianMTModel"):
+        pipeline("constituency-parsing", model=marian, tokenizer=tokenizer)
+    vaswani = VaswaniForConditionalGeneration(VaswaniConfig.tiny(vocab_size=100)).eval()
+    assert isinstance(pipeline("translation", model=vaswani, tokenizer=tokenizer), VaswaniTranslationPipeline)

@@ -7,6 +7,8 @@ some cases run in our decoder (greedy, beam search and their outputs), the other
 loop (generation_vaswani.py), which must then drive our forward pass exactly as it drives Marian's.
 """
 
+import copy
+
 import pytest
 import torch
 from transformers import LogitsProcessor, LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
@@ -225,3 +227,22 @@ def test_learned_positions_cut_the_limit_after_a_decoder_prefix(kwargs):
         model.generate(source, decoder_input_ids=prefix, max_new_tokens=19, **kwargs)
     with pytest.raises(ValueError, match="decoder prefix has 21 tokens"):
         model.generate(source, decoder_input_ids=torch.ones(2, 21, dtype=torch.long), **kwargs)
+
+
+@pytest.mark.parametrize("num_beams", [1, 4])
+@pytest.mark.parametrize("length", [{"max_length": 9}, {"max_new_tokens": 6}])
+def test_a_generation_configs_length_wins_over_source_plus_50_as_the_keyword_does(num_beams, length):
+    """`generate(generation_config=GenerationConfig(max_length=...))` is Transformers' way to ask for a length, as
+    the keyword is: both end at it. The paper's source + 50 applies where neither asks (or the config passed is the
+    model's own, as a pipeline passes a copy of it)."""
+    from transformers import GenerationConfig
+
+    torch.manual_seed(0)
+    model = VaswaniForConditionalGeneration(VaswaniConfig.tiny(vocab_size=100, eos_token_id=99)).eval()  # no EOS
+    source = torch.randint(4, 90, (2, 12))
+    asked = model.generate(source, num_beams=num_beams, **length)
+    configured = model.generate(source, generation_config=GenerationConfig(num_beams=num_beams, **length))
+    assert torch.equal(configured, asked)
+    assert asked.shape[1] == length.get("max_length", 1 + length.get("max_new_tokens", 0))
+    paper = model.generate(source, generation_config=copy.deepcopy(model.generation_config), num_beams=num_beams)
+    assert paper.shape[1] == 1 + 12 + 50  # the model's own config: source + 50, as with no config at all

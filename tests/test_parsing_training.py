@@ -129,6 +129,54 @@ def test_train_and_prepare_on_a_treebank_folder(tmp_path):
     assert len(list((tmp_path / "cache" / "treebanks").glob("*/labels.json"))) == 1
 
 
+def few_symbol_treebank(size: int, seed: int) -> list[Tree]:
+    """Trees of a grammar with 3 phrase labels and 4 tags: 7 tree symbols and the end, fewer than the 42 candidates
+    a row takes at the parser's beam of 21 (a treebank of another grammar than the built-in one's)."""
+    import random
+
+    rng = random.Random(seed)
+    nouns, verbs = "dog cat man bird".split(), "saw liked chased".split()
+
+    def np() -> str:
+        return f"(NP (DT {rng.choice(['the', 'a'])}) (NN {rng.choice(nouns)}))"
+
+    trees = [f"(TOP (S {np()} (VP (VBD {rng.choice(verbs)}){' ' + np() if rng.random() < 0.6 else ''})))"
+             for _ in range(size)]  # fmt: skip
+    return [parse_tree(tree) for tree in trees]
+
+
+def test_a_treebank_with_fewer_symbols_than_candidates_trains_and_parses_at_the_default_beam(tmp_path):
+    """Its final evaluation, `vaswani parse`, `Parser` and `vaswani serve` run at beam 21 (the defaults), where the
+    search's candidates outnumber the tree symbols: they raised 'selected index k out of range'."""
+    from vaswani_hf.parsing.parser import Parser, bracketed
+
+    from .test_serve import Server
+
+    write_treebank(tmp_path / "tb", {"train": few_symbol_treebank(200, 1), "dev": few_symbol_treebank(8, 2)})
+    run = ["--task", "parse", "--data", str(tmp_path / "tb"), "--preset", "tiny", "--max_steps", "30",
+           "--warmup_steps", "10", "--vocab_size", "60", "--disable_tqdm", "true", "--precision", "fp32",
+           "--output_dir", str(tmp_path / "model")]  # fmt: skip
+    result = vaswani("train", *run)
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads(next(line for line in result.stdout.splitlines() if line.startswith('{"')))
+    assert summary["eval_split"] == "dev" and "evalb_f1" in summary
+    assert json.loads((tmp_path / "model" / "generation_config.json").read_text())["num_beams"] == 21
+    sentences = ["the dog saw a cat", "a bird liked the man", "the cat chased"]
+    parsed = vaswani("parse", str(tmp_path / "model"), "--precision", "fp32", stdin="\n".join(sentences) + "\n")
+    assert parsed.returncode == 0, parsed.stderr[-3000:]
+    trees = parsed.stdout.splitlines()
+    assert [parse_tree(tree).words() for tree in trees] == [s.split() for s in sentences]
+    parser = Parser.from_pretrained(tmp_path / "model", device="cpu", precision="fp32")
+    assert [bracketed(tree) for tree in parser.parse_sents([s.split() for s in sentences])] == trees
+    served = Server(tmp_path / "model")  # its warm-up decodes at the model's beam
+    try:
+        answer = served.post("/parse", json={"sentences": [s.split() for s in sentences]})
+        assert answer.status_code == 200, answer.text
+        assert [parse["tree"] for parse in answer.json()["parses"]] == trees
+    finally:
+        assert served.stop()[0] == 0
+
+
 def test_bad_parsing_input_gets_a_clear_error(parser, tmp_path):
     (tmp_path / "tb").mkdir()
     (tmp_path / "tb" / "train.trees").write_text("(S (NP (DT a) (NN b)))\n(S (NP (DT a) (NN b))\n")

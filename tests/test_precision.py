@@ -369,3 +369,11 @@ def test_int8_serves_on_the_cpu_even_on_a_gpu_machine(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     assert default_device("fp32") == default_device("auto") == "cuda"
     assert default_device("int8") == default_device(resolve_precision("int8", "cpu")) == "cpu"
+
+
+def test_master_weight_adamw_is_the_papers_adam_without_weight_decay():
+    # its docstring's promise: AdamW's own default would decay every weight by 0.01 x lr per update
+    weight = torch.nn.Parameter(torch.ones(3, dtype=torch.bfloat16))
+    optimizer = MasterWeightAdamW([weight], lr=1e-3)
+    assert optimizer.param_groups[0]["weight_decay"] == 0.0
+    assert MasterWeightAdamW([weight], lr=1e-3, weight_decay=0.1).param_groups[0]["weight_decay"] == 0.1

@@ -9,7 +9,7 @@ import signal
 import numpy as np
 import pytest
 import torch
-from transformers import TrainerCallback, get_scheduler
+from transformers import DataCollatorForSeq2Seq, TrainerCallback, get_scheduler
 
 from vaswani_hf import VaswaniConfig, VaswaniForConditionalGeneration
 from vaswani_hf.data.batching import BatchRows, PadPairs, TokenBudgetBatchSampler
@@ -45,6 +45,44 @@ def make_trainer(tokenizer, output_dir, callbacks=None, dropout=0.1, **overrides
 
 
 # --- section 5.3: the learning-rate schedule ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("warmup, steps", [(3, 6), (0.5, 6)])  # steps, and Transformers' ratio of the updates
+def test_a_hand_built_trainer_gets_the_papers_peak_and_learns(tokenizer, tmp_path, warmup, steps):
+    """As a Seq2SeqTrainer user builds it, without build_trainer: learning_rate 0 is the Noam peak for the warmup
+    the run resolves (3 updates either way), so the model changes; it ran at lr 0 and learned nothing."""
+    from vaswani_hf.data.prepared import InMemoryData
+    from vaswani_hf.training.trainer import VaswaniTrainer
+
+    model = VaswaniForConditionalGeneration(VaswaniConfig.tiny(vocab_size=len(tokenizer)))
+    data = InMemoryData(PAIRS, tokenizer, "train", 64)
+    args = VaswaniTrainingArguments(output_dir=str(tmp_path), max_steps=steps, warmup_steps=warmup, max_tokens=0,
+                                    per_device_train_batch_size=8, report_to="none", save_strategy="no",
+                                    logging_steps=1, use_cpu=True, disable_tqdm=True)  # fmt: skip
+    trainer = VaswaniTrainer(model=model, args=args, train_dataset=data.tokens("train"),
+                             data_collator=DataCollatorForSeq2Seq(tokenizer, model=model))  # fmt: skip
+    start = {name: p.detach().clone() for name, p in model.named_parameters()}
+    trainer.train()
+    d_model = model.config.d_model
+    assert args.learning_rate == pytest.approx(noam_learning_rate(3, d_model, 3), rel=1e-9)
+    rates = [entry["learning_rate"] for entry in trainer.state.log_history if "learning_rate" in entry]
+    assert rates and all(rate > 0 for rate in rates)
+    changed = sum(not torch.equal(p, start[name]) for name, p in model.named_parameters())
+    assert changed == len(start)
+
+
+def test_a_trainer_for_a_model_without_d_model_asks_for_a_learning_rate(tmp_path):
+    from transformers import BertConfig, BertForMaskedLM
+
+    from vaswani_hf.training.trainer import VaswaniTrainer
+
+    model = BertForMaskedLM(BertConfig(hidden_size=8, num_hidden_layers=1, num_attention_heads=1,
+                                       intermediate_size=8, vocab_size=20))  # fmt: skip
+    args = VaswaniTrainingArguments(output_dir=str(tmp_path), max_steps=1, max_tokens=0, report_to="none",
+                                    use_cpu=True)  # fmt: skip
+    trainer = VaswaniTrainer(model=model, args=args)
+    with pytest.raises(ValueError, match="give --learning_rate"):
+        trainer.create_optimizer_and_scheduler(num_training_steps=1)
 
 
 def test_schedule_follows_the_paper_formula_from_the_first_update(tokenizer, tmp_path):

@@ -65,6 +65,11 @@ class _Deferred(type):
         return getattr(cls.real(), name)
 
     def __call__(cls, *args, **kwargs):
+        # the task is registered for every model: claim Vaswani models only, and leave the others as Transformers
+        # leaves them (its own refusal, where it has no pipeline for the task)
+        model = kwargs.get("model", args[0] if args else None)
+        if getattr(getattr(model, "config", None), "model_type", None) != VaswaniConfig.model_type:
+            raise cls.refusal(type(model).__name__)
         return cls.real()(*args, **kwargs)
 
 
@@ -72,10 +77,25 @@ class _TranslationPipeline(metaclass=_Deferred):
     # a stand-in here too: the tasks are registered while Transformers' pipelines module is being imported, which
     # the real class's own module may be what imports
     module, name = "model.pipeline_vaswani", "VaswaniTranslationPipeline"
+    removed = "Use the `text-generation` pipeline with a chat model instead."  # Transformers' reason, kept on lift
+
+    @classmethod
+    def refusal(cls, model: str) -> Exception:
+        return KeyError(
+            f"The task translation has been removed from transformers. {cls.removed} (vaswani_hf serves the task "
+            f"for Vaswani models only; this model is a {model}.)"
+        )
 
 
 class _ParsingPipeline(metaclass=_Deferred):
     module, name = "parsing.pipeline", "ConstituencyParsingPipeline"
+
+    @classmethod
+    def refusal(cls, model: str) -> Exception:
+        return ValueError(
+            f"pipeline('constituency-parsing') parses with a Vaswani parse model (`vaswani train --task parse`); "
+            f"this model is a {model}."
+        )
 
 
 def _register_pipelines(pipelines) -> None:
@@ -83,7 +103,8 @@ def _register_pipelines(pipelines) -> None:
     config naming our pipeline to go by, and Transformers 5 refuses the task by name before it looks at
     `pipeline_class`: lift the refusal and register the task. `pipeline("constituency-parsing", model=DIR)`: a
     parse model's trees (parsing/pipeline.py)."""
-    getattr(pipelines, "REMOVED_TASKS", {}).pop("translation", None)
+    removed = getattr(pipelines, "REMOVED_TASKS", {}).pop("translation", None)
+    _TranslationPipeline.removed = removed or _TranslationPipeline.removed
     pipelines.PIPELINE_REGISTRY.register_pipeline(
         "translation", pipeline_class=_TranslationPipeline, pt_model=AutoModelForSeq2SeqLM, type="text"
     )

@@ -121,7 +121,8 @@ class VaswaniGenerationMixin:
     Extra generation settings (arguments of `generate()` or attributes of the generation config):
     `length_penalty_type` ("gnmt": ((5 + |Y|) / 6) ** length_penalty, the paper's; "hf": |Y| ** length_penalty,
     Transformers') and `max_length_offset` (each output at most source length + offset tokens, EOS forced there;
-    `None` for Transformers' `max_length`). An explicit `max_length`/`max_new_tokens` wins over the offset.
+    `None` for Transformers' `max_length`). An explicit `max_length`/`max_new_tokens`, as a keyword or in the call's
+    `generation_config`, wins over the offset.
 
     Extra arguments of `generate()`: `vocabulary_shortlist` (target ids to score, `vaswani_hf.translation.shortlist`),
     `output_sequence_scores=True` (beam search's `sequences_scores` alone; Transformers' `output_scores` also keeps
@@ -144,7 +145,7 @@ class VaswaniGenerationMixin:
         offset = kwargs.pop("max_length_offset", getattr(config, "max_length_offset", None))
         if penalty_type not in LENGTH_PENALTY_TYPES:
             raise ValueError(f"length_penalty_type must be one of {LENGTH_PENALTY_TYPES}, got {penalty_type!r}.")
-        explicit_length = any(kwargs.get(k) is not None for k in ("max_length", "max_new_tokens"))
+        explicit_length = self._length_asked(generation_config, kwargs)
         return_alignments = kwargs.pop("return_alignments", False)
         if return_alignments:
             if not isinstance(self, torch.nn.Module):
@@ -205,6 +206,18 @@ class VaswaniGenerationMixin:
                 logits_processor.append(SourceLengthLimitLogitsProcessor(limits, eos))
         output = GenerationMixin.generate(self, inputs, generation_config, logits_processor, **kwargs)
         return with_alignments(self, output, source) if return_alignments else output
+
+    def _length_asked(self, generation_config: GenerationConfig | None, kwargs: dict) -> bool:
+        """Whether the call asks for a length (`max_length`/`max_new_tokens`), as a keyword or in the generation
+        config it passes, which then wins over the source + offset limit as Transformers' own length would. A
+        passed config's lengths count where they are not the model's own (a pipeline passes a copy of those)."""
+        if any(kwargs.get(name) is not None for name in ("max_length", "max_new_tokens")):
+            return True
+        if generation_config is None:
+            return False
+        return any(getattr(generation_config, name, None) is not None
+                   and getattr(generation_config, name) != getattr(self.generation_config, name, None)
+                   for name in ("max_length", "max_new_tokens"))  # fmt: skip
 
     def _fit_position_table(
         self, config: GenerationConfig, limits: torch.Tensor | None, prompt: torch.Tensor | None

@@ -4,7 +4,9 @@ saved by vaswani-hf declares this one in `config.custom_pipelines` and ships thi
     pipeline("translation", model=REPO_OR_DIR, trust_remote_code=True)
 
 works anywhere. With vaswani_hf installed, `import vaswani_hf` registers it as the `translation` task, so
-`pipeline("translation", model=model_object, tokenizer=tokenizer)` works too (for any seq2seq model).
+`pipeline("translation", model=model_object, tokenizer=tokenizer)` works too, for Vaswani models; another model
+gets what Transformers gives it (its refusal of the removed task), never this pipeline, which knows nothing of T5's
+prefixes or NLLB's language tokens.
 Like the modeling files, it imports only transformers (it is Hub remote code)."""
 
 from __future__ import annotations

@@ -312,7 +312,7 @@ class MasterWeightAdamW(torch.optim.AdamW):
             self.model_params += model_params
             masters = [p.detach().to(torch.float32, copy=True) for p in model_params]
             master_groups.append({**group, "params": masters})
-        super().__init__(master_groups, **kwargs)
+        super().__init__(master_groups, **{"weight_decay": 0.0, **kwargs})  # AdamW's own default is 0.01
 
     @property
     def master_params(self) -> list[torch.Tensor]:

@@ -336,7 +336,9 @@ class Beams:
         beams, steps = settings.num_beams, steps or settings.max_new_tokens
         running = torch.full((batch, beams, steps), settings.fill, dtype=torch.long, device=device)
         running_scores = torch.zeros(batch, beams, device=device)
-        running_scores[:, 1:] = -1e9  # the beams start identical: let only the first one propose at step 0
+        # the beams start identical: only the first one proposes at step 0 (Transformers starts the others at -1e9,
+        # which lets them end as hypotheses of about -1e9 where a row has fewer possible tokens than candidates)
+        running_scores[:, 1:] = -math.inf
         return cls(running, running_scores, running.clone(), torch.full((batch, beams), -1e9, device=device),
                    torch.zeros(batch, beams, dtype=torch.long, device=device),
                    torch.zeros(batch, beams, dtype=torch.bool, device=device),
@@ -390,26 +392,34 @@ def advance_beams(settings: DecodingSettings, step: int, log_probs: torch.Tensor
     `columns`: the only token ids whose scores may be finite (`candidate_columns`), where the beams propose."""
     k, candidates, steps = settings.num_beams, settings.candidates, beams.running.shape[-1]
     batch, device = beams.running.shape[0], log_probs.device
-    if columns is None:
-        values, token_ids = top_k_per_row(log_probs, candidates)
-    else:
-        values, token_ids = top_k_per_row(log_probs.index_select(1, columns), candidates)
+    scored = log_probs if columns is None else log_probs.index_select(1, columns)
+    # a row's best `candidates`, or all its columns where it has fewer (a sentence's best lie among its rows' best)
+    per_row = min(candidates, scored.shape[-1])
+    values, token_ids = top_k_per_row(scored, per_row)
+    if columns is not None:
         token_ids = columns[token_ids]
-    totals = (values + beams.running_scores.view(-1, 1)).reshape(batch, k * candidates)
+    totals = (values + beams.running_scores.view(-1, 1)).reshape(batch, k * per_row)
+    if k * per_row < candidates:  # fewer columns than a sentence's candidates: the rest are impossible
+        totals = torch.nn.functional.pad(totals, (0, candidates - k * per_row), value=-math.inf)
+        token_ids = torch.nn.functional.pad(token_ids.reshape(batch, k * per_row), (0, candidates - k * per_row),
+                                            value=settings.fill)  # fmt: skip
     top_scores, top_index = totals.topk(candidates, dim=-1)
-    top_beams = top_index // candidates
-    top_tokens = token_ids.reshape(batch, k * candidates).gather(1, top_index)
+    top_beams = (top_index // per_row).clamp(max=k - 1)
+    top_tokens = token_ids.reshape(batch, -1).gather(1, top_index)
     top_sequences = beams.running.gather(1, top_beams[..., None].expand(-1, -1, steps))  # a new tensor
     write_step(top_sequences, step, top_tokens)
     ends = torch.isin(top_tokens, settings.eos) | (step + 2 > beams.limits[:, None])
 
     # the best beams that go on
-    running_scores, next_index = (top_scores + ends.float() * -1e9).topk(k, dim=-1)
+    # (an ended hypothesis never goes on: where too few others are possible, the rest of the beams are impossible)
+    running_scores, next_index = top_scores.masked_fill(ends, -math.inf).topk(k, dim=-1)
     running = top_sequences.gather(1, next_index[..., None].expand(-1, -1, steps))
     parent_rows = top_beams.gather(1, next_index) + torch.arange(batch, device=device)[:, None] * k
 
-    # the hypotheses that end here, if among the first `beams` candidates and good enough
-    just_finished = ends & (torch.arange(candidates, device=device) < k)
+    # the hypotheses that end here, if among the first `beams` candidates and good enough; an impossible one (scored
+    # -inf: a row had fewer possible tokens than it takes candidates) is never a hypothesis, whichever token fills it
+    possible = top_scores > -math.inf
+    just_finished = ends & (torch.arange(candidates, device=device) < k) & possible
     scored = top_scores / settings.penalty(step + 1) + (~just_finished).float() * -1e9
     finished_scores, merged_index = torch.cat([beams.finished_scores, scored], dim=1).topk(k, dim=-1)
     merged = torch.cat([beams.finished, top_sequences], dim=1)
@@ -419,7 +429,7 @@ def advance_beams(settings: DecodingSettings, step: int, log_probs: torch.Tensor
 
     done, improvable = sentence_done(settings, step, running_scores, finished_scores, is_finished,
                                      beams.improvable, beams.limits)  # fmt: skip
-    done |= ends.all(dim=1) | (step + 1 >= beams.limits)
+    done |= (ends | ~possible).all(dim=1) | (step + 1 >= beams.limits)  # nothing possible goes on
     new = Beams(running, running_scores, finished, finished_scores, lengths.gather(1, merged_index), is_finished,
                 improvable, beams.limits)  # fmt: skip
     return BeamStep(new, parent_rows, done, top_beams, next_index, merged_index)

@@ -9,6 +9,7 @@ where NLTK is installed, this package's `Tree` otherwise (docs/parsing.md, "From
 
 from __future__ import annotations
 
+import logging
 import sys
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
@@ -23,6 +24,7 @@ PARSE_LONG_LINES = ("cut", "error")  # `split` would rejoin two trees: no tree o
 INSTALL = 'pip install "vaswani-hf[parse]"'
 
 Sentence = str | Sequence[str]
+logger = logging.getLogger(__name__)
 
 
 class ParseResult(NamedTuple):
@@ -69,14 +71,42 @@ def nltk_available() -> bool:
     return True
 
 
+# Penn Treebank quotes, which NLTK's tokenizer would read as text: a closing '' after a space becomes an opening ``
+TREEBANK_QUOTES = ("``", "''")
+
+
 def tokenize(sentence: str) -> list[str]:
-    """A sentence's Penn Treebank tokens (NLTK's TreebankWordTokenizer: `don't` -> `do n't`, quotes -> `` and '')."""
+    """A sentence's Penn Treebank tokens (NLTK's TreebankWordTokenizer: `don't` -> `do n't`, quotes -> `` and '').
+
+    Text already tokenised as the treebank is keeps its tokens: its quotes `` and '' are kept as they are, and only
+    the text between them is tokenised (NLTK alone writes a '' after a space as ``). A character the tokenizer
+    changes (a " written `` or '') is logged as a warning naming the words, never silent."""
     try:
         from nltk.tokenize import TreebankWordTokenizer
     except ImportError:
         raise ImportError(f"a sentence given as a string is tokenised with NLTK's TreebankWordTokenizer: {INSTALL} "
                           "(or give each sentence as a list of words)") from None  # fmt: skip
-    return TreebankWordTokenizer().tokenize(sentence)
+    tokenizer, words, text, changed = TreebankWordTokenizer(), [], [], []
+
+    def flush() -> None:
+        if text:
+            tokens = tokenizer.tokenize(" ".join(text))
+            if "".join(tokens) != "".join(text):
+                changed.append(f"{' '.join(text)!r} -> {' '.join(tokens)!r}")
+            words.extend(tokens)
+            text.clear()
+
+    for chunk in sentence.split():
+        if chunk in TREEBANK_QUOTES:
+            flush()
+            words.append(chunk)
+        else:
+            text.append(chunk)
+    flush()
+    if changed:
+        logger.warning("the Penn Treebank tokenizer changed characters of %s (give the sentence as a list of words "
+                       "to keep them as they are)", "; ".join(changed))  # fmt: skip
+    return words
 
 
 def words_of(sentence: Sentence) -> list[str]:

@@ -42,7 +42,6 @@ from .trainer import (
     VaswaniTrainer,
     VaswaniTrainingArguments,
     WallClockCallback,
-    noam_learning_rate,
     resumable_checkpoint,
 )
 from .training_speed import speedups_for_training, uncompiled
@@ -268,9 +267,6 @@ def build_trainer(
         data = InMemoryData(data, tokenizer, data_args.train_split, data_args.max_length)
     set_seed(training_args.seed)
     model = build_model(model_args, tokenizer, data_args)
-    if not training_args.learning_rate:
-        warmup = int(training_args.warmup_steps)
-        training_args.learning_rate = noam_learning_rate(warmup, model.config.d_model, warmup, model_args.lr_scale)
     train_set = data.tokens(data_args.train_split)
     # Batches are packed by the deterministic segmentation's lengths: with BPE-dropout a batch holds the same
     # pairs, spelled in about 14% more tokens at 0.1 (Multi30k).
@@ -302,6 +298,7 @@ def build_trainer(
         compute_metrics=data_args.run_task.metrics(tokenizer, model, data_args) if eval_set is not None else None,
         train_lengths=train_lengths,
         callbacks=callbacks,
+        lr_scale=model_args.lr_scale,
     )
     trainer.batch_processors = data_args.run_task.batch_processors(tokenizer, model, data_args)
     return trainer

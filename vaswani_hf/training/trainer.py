@@ -279,7 +279,8 @@ class VaswaniTrainer(Seq2SeqTrainer):
     """
 
     def __init__(self, model=None, args: VaswaniTrainingArguments | None = None, *rest,
-                 train_lengths: tuple[np.ndarray, np.ndarray] | None = None, **kwargs) -> None:  # fmt: skip
+                 train_lengths: tuple[np.ndarray, np.ndarray] | None = None, lr_scale: float = 1.0,
+                 **kwargs) -> None:  # fmt: skip
         if not isinstance(args, VaswaniTrainingArguments):
             raise TypeError(f"VaswaniTrainer needs VaswaniTrainingArguments (token budget, label smoothing, "
                             f"precision), got {type(args).__name__}.")  # fmt: skip
@@ -288,6 +289,7 @@ class VaswaniTrainer(Seq2SeqTrainer):
         super().__init__(model, args, *rest, **kwargs)
         self.label_smoother = None  # ours is the model's loss with `label_smoothing`, see compute_loss
         self.train_lengths = train_lengths
+        self.lr_scale = lr_scale  # multiplies the Noam peak where `learning_rate` is 0 (`resolve_learning_rate`)
         self.token_sampler: TokenBudgetBatchSampler | None = None
         self.target_tokens_seen = 0
         # the speed-ups `build_trainer` chose (`training_speed`); none when the trainer is built by hand
@@ -465,9 +467,26 @@ class VaswaniTrainer(Seq2SeqTrainer):
             saved = json.loads(config_file.read_text())
             config_file.write_text(json.dumps({**saved, "dtype": "float32"}, indent=2, sort_keys=True) + "\n")
 
+    def resolve_learning_rate(self, warmup: int, optimizer: torch.optim.Optimizer) -> None:
+        """`learning_rate` 0 is the paper's peak (section 5.3), d_model^-0.5 * warmup^-0.5 times `lr_scale`, with
+        `warmup` resolved as Transformers resolves `warmup_steps` (steps, or a ratio of the run's updates): here,
+        where the run's length is known, so a hand-built trainer gets what `vaswani train` gets."""
+        if self.args.learning_rate:
+            return
+        d_model = getattr(self.accelerator.unwrap_model(self.model).config, "d_model", None)
+        if not d_model:
+            raise ValueError("learning_rate 0 means the Noam peak d_model^-0.5 * warmup^-0.5, but this model's "
+                             "config has no d_model: give --learning_rate.")  # fmt: skip
+        self.args.learning_rate = noam_learning_rate(warmup, d_model, warmup, self.lr_scale)
+        for group in optimizer.param_groups:
+            if not group["lr"]:
+                group["lr"] = self.args.learning_rate
+
     def create_scheduler(self, num_training_steps: int, optimizer: torch.optim.Optimizer | None = None):
+        warmup = max(1, self.args.get_warmup_steps(num_training_steps))
+        if self.lr_scheduler is None:
+            self.resolve_learning_rate(warmup, optimizer or self.optimizer)
         if self.lr_scheduler is None and self.args.lr_scheduler_type == SchedulerType.INVERSE_SQRT:
-            warmup = max(1, self.args.get_warmup_steps(num_training_steps))
             self.lr_scheduler = LambdaLR(optimizer or self.optimizer, partial(_noam_factor, warmup_steps=warmup))
         return super().create_scheduler(num_training_steps, optimizer)
 
