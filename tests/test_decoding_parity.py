@@ -495,3 +495,23 @@ def test_hooks_on_the_decoders_linears_see_every_step_of_a_fast_search(monkeypat
         counts.append(list(calls))
     assert counts[0] and counts[0] == counts[1] == counts[2]
     assert "forward" not in vars(layer)  # its own forward back after the search
+
+
+def test_a_torch_without_the_private_ops_decodes_with_the_plain_products(monkeypatch):
+    """The fast products call private ops (oneDNN's and MKL's packed linears, the int8 kernel): a build that has
+    the backend but not an op (or a later torch without it) is offered only the plain ways, and decodes the same."""
+    from vaswani_hf.model import fast_products_vaswani as fp
+
+    assert fp.has_ops("aten.mm") and not fp.has_ops("mkldnn._no_such_op") and not fp.has_ops("no_such_namespace.op")
+    _, vaswani = random_pair(3, paper_decoding=True)
+    input_ids, attention_mask = padded_batch(3, batch=4)
+    kwargs = dict(input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=6)
+    expected = {beams: vaswani.generate(num_beams=beams, cpu_fast_paths=False, **kwargs) for beams in (1, 4)}
+    forget_measured_ways(monkeypatch)
+    monkeypatch.setattr(fp, "_FASTEST_GREEDY", {})
+    monkeypatch.setattr(fp, "has_ops", lambda *names: False)
+    assert fp._linear_ways() == (fp._plain_linear, fp._linear_by_columns)
+    weight = vaswani.get_output_embeddings().weight
+    assert not {fp._product_by_packed_weight} & set(fp._output_ways(weight, 4)) and not fp._onednn_bf16()
+    for beams in (1, 4):
+        assert torch.equal(vaswani.generate(num_beams=beams, cpu_fast_paths=True, **kwargs), expected[beams])

@@ -185,15 +185,23 @@ class CountReadBacks(TrainerCallback):
         self.counts.append((state.global_step, self.mode.count, dict(self.mode.where)))
 
 
-def test_an_update_between_checks_reads_nothing_back_from_the_device(tokenizer, tmp_path):  # noqa: F811
+@pytest.mark.parametrize("batch_rows", [True, False])  # batches made in numpy, or by the collator row by row
+def test_an_update_between_checks_reads_nothing_back_from_the_device(tokenizer, tmp_path, batch_rows):  # noqa: F811
     counter = CountReadBacks()
-    trainer = make_trainer(tokenizer, tmp_path, [counter], max_steps=6, logging_steps=100, finite_check_steps=100)
+    trainer = make_trainer(tokenizer, tmp_path, [counter], max_steps=6, logging_steps=100, finite_check_steps=100,
+                           batch_rows=batch_rows)  # fmt: skip
     train(trainer)
     assert [count for _, count, _ in counter.counts] == [0] * 6, counter.counts
+
+
+def test_the_audit_sees_every_way_a_value_reaches_python():
     probe = ReadBacks()
     with probe:
-        torch.ones(2).sum().item()
-    assert probe.count == 1  # the counter sees an .item()
+        ones = torch.ones(2)
+        ones.sum().item(), ones.tolist(), ones.numpy(), bool(ones[0]), int(ones[0]), float(ones[0])
+        np.asarray(ones)  # through Tensor.numpy
+    assert probe.count == 7, probe.where
+    assert "tolist" not in vars(torch.Tensor) and "numpy" not in vars(torch.Tensor)  # its patches undone
 
 
 class PoisonBefore(TrainerCallback):

@@ -200,12 +200,36 @@ class PadPairs:
         offsets = column.offsets.to_numpy()
         lengths = np.diff(offsets)
         values = column.values.to_numpy()[offsets[0] : offsets[-1]]
-        if vocab_size is not None and len(values) and (values.min() < 0 or values.max() >= vocab_size):
-            bad = int(values.max() if values.max() >= vocab_size else values.min())
-            raise ValueError(f"the training set's {name} hold token id {bad}, outside the model's vocabulary "
-                             f"[0, {vocab_size}): the data was tokenized with another vocabulary; prepare it again "
-                             "with this model's tokenizer.")  # fmt: skip
+        if vocab_size is not None and len(values):
+            check_ids(int(values.min()), int(values.max()), vocab_size, name)
         width = -(-int(lengths.max(initial=0)) // multiple) * multiple
         padded = np.full((len(lengths), width), fill, dtype=np.int64)
         padded[np.arange(padded.shape[1]) < lengths[:, None]] = values
         return padded, lengths
+
+
+def check_ids(low: int, high: int, vocab_size: int, name: str) -> None:
+    """A training batch's `name` ids, whose smallest is `low` and largest `high`, inside [0, vocab_size)."""
+    if low < 0 or high >= vocab_size:
+        raise ValueError(f"the training set's {name} hold token id {high if high >= vocab_size else low}, outside "
+                         f"the model's vocabulary [0, {vocab_size}): the data was tokenized with another vocabulary; "
+                         "prepare it again with this model's tokenizer.")  # fmt: skip
+
+
+@dataclass(frozen=True)
+class CheckedOnTheHost:
+    """Any collator, its batches' ids checked here, on the host, as `PadPairs` checks its own: the model's check
+    would read a device value back at every training step (on a GPU, a wait for the card)."""
+
+    collator: object
+    vocab_size: int
+
+    def __call__(self, rows) -> dict:
+        batch = self.collator(rows)
+        for name in ("input_ids", "decoder_input_ids", "labels"):
+            ids = batch.get(name)
+            if isinstance(ids, torch.Tensor) and ids.device.type == "cpu":
+                ids = ids[ids != -100] if name == "labels" else ids
+                if ids.numel():
+                    check_ids(*torch.stack(torch.aminmax(ids)).tolist(), self.vocab_size, name)
+        return batch

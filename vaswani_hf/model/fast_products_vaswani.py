@@ -234,12 +234,34 @@ def _step_linears(model) -> list[torch.nn.Linear]:
     return linears if plain else []
 
 
+def has_ops(*names: str) -> bool:
+    """Whether this torch has every private op named (`"mkldnn._linear_pointwise"`): a build may have the backend
+    (`torch.backends.mkldnn.is_available()`) without one of them, or a later release drop it; a way that needs a
+    missing op is never offered, and the plain product is."""
+    for name in names:
+        namespace, op = name.split(".")
+        try:
+            getattr(getattr(torch.ops, namespace), op)
+        except (AttributeError, RuntimeError):
+            return False
+    return True
+
+
+ONEDNN_OPS = ("mkldnn._reorder_linear_weight", "mkldnn._linear_pointwise")
+MKL_OPS = ("mkl._mkl_reorder_linear_weight", "mkl._mkl_linear")
+
+
+def _onednn_bf16() -> bool:
+    return (torch.backends.mkldnn.is_available() and has_ops(*ONEDNN_OPS, "mkldnn._is_mkldnn_bf16_supported")
+            and torch.ops.mkldnn._is_mkldnn_bf16_supported())  # fmt: skip
+
+
 def _linear_ways() -> tuple[Callable, ...]:
     """The ways this build of torch offers to multiply a decoder linear on CPU, the layer's own first."""
     ways: tuple[Callable, ...] = (_plain_linear, _linear_by_columns)
-    if torch.backends.mkldnn.is_available():
+    if torch.backends.mkldnn.is_available() and has_ops(*ONEDNN_OPS):
         ways += (_linear_by_onednn_pack,)
-    if torch.backends.mkl.is_available():
+    if torch.backends.mkl.is_available() and has_ops(*MKL_OPS):
         ways += (_linear_by_mkl_pack,)
     return ways
 
@@ -526,12 +548,11 @@ def _output_key(weight: torch.Tensor, rows: int) -> tuple:
 def _output_ways(weight: torch.Tensor, rows: int) -> tuple[Callable, ...]:
     """The ways to multiply the output weight by `rows` rows on this CPU, the layer's own first."""
     ways = (_product_by_rows, _product_by_columns) + ((_product_by_doubled_row,) if rows == 1 else ())
-    if torch.backends.mkldnn.is_available() and (
-        weight.dtype == torch.float32
-        or (weight.dtype == torch.bfloat16 and torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    if torch.backends.mkldnn.is_available() and has_ops(*ONEDNN_OPS) and (
+        weight.dtype == torch.float32 or (weight.dtype == torch.bfloat16 and _onednn_bf16())
     ):  # oneDNN refuses to reorder bf16 weights where it has no bf16 kernels (AVX2, or capped to it)
         ways += (_product_by_packed_weight,)
-    if torch.backends.mkl.is_available() and weight.dtype == torch.float32:
+    if torch.backends.mkl.is_available() and has_ops(*MKL_OPS) and weight.dtype == torch.float32:
         ways += (functools.partial(_product_by_mkl_packed_weight, rows=rows),)
     return ways
 
@@ -683,9 +704,10 @@ def greedy_output_logits(model, hidden: torch.Tensor) -> tuple[torch.Tensor, tor
     way = _FASTEST_GREEDY.get(key)
     if way is None:
         ways: tuple[Callable, ...] = (_product_by_fastest_way,)
-        if torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        if _onednn_bf16():
             ways += (_screened_in_bf16,)
-        if weight.shape[1] % 16 == 0:  # the kernel reads 16 (AVX-512) or 8 (AVX2) aligned values at a time
+        # the kernel reads 16 (AVX-512) or 8 (AVX2) aligned values at a time
+        if weight.shape[1] % 16 == 0 and has_ops("aten._weight_int8pack_mm"):
             ways += (_screened_in_int8,)
         output_logits(model, hidden)  # the exact product measures its own ways first
         way = _FASTEST_GREEDY[key] = _fastest(ways, model, weight, hidden)

@@ -92,7 +92,7 @@ def _check_stack(
     if input_ids.dtype.is_floating_point or input_ids.dtype == torch.bool or input_ids.is_complex():
         raise ValueError(f"`{ids_name}` must hold integer token ids, got dtype {input_ids.dtype}: use .long().")
     vocab_size = config.vocab_size
-    if not _tracing():
+    if not _tracing() and not _BATCH_CHECKED.get():
         low, high = torch.stack(torch.aminmax(input_ids)).tolist()  # one device sync, not two
         if low < 0 or high >= vocab_size:
             raise ValueError(
@@ -101,23 +101,24 @@ def _check_stack(
             )
 
 
-_LABELS_CHECKED = contextvars.ContextVar("labels_checked_on_the_host", default=False)
+_BATCH_CHECKED = contextvars.ContextVar("batch_checked_on_the_host", default=False)
 
 
 @contextlib.contextmanager
-def labels_checked_on_the_host() -> Iterator[None]:
-    """Inside the block, `check_labels` trusts its caller, who checked the ids before they reached the device (the
-    trainer's batches are checked in numpy): the check reads a device value back, which waits for the card."""
-    token = _LABELS_CHECKED.set(True)
+def batch_checked_on_the_host() -> Iterator[None]:
+    """Inside the block, the id checks (`check_labels`, the stacks' input ids) trust their caller, who checked the
+    ids before they reached the device (the trainer's batches are checked in numpy or on the loader's host
+    tensors): each check reads a device value back, which waits for the card."""
+    token = _BATCH_CHECKED.set(True)
     try:
         yield
     finally:
-        _LABELS_CHECKED.reset(token)
+        _BATCH_CHECKED.reset(token)
 
 
 def check_labels(labels: torch.Tensor, vocab_size: int) -> None:
     """Target ids inside the vocabulary, or -100 for positions the loss ignores."""
-    if _tracing() or _LABELS_CHECKED.get():
+    if _tracing() or _BATCH_CHECKED.get():
         return
     invalid = (labels != -100) & ((labels < 0) | (labels >= vocab_size))
     if invalid.any():

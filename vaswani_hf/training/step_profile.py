@@ -20,18 +20,60 @@ from collections import Counter, defaultdict
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-HOST_SCALAR_READERS = (os.sep + os.path.join("torch", "optim") + os.sep,)  # Adam's step counters live on the host
+# reads of host tensors on any device: Adam's step counters, and the loader's batches checked before they move
+HOST_SCALAR_READERS = (
+    os.sep + os.path.join("torch", "optim") + os.sep,
+    os.path.join("vaswani_hf", "data", "batching.py"),
+)
 
 
 class ReadBacks(TorchDispatchMode):
-    """Counts (and times) every read of a device value into Python: a tensor's `.item()`, `bool()`, `int()`,
-    `float()` (aten `_local_scalar_dense`) and every copy from the device to the host. On a CPU every tensor is on
+    """Counts (and times) every way a device value reaches Python: a tensor's `.item()`, `bool()`, `int()`,
+    `float()` (aten `_local_scalar_dense`), `.tolist()` and `.numpy()` (which read memory without a torch op, so the
+    mode patches them while it is on), and every copy from the device to the host. On a CPU every tensor is on
     the host, so a read is counted where a GPU run would have waited for the card; the optimizer's own step
     counters, host tensors on any device, are not counted. `where` keeps the first caller outside torch of each."""
+
+    # Tensor methods that hand values to Python without dispatching an op
+    READERS = ("tolist", "numpy")
 
     def __init__(self) -> None:
         super().__init__()
         self.count, self.seconds, self.where = 0, 0.0, Counter()
+        self._patched: dict[str, object] = {}
+
+    def __enter__(self):
+        for name in self.READERS:
+            original = self._patched[name] = torch.Tensor.__dict__.get(name, getattr(torch.Tensor, name))
+            setattr(torch.Tensor, name, self._counting(original))
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        try:
+            return super().__exit__(*exc)
+        finally:
+            for name, original in self._patched.items():
+                if original is getattr(torch._C.TensorBase, name, None):
+                    delattr(torch.Tensor, name)  # the inherited method again, as before
+                else:
+                    setattr(torch.Tensor, name, original)
+            self._patched.clear()
+
+    def _counting(self, original):
+        def read(tensor, *args, **kwargs):
+            start = time.perf_counter()
+            result = original(tensor, *args, **kwargs)
+            caller = _caller(inner=2)
+            if tensor.device.type != "cpu" or not any(part in caller for part in HOST_SCALAR_READERS):
+                self._count(caller, time.perf_counter() - start)
+            return result
+
+        return read
+
+    def _count(self, caller: str, seconds: float) -> None:
+        self.count += 1
+        self.seconds += seconds
+        self.where[caller] += 1
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -48,15 +90,14 @@ class ReadBacks(TorchDispatchMode):
         if source is not None and source.device.type == "cpu" and func is torch.ops.aten._local_scalar_dense.default:
             if any(part in caller for part in HOST_SCALAR_READERS):
                 return result
-        self.count += 1
-        self.seconds += time.perf_counter() - start
-        self.where[caller] += 1
+        self._count(caller, time.perf_counter() - start)
         return result
 
 
-def _caller() -> str:
-    """The first frame outside torch's own tensor code: where the read was asked for."""
-    frames = traceback.extract_stack()[:-3]
+def _caller(inner: int = 3) -> str:
+    """The first frame outside torch's own tensor code, under the `inner` frames of the counting itself: where the
+    read was asked for."""
+    frames = traceback.extract_stack()[:-inner]
     for frame in reversed(frames):
         if os.sep + "torch" + os.sep not in frame.filename or os.sep + "optim" + os.sep in frame.filename:
             return f"{frame.filename}:{frame.lineno} ({frame.name})"

@@ -33,9 +33,9 @@ from transformers.trainer_utils import (
 )
 from transformers.utils import CONFIG_NAME
 
-from ..data.batching import BatchRows, PadPairs, TokenBudgetBatchSampler
+from ..data.batching import BatchRows, CheckedOnTheHost, PadPairs, TokenBudgetBatchSampler
 from ..model.precision import MasterWeightAdamW, Precision, resolve_precision
-from ..model.validation_vaswani import labels_checked_on_the_host
+from ..model.validation_vaswani import batch_checked_on_the_host
 from .averaging import STOP_MARKER, list_checkpoints, load_weights
 from .memory import memory_callbacks
 from .regularization import drop_source_tokens, with_r_drop
@@ -300,7 +300,7 @@ class VaswaniTrainer(Seq2SeqTrainer):
         if args.profile_steps:
             self.profile = StepProfile(args.profile_steps, args.device, audit=not self.speedups.compile)
         self.nonfinite = None  # updates with a non-finite loss since the last check, a device tensor
-        self.labels_checked = False  # whether the training batches' ids were checked on the host (`_batch_reader`)
+        self.batch_checked = False  # whether the training batches' ids are checked on the host (`_batch_reader`)
         self.checked_step = 0
         if self.speedups.decided:
             self.args.optim = "adamw_torch_fused" if self.speedups.fused_adam else "adamw_torch"
@@ -365,19 +365,18 @@ class VaswaniTrainer(Seq2SeqTrainer):
         `datasets.Dataset` with Transformers' seq2seq collator is read a batch at a time (`BatchRows` + `PadPairs`,
         the same tensors) unless --batch_rows false; any other collator or dataset (BPEDropoutPairs, whose items
         are model inputs) goes through the collator row by row."""
-        dataset, collator = self.train_dataset, self.data_collator
+        dataset, collator, config = self.train_dataset, self.data_collator, self.model.config
+        self.batch_checked = True  # on the host, here: the model's checks would read back every step
         if not isinstance(dataset, datasets.Dataset):
-            return dataset, collator
+            return dataset, CheckedOnTheHost(collator, config.vocab_size)
         dataset = self._remove_unused_columns(dataset, description="training")
         default = type(collator) is DataCollatorForSeq2Seq and collator.label_pad_token_id == -100 and not (
             collator.pad_to_multiple_of or collator.max_length) and collator.padding in (True, "longest")  # fmt: skip
         if not (self.args.batch_rows and default and set(dataset.column_names) == {"input_ids", "labels"}):
-            return dataset, collator
-        config = self.model.config
+            return dataset, CheckedOnTheHost(collator, config.vocab_size)
         # on a GPU, lengths padded to a multiple of 8: a few shapes (the allocator's blocks and cuBLAS's kernels are
         # reused), and tensor-core tiles; the padding is masked, so the loss is the same
         multiple = 8 if self.args.device.type == "cuda" and self.buckets is None else 1
-        self.labels_checked = True  # by PadPairs, on the host: the model's check would read back every step
         return BatchRows(dataset), PadPairs(config.pad_token_id, config.decoder_start_token_id, multiple,
                                             config.vocab_size)  # fmt: skip
 
@@ -500,7 +499,7 @@ class VaswaniTrainer(Seq2SeqTrainer):
             runner = with_r_drop(model, self.args.r_drop_alpha)  # it compares two passes' logits: never chunked
         elif model.training and "labels" in inputs:
             inputs = {**inputs, **loss_keywords(self.speedups)}
-        with labels_checked_on_the_host() if self.labels_checked and model.training else contextlib.nullcontext():
+        with batch_checked_on_the_host() if self.batch_checked and model.training else contextlib.nullcontext():
             result = super().compute_loss(runner, inputs, return_outputs, num_items_in_batch)
         if self.profile is not None:
             self.profile.mark("backward")
