@@ -548,8 +548,10 @@ def _output_key(weight: torch.Tensor, rows: int) -> tuple:
 def _output_ways(weight: torch.Tensor, rows: int) -> tuple[Callable, ...]:
     """The ways to multiply the output weight by `rows` rows on this CPU, the layer's own first."""
     ways = (_product_by_rows, _product_by_columns) + ((_product_by_doubled_row,) if rows == 1 else ())
-    if torch.backends.mkldnn.is_available() and has_ops(*ONEDNN_OPS) and (
-        weight.dtype == torch.float32 or (weight.dtype == torch.bfloat16 and _onednn_bf16())
+    if (
+        torch.backends.mkldnn.is_available()
+        and has_ops(*ONEDNN_OPS)
+        and (weight.dtype == torch.float32 or (weight.dtype == torch.bfloat16 and _onednn_bf16()))
     ):  # oneDNN refuses to reorder bf16 weights where it has no bf16 kernels (AVX2, or capped to it)
         ways += (_product_by_packed_weight,)
     if torch.backends.mkl.is_available() and has_ops(*MKL_OPS) and weight.dtype == torch.float32:
