@@ -8,7 +8,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import torch
+from safetensors.torch import load_file
+
 from vaswani_hf.data.number_words import number_pairs
+from vaswani_hf.training.averaging import list_checkpoints
+from vaswani_hf.training.trainer import STAGING_DIR
 
 # These are the CPU (gloo) tests: on a machine with one GPU, two processes would both pick it and NCCL refuses that.
 CPU_ONLY = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
@@ -42,6 +47,68 @@ def test_two_process_ddp_run(tmp_path):
     # dataset order means nothing was padded in twice or dropped.
     assert summary["samples"] == 37
     assert len((out / "val.hyp").read_text().splitlines()) == 37
+
+
+def number_data(folder: Path, train: int = 200, val: int = 5) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    for split, count, seed in (("train", train, 0), ("val", val, 1)):
+        (folder / f"{split}.tsv").write_text("".join(f"{s}\t{t}\n" for s, t in number_pairs(count, seed)))
+    return folder
+
+
+def test_ranks_with_skewed_clocks_stop_after_the_same_update(tmp_path):
+    """Rank 1's time limit passes at its first update, rank 0's never: one decision for both (at the next log
+    point, update 4), one checkpoint holding both ranks' random states, and no rank left waiting in a collective
+    the other skipped."""
+    data, out = number_data(tmp_path / "data"), tmp_path / "out"
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
+               str(free_port()), str(Path(__file__).parent / "skewed_clock.py"), "train", "--data", str(data),
+               "--preset", "tiny", "--max_steps", "40", "--warmup_steps", "2", "--vocab_size", "120",
+               "--max_tokens", "200", "--logging_steps", "4", "--save_steps", "100", "--max_train_minutes", "1",
+               "--eval_split", "none", "--output_dir", str(out), "--disable_tqdm", "true"]  # fmt: skip
+    result = subprocess.run(command, capture_output=True, text=True, env=CPU_ONLY, timeout=300)
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert "time limit of 1.0 minutes reached at step 4" in result.stderr
+    assert [c.name for c in list_checkpoints(out)] == ["checkpoint-4"]
+    assert {"rng_state_0.pth", "rng_state_1.pth"} <= {f.name for f in (out / "checkpoint-4").iterdir()}
+
+
+def two_nodes(tmp_path: Path, name: str, *options: str) -> list[Path]:
+    """`vaswani train` on two nodes of one process each that share no folder: each runs in its own folder and
+    writes its own `out/`, as two machines with their own disks would."""
+    data, port = number_data(tmp_path / "data"), free_port()
+    nodes = [tmp_path / name / f"node{rank}" for rank in range(2)]
+    processes = []
+    for rank, node in enumerate(nodes):
+        node.mkdir(parents=True, exist_ok=True)
+        command = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc_per_node", "1",
+                   "--node_rank", str(rank), "--master_addr", "127.0.0.1", "--master_port", str(port), "-m",
+                   "vaswani_hf.cli", "train", "--data", str(data), "--preset", "tiny", "--warmup_steps", "2",
+                   "--vocab_size", "120", "--max_tokens", "200", "--save_steps", "2", "--eval_split", "none",
+                   "--seed", "5", "--output_dir", "out", "--disable_tqdm", "true", *options]  # fmt: skip
+        processes.append(subprocess.Popen(command, cwd=node, env=CPU_ONLY, stdout=subprocess.PIPE,
+                                          stderr=subprocess.PIPE, text=True))  # fmt: skip
+    for process in processes:
+        _, stderr = process.communicate(timeout=300)
+        assert process.returncode == 0, stderr[-4000:]
+    return [node / "out" for node in nodes]
+
+
+def test_nodes_without_a_shared_folder_keep_their_own_checkpoints_and_resume_exactly(tmp_path):
+    whole = two_nodes(tmp_path, "whole", "--max_steps", "4")
+    for out in whole:  # every node: complete checkpoints of its own, nothing left in staging
+        assert [c.name for c in list_checkpoints(out)] == ["checkpoint-2", "checkpoint-4"]
+        assert not any((out / STAGING_DIR).glob("*/*")), list((out / STAGING_DIR).rglob("*"))
+        for checkpoint in list_checkpoints(out):
+            files = {f.name for f in checkpoint.iterdir()}
+            assert {"model.safetensors", "trainer_state.json", "optimizer.pt"} <= files, (checkpoint, files)
+    assert (whole[1] / "checkpoint-2" / "rng_state_1.pth").is_file()
+    first = two_nodes(tmp_path, "resumed", "--max_steps", "2")
+    resumed = two_nodes(tmp_path, "resumed", "--max_steps", "4", "--resume", "true")
+    assert first == resumed
+    for out, expected in zip(resumed, whole, strict=True):  # each rank's random state restored: the same weights
+        got, want = load_file(out / "model.safetensors"), load_file(expected / "model.safetensors")
+        assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)
 
 
 def test_ranks_wait_for_a_preparation_longer_than_the_ddp_timeout_on_the_lock_not_in_a_collective(tmp_path):

@@ -24,7 +24,8 @@ from vaswani_hf.training.averaging import (
     load_weights,
 )
 from vaswani_hf.training.recipe import DataArguments, ModelArguments, VaswaniTrainingArguments, build_trainer, train
-from vaswani_hf.training.trainer import STAGING_DIR, GracefulStopCallback, noam_learning_rate
+from vaswani_hf.training.stopping import GracefulStopCallback
+from vaswani_hf.training.trainer import STAGING_DIR, noam_learning_rate
 
 from .helpers import TINY_RUN, vaswani
 

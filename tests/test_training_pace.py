@@ -18,7 +18,7 @@ from vaswani_hf.training import training_speed
 from vaswani_hf.training.averaging import list_checkpoints
 from vaswani_hf.training.recipe import train
 from vaswani_hf.training.step_profile import ReadBacks
-from vaswani_hf.training.trainer import GracefulStopCallback
+from vaswani_hf.training.stopping import GracefulStopCallback
 from vaswani_hf.training.training_speed import (
     CompilePlan,
     CompileWatch,

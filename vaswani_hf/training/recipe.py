@@ -37,13 +37,8 @@ from ..tasks import TASKS, Task, task_named
 from ..translation.inference import load_model
 from ..translation.metrics import TranslationMetrics, load_metrics
 from .averaging import average_checkpoints, last_checkpoints, list_checkpoints, load_weights
-from .trainer import (
-    GracefulStopCallback,
-    VaswaniTrainer,
-    VaswaniTrainingArguments,
-    WallClockCallback,
-    resumable_checkpoint,
-)
+from .stopping import GracefulStopCallback, WallClockCallback
+from .trainer import VaswaniTrainer, VaswaniTrainingArguments, resumable_checkpoint
 from .training_speed import speedups_for_training, uncompiled
 
 logger = logging.getLogger(__name__)

@@ -6,9 +6,8 @@ import contextlib
 import copy
 import json
 import logging
-import math
-import multiprocessing
 import os
+import secrets
 import shutil
 import signal
 import sys
@@ -36,10 +35,11 @@ from transformers.utils import CONFIG_NAME
 from ..data.batching import BatchRows, CheckedOnTheHost, PadPairs, TokenBudgetBatchSampler
 from ..model.precision import MasterWeightAdamW, Precision, resolve_precision
 from ..model.validation_vaswani import batch_checked_on_the_host
-from .averaging import STOP_MARKER, list_checkpoints, load_weights
+from .averaging import list_checkpoints, load_weights
 from .memory import memory_callbacks
 from .regularization import drop_source_tokens, with_r_drop
 from .step_profile import StepProfile
+from .stopping import StopWithCheckpoint, last_checkpoint
 from .training_speed import (
     BucketPadding,
     CompilePlan,
@@ -435,6 +435,34 @@ class VaswaniTrainer(Seq2SeqTrainer):
         )
         return self.optimizer
 
+    def _save_on_each_node_without_a_shared_folder(self) -> None:
+        """Nodes that share no output folder (each writes its own disk) save every checkpoint on every node, as
+        `--save_on_each_node` asks: else the others' folders would hold only their processes' random states in the
+        staging folder, and a resume there could load no weights. Told by a file the first process writes and
+        every process looks for, once, before training."""
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", self.args.world_size))
+        if self.args.save_on_each_node or local >= self.args.world_size or not torch.distributed.is_initialized():
+            return
+        folder = Path(self.args.output_dir)
+        folder.mkdir(parents=True, exist_ok=True)
+        probe = folder / ".shared-folder-probe"
+        token = torch.tensor([secrets.randbits(62) if self.args.process_index == 0 else 0], device=self.args.device)
+        torch.distributed.broadcast(token, src=0)
+        token = str(int(token))
+        if self.args.process_index == 0:
+            probe.write_text(token)
+        self.accelerator.wait_for_everyone()
+        unseen = torch.tensor([not (probe.is_file() and probe.read_text() == token)], device=self.args.device)
+        torch.distributed.all_reduce(unseen, op=torch.distributed.ReduceOp.MAX)
+        self.accelerator.wait_for_everyone()
+        if self.args.process_index == 0:
+            probe.unlink(missing_ok=True)
+        if bool(unseen):
+            self.args.save_on_each_node = True
+            if self.args.local_process_index == 0:
+                logger.warning("the nodes share no output folder (%s): every checkpoint is saved on every node, as "
+                               "--save_on_each_node asks, so each node resumes from its own", folder)  # fmt: skip
+
     def _master_weights(self) -> MasterWeightAdamW | None:
         """The optimizer holding the fp32 masters while the model is their bf16 copy; None otherwise (fp32 runs,
         before training, and after `train()` has handed the masters, or the best checkpoint, back in fp32)."""
@@ -443,6 +471,7 @@ class VaswaniTrainer(Seq2SeqTrainer):
         return optimizer if bf16_copy and isinstance(optimizer, MasterWeightAdamW) else None
 
     def train(self, *args, **kwargs):
+        self._save_on_each_node_without_a_shared_folder()
         with tf32_products(self.speedups.tf32):
             result = super().train(*args, **kwargs)
         if optimizer := self._master_weights():  # save and evaluate the fp32 masters, not their bf16 copy
@@ -455,6 +484,25 @@ class VaswaniTrainer(Seq2SeqTrainer):
         super()._load_best_model()
 
     def _save(self, output_dir: str | None = None, state_dict: dict | None = None) -> None:
+        with self._weights_saved_where_asked():
+            self._save_weights(output_dir, state_dict)
+
+    @contextlib.contextmanager
+    def _weights_saved_where_asked(self):
+        """Transformers 5.24's `save_pretrained` writes the weights on global rank 0 alone, whatever the Trainer's
+        `should_save`: with `--save_on_each_node` every other node's checkpoints had no weights. A DDP replica is
+        whole on every process, so the process that saves writes them."""
+        model = self.accelerator.unwrap_model(self.model)
+        if not (self.args.save_on_each_node and hasattr(model, "should_save_on_this_rank")):
+            yield
+            return
+        model.should_save_on_this_rank = lambda is_main_process: is_main_process
+        try:
+            yield
+        finally:
+            del model.should_save_on_this_rank
+
+    def _save_weights(self, output_dir: str | None, state_dict: dict | None) -> None:
         optimizer = self._master_weights()
         if state_dict is not None or optimizer is None:
             return super()._save(output_dir, state_dict)
@@ -515,10 +563,31 @@ class VaswaniTrainer(Seq2SeqTrainer):
     def check_finite(self) -> None:
         """Stop the run if a training loss since the last check was NaN or infinite: the weights may be corrupted
         since, so nothing more is saved; the message names the last checkpoint written before (all were checked)."""
-        if self.nonfinite is None:
-            return
-        bad, self.nonfinite = int(self.nonfinite), None  # the one read-back, every finite_check_steps updates
+        self.decide_stop(stops=[])
+
+    def decide_stop(self, stops: list[StopWithCheckpoint] | None = None) -> None:
+        """One decision for every process: whether a training loss since the last check was not finite (an error,
+        before any checkpoint of the weights it may have corrupted), and whether any process asked to stop (a
+        signal, the time limit): then every process stops, with a checkpoint, after this update. Under DDP the
+        processes' counts and wishes are summed in one all-reduce and read back once; every process calls this
+        at the same updates (`_maybe_log_save_evaluate`), so none enters a collective the others skip."""
+        if stops is None:
+            stops = [c for c in self.callback_handler.callbacks if isinstance(c, StopWithCheckpoint)]
+        wishes = [stop.requested() for stop in stops]  # host values
+        nonfinite, self.nonfinite = self.nonfinite, None
         since, self.checked_step = self.checked_step, self.state.global_step
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            values = torch.tensor([0.0, *map(float, wishes)], device=self.args.device)
+            if nonfinite is not None:
+                values[:1] += nonfinite  # on the device: no read before the all-reduce
+            torch.distributed.all_reduce(values, op=torch.distributed.ReduceOp.SUM)
+            bad, *wishes = values.tolist()  # the one read-back of the decision
+            bad, wishes = int(bad), [wish > 0 for wish in wishes]
+        else:
+            bad = int(nonfinite) if nonfinite is not None else 0  # the one read-back, at the checks
+        for stop, wish in zip(stops, wishes, strict=True):
+            if wish and not bad:
+                stop.decide(self.control, self.state)
         if bad:
             checkpoint = last_checkpoint(self.args.output_dir)
             last = f"the last good checkpoint is {checkpoint}" if checkpoint else "no checkpoint was written yet"
@@ -530,10 +599,18 @@ class VaswaniTrainer(Seq2SeqTrainer):
             )
 
     def _maybe_log_save_evaluate(self, *args, **kwargs):
-        step = self.state.global_step
-        if self.control.should_log or self.control.should_save or self.control.should_evaluate or (
-                step - self.checked_step >= self.args.finite_check_steps):  # fmt: skip
-            self.check_finite()
+        step, control = self.state.global_step, self.control
+        # the decision points, the same update on every process: before every log, save and evaluation, every
+        # finite_check_steps updates and at the last; a single process also decides its host wishes every update
+        checks = control.should_log or control.should_save or control.should_evaluate or (
+            step - self.checked_step >= self.args.finite_check_steps) or step >= self.state.max_steps  # fmt: skip
+        if checks:
+            self.decide_stop()
+        elif not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+            stops = [c for c in self.callback_handler.callbacks if isinstance(c, StopWithCheckpoint)]
+            for stop in stops:
+                if stop.requested():
+                    stop.decide(self.control, self.state)
         if self.profile is not None:
             self.profile.mark("logging, saving")
         result = super()._maybe_log_save_evaluate(*args, **kwargs)
@@ -613,7 +690,7 @@ class VaswaniTrainer(Seq2SeqTrainer):
         """Write the checkpoint under a staging folder, then rename it into place (atomic on one filesystem)."""
         run_dir = self._get_output_dir(trial)
         name = f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
-        staged = os.path.join(run_dir, STAGING_DIR, name)
+        staged, final = os.path.join(run_dir, STAGING_DIR, name), os.path.join(run_dir, name)
         if self.args.should_save and os.path.exists(staged):
             shutil.rmtree(staged)  # left by a run killed while saving
         self.accelerator.wait_for_everyone()
@@ -623,8 +700,7 @@ class VaswaniTrainer(Seq2SeqTrainer):
         finally:
             self._staging = False
         self.accelerator.wait_for_everyone()
-        if self.args.should_save:
-            final = os.path.join(run_dir, name)
+        if self.args.should_save:  # the saving process of each folder (of each node, where nodes share none)
             if os.path.exists(final):
                 shutil.rmtree(final)
             os.replace(staged, final)
@@ -660,12 +736,6 @@ def why_not_resumable(checkpoint: Path) -> str | None:
     return None
 
 
-def last_checkpoint(output_dir: str | Path) -> Path | None:
-    """The newest complete `checkpoint-N` folder of a run, or None."""
-    checkpoints = list_checkpoints(output_dir) if Path(output_dir).is_dir() else []
-    return checkpoints[-1] if checkpoints else None
-
-
 def resumable_checkpoint(output_dir: str | Path) -> str | None:
     """The newest checkpoint of a run that loads whole (`why_not_resumable`); each newer one that does not is named
     in a warning. None when the run has no checkpoint yet; an error when it has some and none loads."""
@@ -694,99 +764,3 @@ class _OptimizerMarks(TrainerCallback):
 
     def on_optimizer_step(self, args, state, control, **kwargs):
         self.profile.mark("schedule, zero_grad, step-end callbacks")
-
-
-class StopWithCheckpoint(TrainerCallback):
-    """A stop that finishes the current step, writes a checkpoint and ends training. A checkpoint the save
-    schedule did not ask for is marked, so that averaging leaves it out once a resumed run has gone past it:
-    a run stopped and resumed then averages the same checkpoints as one that never stopped."""
-
-    def __init__(self) -> None:
-        self.unscheduled_save = False
-
-    def stop(self, control) -> None:
-        # DefaultFlowCallback runs first and has already asked for the save when the schedule has one here
-        self.unscheduled_save = self.unscheduled_save or not control.should_save
-        control.should_save = control.should_training_stop = True
-
-    def on_save(self, args, state, control, **kwargs):
-        if self.unscheduled_save and args.should_save:
-            checkpoint = Path(args.output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}"
-            (checkpoint / STOP_MARKER).write_text(json.dumps({"step": state.global_step}) + "\n")
-        self.unscheduled_save = False
-
-
-class WallClockCallback(StopWithCheckpoint):
-    """Adds `elapsed_s` (seconds since training began) to every log entry, for curves against wall time,
-    and stops training (with a checkpoint) once `max_train_minutes` have passed."""
-
-    def __init__(self, max_train_minutes: float | None = None) -> None:
-        super().__init__()
-        self.max_seconds = max_train_minutes * 60 if max_train_minutes else math.inf
-        self.start = time.perf_counter()
-        self.stopped = False
-
-    def on_train_begin(self, args, state, control, **kwargs):
-        self.start = time.perf_counter()
-
-    def on_log(self, args, state, control, logs=None, **kwargs):
-        if state.log_history:
-            state.log_history[-1]["elapsed_s"] = round(time.perf_counter() - self.start, 1)
-
-    def on_step_end(self, args, state, control, **kwargs):
-        if time.perf_counter() - self.start > self.max_seconds:
-            logger.warning("time limit of %.1f minutes reached at step %d", self.max_seconds / 60, state.global_step)
-            self.stop(control)
-            self.stopped = True
-
-
-class GracefulStopCallback(StopWithCheckpoint):
-    """SIGINT or SIGTERM during training: finish the current step, write a checkpoint, stop. Under DDP the
-    request is shared across processes so all of them stop at the same step. A second signal ends the process at
-    once (exit 128 + signal), naming the last complete checkpoint: an update can take minutes while it compiles.
-    `status`, when given, says what the update under way is doing ("compiling shape 3 of 6")."""
-
-    def __init__(self, status: Callable[[], str | None] | None = None) -> None:
-        super().__init__()
-        self.signal: int | None = None
-        self.previous: dict[int, object] = {}
-        self.status = status
-        self.output_dir: str | None = None
-
-    def _handle(self, signum, frame) -> None:
-        if self.signal is not None:  # the second: now
-            checkpoint = last_checkpoint(self.output_dir) if self.output_dir else None
-            last = f"the last complete checkpoint is {checkpoint}" if checkpoint else "no checkpoint was written"
-            print(f"\nstopped at once by a second {signal.Signals(signum).name}: {last}; continue with the same "
-                  "command and --resume", file=sys.stderr, flush=True)  # fmt: skip
-            sys.stdout.flush()
-            for child in multiprocessing.active_children():  # loader processes ignore the signals: end them first
-                child.kill()
-            os._exit(128 + signum)
-        self.signal = signum
-        doing = self.status() if self.status is not None else None
-        print(f"\n{signal.Signals(signum).name}: stopping after this update{f' ({doing})' if doing else ''}; send "
-              "the signal again to stop now", file=sys.stderr, flush=True)  # fmt: skip
-
-    def on_train_begin(self, args, state, control, **kwargs):
-        self.output_dir = args.output_dir
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            try:
-                self.previous[signum] = signal.signal(signum, self._handle)
-            except ValueError:  # not the main thread: leave signals alone
-                pass
-
-    def on_step_end(self, args, state, control, **kwargs):
-        requested = self.signal is not None
-        if torch.distributed.is_available() and torch.distributed.is_initialized():
-            flag = torch.tensor([float(requested)], device=args.device)
-            torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
-            requested = bool(flag.item())
-        if requested:
-            self.stop(control)
-            self.signal = self.signal or signal.SIGTERM  # another process was signalled
-
-    def on_train_end(self, args, state, control, **kwargs):
-        for signum, handler in self.previous.items():
-            signal.signal(signum, handler)
-        self.previous.clear()
