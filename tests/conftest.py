@@ -55,9 +55,21 @@ def trained(tmp_path_factory):
 @pytest.fixture(scope="session")
 def translator(tmp_path_factory):
     """A tiny model trained 1,000 steps on the built-in task (about 30 s on 2 cores): it translates (BLEU ~90), so
-    int8 BLEU, alignments and constraints can be judged (shared by the ONNX and translation-feature tests)."""
+    int8 BLEU, alignments and constraints can be judged (shared by the ONNX, translation-feature and metric tests,
+    and the docs' blocks as their `vaswani-model/`)."""
     out = tmp_path_factory.mktemp("translator") / "model"
-    result = vaswani("train", *TRAINED_RUN, "--max_steps", "1000", "--warmup_steps", "100", "--output_dir", str(out))
+    result = vaswani(
+        "train",
+        *TRAINED_RUN,
+        "--max_steps",
+        "1000",
+        "--warmup_steps",
+        "100",
+        "--save_steps",
+        "200",
+        "--output_dir",
+        str(out),
+    )  # fmt: skip (checkpoints: the docs' `vaswani average` blocks use them)
     assert result.returncode == 0, result.stderr[-3000:]
     return out
 
