@@ -515,3 +515,22 @@ def test_a_torch_without_the_private_ops_decodes_with_the_plain_products(monkeyp
     assert not {fp._product_by_packed_weight} & set(fp._output_ways(weight, 4)) and not fp._onednn_bf16()
     for beams in (1, 4):
         assert torch.equal(vaswani.generate(num_beams=beams, cpu_fast_paths=True, **kwargs), expected[beams])
+
+
+def test_deterministic_algorithms_decode_with_the_models_own_products(monkeypatch):
+    """The fast products pick their ways by stopwatch: under torch's deterministic mode a call that does not ask for
+    them runs the model's own layers, so its last bits never depend on timings."""
+    from vaswani_hf.model import fast_products_vaswani as fp
+
+    _, vaswani = random_pair(4, paper_decoding=True)
+    input_ids, attention_mask = padded_batch(4, batch=3)
+    for forbid in ("output_logits", "greedy_output_logits", "decoder_linears_for"):
+        monkeypatch.setattr(fp.FastCpuProducts, _seam_name(forbid), _forbidden(forbid))
+    torch.use_deterministic_algorithms(True)
+    try:
+        for beams in (1, 4):
+            vaswani.generate(input_ids=input_ids, attention_mask=attention_mask, num_beams=beams, max_new_tokens=5)
+    finally:
+        torch.use_deterministic_algorithms(False)
+    with pytest.raises(AssertionError, match="still called"):  # asked for, they run (and the forbidden seam shows it)
+        vaswani.generate(input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=5, cpu_fast_paths=True)

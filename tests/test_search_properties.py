@@ -50,6 +50,16 @@ class PossibleColumns(LogitsProcessor):
         return scores + self.mask.to(scores.device)
 
 
+class Tilt(LogitsProcessor):
+    """A caller's processor that reads the prefix length, as many do: its scores depend on the step."""
+
+    def __init__(self, scale: float) -> None:
+        self.scale = scale
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        return scores * self.scale + 0.01 * input_ids.shape[1]
+
+
 @st.composite
 def searches(draw):
     vocab = draw(st.integers(6, 96))
@@ -74,9 +84,18 @@ def searches(draw):
         kwargs.update(max_length_offset=draw(st.integers(1, 6)))
     else:
         kwargs.update(max_length_offset=None, max_new_tokens=draw(st.integers(1, 8)))
+    processors = []
     if draw(st.booleans()):  # a constraint: a few columns possible, as few as 2 (fewer than a beam's candidates)
         possible = draw(st.lists(st.integers(3, vocab - 1), min_size=1, max_size=max(1, vocab // 3), unique=True))
-        kwargs["logits_processor"] = [PossibleColumns([config.eos_token_id, *possible], vocab)]
+        processors.append(PossibleColumns([config.eos_token_id, *possible], vocab))
+    if draw(st.booleans()):  # a caller's processor that names no columns (it turns the candidate columns off)
+        processors.append(Tilt(draw(st.floats(0.5, 2.0))))
+    if processors:
+        kwargs["logits_processor"] = draw(st.permutations(processors))
+    if draw(st.booleans()):  # Transformers' own processors, as the search applies them
+        kwargs["suppress_tokens"] = [draw(st.integers(3, vocab - 1))]
+    if draw(st.booleans()):
+        kwargs["bad_words_ids"] = [[draw(st.integers(3, vocab - 1))]]
     switches = {name: draw(st.booleans()) for name in SWITCHES}
     return model, sources, kwargs, switches
 

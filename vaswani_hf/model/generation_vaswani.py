@@ -109,9 +109,12 @@ class Source:
 def cpu_fast_paths(asked: bool | None = None) -> bool:
     """Whether decoding on CPU computes its products through `fast_products_vaswani` (same tokens and scores):
     `generate(cpu_fast_paths=...)` when given, else the environment's `VASWANI_CPU_FAST_PATHS` (0, false, no or
-    off turn them off), else on."""
+    off turn them off), else on, but under `torch.use_deterministic_algorithms(True)`: the fast products pick
+    their way by stopwatch, and two ways round differently, so a run's last bits would depend on its timings."""
     if asked is not None:
         return bool(asked)
+    if torch.are_deterministic_algorithms_enabled():
+        return False
     return os.environ.get("VASWANI_CPU_FAST_PATHS", "1").strip().lower() not in ("0", "false", "no", "off")
 
 
