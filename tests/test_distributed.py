@@ -73,12 +73,12 @@ def test_ranks_with_skewed_clocks_stop_after_the_same_update(tmp_path):
     assert {"rng_state_0.pth", "rng_state_1.pth"} <= {f.name for f in (out / "checkpoint-4").iterdir()}
 
 
-def two_nodes(tmp_path: Path, name: str, *options: str) -> list[Path]:
+def two_nodes(tmp_path: Path, name: str, *options: str, shared: bool = False) -> list[Path]:
     """`vaswani train` on two nodes of one process each that share no folder: each runs in its own folder and
-    writes its own `out/`, as two machines with their own disks would."""
+    writes its own `out/`, as two machines with their own disks would (`shared`: both in one folder)."""
     data, port = number_data(tmp_path / "data"), free_port()
-    nodes = [tmp_path / name / f"node{rank}" for rank in range(2)]
-    processes = []
+    nodes = [tmp_path / name / ("shared" if shared else f"node{rank}") for rank in range(2)]
+    processes, errors = [], []
     for rank, node in enumerate(nodes):
         node.mkdir(parents=True, exist_ok=True)
         command = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc_per_node", "1",
@@ -91,7 +91,18 @@ def two_nodes(tmp_path: Path, name: str, *options: str) -> list[Path]:
     for process in processes:
         _, stderr = process.communicate(timeout=300)
         assert process.returncode == 0, stderr[-4000:]
+        errors.append(stderr)
+    assert ("share no output folder" in "".join(errors)) != shared
     return [node / "out" for node in nodes]
+
+
+def test_nodes_sharing_a_folder_save_each_checkpoint_once_with_every_ranks_state(tmp_path):
+    out = two_nodes(tmp_path, "one", "--max_steps", "2", shared=True)[0]
+    assert [c.name for c in list_checkpoints(out)] == ["checkpoint-2"]
+    assert {"rng_state_0.pth", "rng_state_1.pth", "model.safetensors"} <= {
+        f.name for f in (out / "checkpoint-2").iterdir()
+    }
+    assert not any((out / STAGING_DIR).glob("*/*"))
 
 
 def test_nodes_without_a_shared_folder_keep_their_own_checkpoints_and_resume_exactly(tmp_path):
