@@ -185,11 +185,12 @@ class CountReadBacks(TrainerCallback):
         self.counts.append((state.global_step, self.mode.count, dict(self.mode.where)))
 
 
-@pytest.mark.parametrize("batch_rows", [True, False])  # batches made in numpy, or by the collator row by row
-def test_an_update_between_checks_reads_nothing_back_from_the_device(tokenizer, tmp_path, batch_rows):  # noqa: F811
+# token batches made in numpy, or by the collator row by row; Trainer's fixed-size batches
+@pytest.mark.parametrize("batch_rows, max_tokens", [(True, 160), (False, 160), (True, 0)])
+def test_an_update_between_checks_reads_nothing_back_from_the_device(tokenizer, tmp_path, batch_rows, max_tokens):  # noqa: F811
     counter = CountReadBacks()
     trainer = make_trainer(tokenizer, tmp_path, [counter], max_steps=6, logging_steps=100, finite_check_steps=100,
-                           batch_rows=batch_rows)  # fmt: skip
+                           batch_rows=batch_rows, max_tokens=max_tokens, per_device_train_batch_size=8)  # fmt: skip
     train(trainer)
     assert [count for _, count, _ in counter.counts] == [0] * 6, counter.counts
 

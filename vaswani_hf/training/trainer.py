@@ -325,8 +325,17 @@ class VaswaniTrainer(Seq2SeqTrainer):
 
     def get_train_dataloader(self) -> DataLoader:
         max_tokens = self.args.max_tokens
-        if not max_tokens:
-            return _leave_signals_to_the_run(super().get_train_dataloader())
+        if not max_tokens:  # Trainer's fixed-size batches, their ids checked on the host as the others are
+            plain, self.data_collator = (
+                self.data_collator,
+                CheckedOnTheHost(self.data_collator, self.model.config.vocab_size),
+            )
+            try:
+                loader = super().get_train_dataloader()
+            finally:
+                self.data_collator = plain
+            self.batch_checked = True
+            return _leave_signals_to_the_run(loader)
         if self.train_lengths is None:
             raise ValueError("max_tokens needs the training pairs' lengths: pass train_lengths=(sources, targets).")
         start = time.perf_counter()
