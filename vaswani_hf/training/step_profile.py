@@ -44,33 +44,33 @@ class ReadBacks(TorchDispatchMode):
 
     def __enter__(self):
         for name in self.READERS:
-            original = self._patched[name] = torch.Tensor.__dict__.get(name, getattr(torch.Tensor, name))
-            setattr(torch.Tensor, name, self._counting(original))
+            self._patched[name] = vars(torch.Tensor).get(name)  # None: inherited from torch's C tensor
+            setattr(torch.Tensor, name, self._counting(getattr(torch.Tensor, name)))
         return super().__enter__()
 
     def __exit__(self, *exc):
         try:
             return super().__exit__(*exc)
         finally:
-            for name, original in self._patched.items():
-                if original is getattr(torch._C.TensorBase, name, None):
-                    delattr(torch.Tensor, name)  # the inherited method again, as before
+            for name, own in self._patched.items():
+                if own is None:
+                    delattr(torch.Tensor, name)
                 else:
-                    setattr(torch.Tensor, name, original)
+                    setattr(torch.Tensor, name, own)
             self._patched.clear()
 
     def _counting(self, original):
         def read(tensor, *args, **kwargs):
             start = time.perf_counter()
             result = original(tensor, *args, **kwargs)
-            caller = _caller(inner=2)
-            if tensor.device.type != "cpu" or not any(part in caller for part in HOST_SCALAR_READERS):
-                self._count(caller, time.perf_counter() - start)
+            self._count(tensor, _caller(inner=2), time.perf_counter() - start)
             return result
 
         return read
 
-    def _count(self, caller: str, seconds: float) -> None:
+    def _count(self, source: torch.Tensor | None, caller: str, seconds: float) -> None:
+        if source is not None and source.device.type == "cpu" and any(part in caller for part in HOST_SCALAR_READERS):
+            return  # a host tensor on any device
         self.count += 1
         self.seconds += seconds
         self.where[caller] += 1
@@ -87,10 +87,8 @@ class ReadBacks(TorchDispatchMode):
         caller = _caller()
         start = time.perf_counter()
         result = func(*args, **kwargs)
-        if source is not None and source.device.type == "cpu" and func is torch.ops.aten._local_scalar_dense.default:
-            if any(part in caller for part in HOST_SCALAR_READERS):
-                return result
-        self._count(caller, time.perf_counter() - start)
+        # a copy to the host reads a device tensor; a scalar read of a host tensor may be exempt
+        self._count(None if to_host else source, caller, time.perf_counter() - start)
         return result
 
 

@@ -574,18 +574,19 @@ class VaswaniTrainer(Seq2SeqTrainer):
         since, so nothing more is saved; the message names the last checkpoint written before (all were checked)."""
         self.decide_stop(stops=[])
 
-    def decide_stop(self, stops: list[StopWithCheckpoint] | None = None) -> None:
+    def decide_stop(self, stops: list[StopWithCheckpoint] | None = None, read_loss: bool = True) -> None:
         """One decision for every process: whether a training loss since the last check was not finite (an error,
-        before any checkpoint of the weights it may have corrupted), and whether any process asked to stop (a
-        signal, the time limit): then every process stops, with a checkpoint, after this update. Under DDP the
-        processes' counts and wishes are summed in one all-reduce and read back once; every process calls this
-        at the same updates (`_maybe_log_save_evaluate`), so none enters a collective the others skip."""
+        before any checkpoint of the weights it may have corrupted; with `read_loss`), and whether any process
+        asked to stop (a signal, the time limit): then every process stops, with a checkpoint, after this update.
+        Under DDP the processes' counts and wishes are summed in one all-reduce and read back once; every process
+        calls this at the same updates (`_maybe_log_save_evaluate`), so none enters a collective the others skip."""
         if stops is None:
             stops = [c for c in self.callback_handler.callbacks if isinstance(c, StopWithCheckpoint)]
         wishes = [stop.requested() for stop in stops]  # host values
-        nonfinite, self.nonfinite = self.nonfinite, None
-        since, self.checked_step = self.checked_step, self.state.global_step
-        if torch.distributed.is_available() and torch.distributed.is_initialized():
+        nonfinite, since = None, self.checked_step
+        if read_loss:
+            nonfinite, self.nonfinite, self.checked_step = self.nonfinite, None, self.state.global_step
+        if _distributed():
             values = torch.tensor([0.0, *map(float, wishes)], device=self.args.device)
             if nonfinite is not None:
                 values[:1] += nonfinite  # on the device: no read before the all-reduce
@@ -613,13 +614,8 @@ class VaswaniTrainer(Seq2SeqTrainer):
         # finite_check_steps updates and at the last; a single process also decides its host wishes every update
         checks = control.should_log or control.should_save or control.should_evaluate or (
             step - self.checked_step >= self.args.finite_check_steps) or step >= self.state.max_steps  # fmt: skip
-        if checks:
-            self.decide_stop()
-        elif not (torch.distributed.is_available() and torch.distributed.is_initialized()):
-            stops = [c for c in self.callback_handler.callbacks if isinstance(c, StopWithCheckpoint)]
-            for stop in stops:
-                if stop.requested():
-                    stop.decide(self.control, self.state)
+        if checks or not _distributed():
+            self.decide_stop(read_loss=checks)
         if self.profile is not None:
             self.profile.mark("logging, saving")
         result = super()._maybe_log_save_evaluate(*args, **kwargs)
@@ -718,6 +714,10 @@ class VaswaniTrainer(Seq2SeqTrainer):
                 self.state.best_model_checkpoint = best.replace(os.path.join(STAGING_DIR, ""), "")
             rotate_checkpoints(run_dir, self.args.save_total_limit, self.state.best_model_checkpoint, use_mtime=False)
         self.accelerator.wait_for_everyone()
+
+
+def _distributed() -> bool:
+    return torch.distributed.is_available() and torch.distributed.is_initialized()
 
 
 # what Trainer writes into a checkpoint and reads back on resume (transformers.trainer's names)
