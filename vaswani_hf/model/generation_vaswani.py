@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import math
 import os
 from dataclasses import dataclass
 
@@ -31,7 +30,6 @@ from transformers.generation import (
     GenerationConfig,
     GenerationMixin,
     GenerationMode,
-    LogitsProcessor,
     LogitsProcessorList,
     NoBadWordsLogitsProcessor,
 )
@@ -42,8 +40,14 @@ from .alignment_vaswani import with_alignments
 from .decoding_state_vaswani import DecodingState, ModelProducts
 from .fast_products_vaswani import FastCpuProducts
 from .graph_search_vaswani import fits, graph_decoding, graphed_search
-from .lexical_vaswani import LexicalRequests, constrained_beam_search
-from .search_vaswani import LENGTH_PENALTY_TYPES, DecodingSettings, beam_search, greedy_search
+from .lexical_vaswani import LexicalRequests
+from .search_vaswani import (
+    LENGTH_PENALTY_TYPES,
+    DecodingSettings,
+    SourceLengthLimitLogitsProcessor,
+    beam_search,
+    greedy_search,
+)
 
 logger = logging.get_logger(__name__)
 
@@ -67,33 +71,6 @@ HANDED_OVER_SETTINGS = {
     "remove_invalid_values": False, "exponential_decay_length_penalty": None, "begin_suppress_tokens": None,
     "stop_strings": None, "max_time": None, "watermarking_config": None, "low_memory": None, "diversity_penalty": 0.0,
 }  # fmt: skip
-
-
-class SourceLengthLimitLogitsProcessor(LogitsProcessor):
-    """Section 6.1: "maximum output length = input length + 50", per example, for Transformers' own loop.
-
-    Forces EOS on every row (batch x beams) whose output reached its own source length + offset, so a batch of
-    short and long sources decodes each sentence as it would decode alone. (The decoder in this file does the same
-    itself.)
-    """
-
-    def __init__(self, max_output_lengths: torch.LongTensor, eos_token_id: int):
-        self.max_output_lengths = max_output_lengths
-        self.eos_token_id = eos_token_id
-        self.prompt_length: int | None = None
-
-    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
-        if self.prompt_length is None:
-            self.prompt_length = input_ids.shape[1]
-            rows_per_example = input_ids.shape[0] // self.max_output_lengths.shape[0]
-            self.max_output_lengths = self.max_output_lengths.to(input_ids.device).repeat_interleave(rows_per_example)
-        # the token chosen now is output token number (generated so far + 1)
-        at_limit = input_ids.shape[1] - self.prompt_length + 1 >= self.max_output_lengths
-        if not at_limit.any():
-            return scores
-        eos_only = torch.full_like(scores[:1], -math.inf)
-        eos_only[:, self.eos_token_id] = 0
-        return torch.where(at_limit[:, None], eos_only, scores)
 
 
 @dataclass
@@ -366,17 +343,14 @@ class VaswaniGenerationMixin:
                 and fits(settings, self)):  # fmt: skip
             return self._output(settings, graphed_search(self, settings, hidden, mask))
         state = self._decoding_state(hidden, mask, settings.num_beams, fast)
-        if settings.constraints is not None:
-            search = constrained_beam_search
-        else:
-            search = beam_search if settings.num_beams > 1 else greedy_search
+        search = beam_search if settings.num_beams > 1 else greedy_search
         searched = settings
         if shortlist is not None:
             if not hasattr(state, "restrict"):
                 raise ValueError(f"generate(vocabulary_shortlist=...) restricts a PyTorch model's output layer: "
                                  f"{type(self).__name__} has none to restrict.")  # fmt: skip
             allowed = settings.vocabulary_with(torch.as_tensor(shortlist, dtype=torch.long))
-            within = search is not constrained_beam_search and settings.searches_within(allowed.numel())
+            within = settings.searches_within(allowed.numel())
             state.restrict(allowed, within)
             searched = settings.within(allowed) if within else settings
         with state.searching() if hasattr(state, "searching") else contextlib.nullcontext():

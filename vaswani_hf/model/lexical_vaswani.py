@@ -1,8 +1,13 @@
 # Copyright 2026 The vaswani-hf authors. Licensed under the Apache License, Version 2.0.
 """Translator features that steer the search: target prefixes (`target_prefix`: the output starts with given
-tokens) and lexical constraints (`force_words`: every phrase appears in the output; Post & Vilar's dynamic beam
-allocation in `constrained_beam_search`), and the checks of what a caller asks for (`LexicalRequests`).
-A prefix is forced by the search's own processors (`search_vaswani.apply_processors`).
+tokens) and lexical constraints (`force_words`: every phrase appears in the output), and the checks of what a caller
+asks for (`LexicalRequests`).
+
+Constraints are Post & Vilar's (2018) dynamic beam allocation, as a hook on the one beam step
+(`search_vaswani.advance_beams`), in tensors: `PhraseBanks` keeps every hypothesis' progress through its phrases,
+lets each beam also propose the tokens that advance them, orders the candidates by bank (constraint tokens in
+place) and makes EOS wait for the phrases; the step does the rest as it does without constraints. A prefix is
+forced by the search's own processors (`search_vaswani.apply_processors`).
 Shipped as Hub remote code: imports only torch, transformers and the files beside it.
 """
 
@@ -15,201 +20,205 @@ from typing import TYPE_CHECKING
 import torch
 from transformers.generation import GenerationConfig
 
-from .search_vaswani import DecodingSettings, apply_processors, top_k_per_row
-
 if TYPE_CHECKING:
-    from .decoding_state_vaswani import DecodingState
+    from .search_vaswani import DecodingSettings
 
 
-class PhraseConstraints:
-    """Lexical constraints of one sentence (Hokamp & Liu, 2017; Post & Vilar, 2018): token phrases that must all
-    appear in its output. Immutable: `advance` gives the state after one more output token.
+@dataclass(frozen=True)
+class LexicalConstraints:
+    """Every example's phrases (Hokamp & Liu, 2017; Post & Vilar, 2018): token phrases that must all appear in its
+    output. A phrase counts wherever it appears, whether forced or chosen by the model; a phrase under way that the
+    next token breaks starts over. With `boundaries` (the ids of the tokens that begin a word), a phrase counts only
+    where a word ends after it: "sieben" is not met by the first piece of "siebenundzwanzig"."""
 
-    A phrase counts wherever it appears, whether forced or chosen by the model; a phrase under way that the next
-    token breaks starts over (its matched tokens count again only when matched again). With `boundaries` (the ids
-    of the tokens that begin a word), a phrase counts only where a word ends after it: "sieben" is not met by the
-    first piece of "siebenundzwanzig".
+    phrases: tuple[tuple[tuple[int, ...], ...], ...]  # per example, its phrases
+    boundaries: frozenset[int] | None = None
+
+    def tokens(self) -> list[int]:
+        """Every token of every phrase (a vocabulary shortlist keeps them)."""
+        return [token for example in self.phrases for phrase in example for token in phrase]
+
+    def banks(self, num_beams: int, vocabulary: int, eos: torch.LongTensor, device: torch.device) -> PhraseBanks:
+        count = max(map(len, self.phrases), default=0)
+        longest = max((len(phrase) for example in self.phrases for phrase in example), default=1)
+        tokens = torch.full((len(self.phrases), count, longest), -1, dtype=torch.long)
+        for i, example in enumerate(self.phrases):
+            for j, phrase in enumerate(example):
+                tokens[i, j, : len(phrase)] = torch.tensor(phrase, dtype=torch.long)
+        boundaries = None
+        if self.boundaries is not None:
+            boundaries = torch.zeros(vocabulary, dtype=torch.bool)
+            boundaries[[t for t in self.boundaries if 0 <= t < vocabulary]] = True
+            boundaries = boundaries.to(device)
+        return PhraseBanks(tokens.to(device), num_beams, eos.to(device), boundaries)
+
+
+class PhraseBanks:
+    """Post & Vilar's dynamic beam allocation as a hook on the beam step, for a batch of sentences.
+
+    Each hypothesis has a state: which phrases are met (`met`, (batch, beams, phrases)), the phrase under way
+    (`phrase`, -1 for none) and how many of its tokens are matched (`matched`). At each step:
+    - `block_eos`: EOS waits until all of a hypothesis' phrases are in place (the length limit, forced after,
+      overrides this);
+    - `propose`: every beam also proposes each token that advances its constraints, beside its best candidates;
+    - `order`: the candidates are grouped in banks by how many constraint tokens they have in place, and the banks
+      take turns, most advanced first, each giving its best remaining candidate, so hypotheses that spent a step
+      on a constraint are not pushed out by freer ones. The step takes the first `num_beams` of this order for its
+      finished hypotheses and orders the candidates that go on the same way;
+    - `merge_finished`: a finished hypothesis that met every phrase ranks before any that did not;
+    - `met_only`: the stopping rule reads only the finished hypotheses that met every phrase.
+    Tensor work only, one state per hypothesis, no value read on the host.
     """
 
-    __slots__ = ("boundaries", "met", "phrases", "progress")
+    def __init__(self, tokens: torch.LongTensor, num_beams: int, eos: torch.LongTensor,
+                 boundaries: torch.BoolTensor | None):  # fmt: skip
+        self.tokens = tokens  # (batch, phrases, longest) ids, -1 past a phrase's end and for missing phrases
+        self.lengths = (tokens >= 0).sum(-1)  # (batch, phrases)
+        self.eos, self.boundaries = eos, boundaries
+        batch, count = self.lengths.shape
+        self.met = (self.lengths == 0)[:, None, :].expand(batch, num_beams, count).clone()  # padding is met
+        self.phrase = torch.full((batch, num_beams), -1, dtype=torch.long, device=tokens.device)
+        self.matched = torch.zeros_like(self.phrase)
+        self.finished_met = torch.zeros(batch, num_beams, dtype=torch.bool, device=tokens.device)
 
-    def __init__(self, phrases: tuple[tuple[int, ...], ...], met: tuple[bool, ...] | None = None,
-                 progress: tuple[int, int] | None = None, boundaries: frozenset[int] | None = None):  # fmt: skip
-        self.phrases = phrases
-        self.met = met if met is not None else (False,) * len(phrases)
-        self.progress = progress  # (phrase, tokens of it matched) of the phrase under way
-        self.boundaries = boundaries
+    def select(self, sentences: torch.Tensor) -> None:
+        """Only these sentences (indices into the batch) go on."""
+        for name in ("tokens", "lengths", "met", "phrase", "matched", "finished_met"):
+            setattr(self, name, getattr(self, name)[sentences])
 
-    @property
-    def done(self) -> bool:
+    # --- a state's facts ---------------------------------------------------------------------------------------
+
+    def _phrase_length(self, phrase: torch.LongTensor) -> torch.LongTensor:
+        return self.lengths.gather(1, phrase.clamp(min=0).flatten(1)).view_as(phrase)
+
+    def _complete(self, phrase: torch.LongTensor, matched: torch.LongTensor) -> torch.BoolTensor:
+        """The phrase under way has all its tokens (with word boundaries it still waits for its word to end)."""
+        return (phrase >= 0) & (matched == self._phrase_length(phrase))
+
+    def _done(self, met, phrase, matched) -> torch.BoolTensor:
         """Every phrase is in place (one may still wait for its word to end: EOS ends it)."""
-        unmet = self.met.count(False)
-        return unmet == 0 or (unmet == 1 and self._complete())
+        unmet = (~met).sum(-1)
+        return (unmet == 0) | ((unmet == 1) & self._complete(phrase, matched))
 
-    def _complete(self) -> bool:
-        return self.progress is not None and self.progress[1] == len(self.phrases[self.progress[0]])
+    def _bank(self, met, phrase, matched) -> torch.LongTensor:
+        """The bank: constraint tokens in place."""
+        return (met * self.lengths[:, None, :]).sum(-1) + torch.where(phrase >= 0, matched, 0)
 
-    @property
-    def tokens_met(self) -> int:
-        """The bank of Post & Vilar's dynamic beam allocation: constraint tokens in place so far."""
-        matched = sum(len(phrase) for phrase, met in zip(self.phrases, self.met, strict=True) if met)
-        return matched + (self.progress[1] if self.progress is not None else 0)
+    def _token_of(self, phrase: torch.LongTensor, position: torch.LongTensor) -> torch.LongTensor:
+        """tokens[example, phrase, position] for (batch, n) phrases and positions."""
+        longest = self.tokens.shape[-1]
+        flat = self.tokens.flatten(1)
+        index = phrase.clamp(min=0) * longest + position.clamp(min=0, max=longest - 1)
+        return flat.gather(1, index.flatten(1)).view_as(phrase)
 
-    def next_tokens(self) -> set[int]:
-        """The tokens that would make progress: the next of the phrase under way, else the first of each unmet
-        (none while a complete phrase waits for its word to end: the model's choice decides)."""
-        if self.progress is not None:
-            phrase, matched = self.progress
-            return set() if self._complete() else {self.phrases[phrase][matched]}
-        return {phrase[0] for phrase, met in zip(self.phrases, self.met, strict=True) if not met}
+    def _advance(self, met, phrase, matched, token):
+        """The states after one more token, for (batch, n) states and tokens (met: (batch, n, phrases))."""
+        count = met.shape[-1]
+        active = phrase >= 0
+        complete = self._complete(phrase, matched)
+        if self.boundaries is not None:  # a complete phrase is met where the next token begins a word
+            closes = complete & self.boundaries[token.clamp(min=0)]
+            met = met | (torch.nn.functional.one_hot(phrase.clamp(min=0), count).bool() & closes[..., None])
+        goes_on = active & ~complete & (self._token_of(phrase, matched) == token)
+        # else the first unmet phrase that starts with the token is under way (the rest start over)
+        starts = ~met & (self.tokens[:, None, :, 0] == token[..., None])
+        first = starts.int().argmax(-1)
+        started = starts.any(-1)
+        phrase = torch.where(goes_on, phrase, torch.where(started, first, -1))
+        matched = torch.where(goes_on, matched + 1, started.long())
+        if self.boundaries is None:  # token phrases are met as soon as they are complete
+            full = self._complete(phrase, matched)
+            met = met | (torch.nn.functional.one_hot(phrase.clamp(min=0), count).bool() & full[..., None])
+            phrase, matched = torch.where(full, -1, phrase), torch.where(full, 0, matched)
+        return met, phrase, matched
 
-    def advance(self, token: int) -> PhraseConstraints:
-        met = self.met
-        if self.progress is not None:
-            phrase, matched = self.progress
-            if self._complete():  # a new word begins: the phrase is met; the word goes on: it was not the phrase
-                if token in self.boundaries:
-                    met = met[:phrase] + (True,) + met[phrase + 1 :]
-            elif self.phrases[phrase][matched] == token:
-                return self._state(met, (phrase, matched + 1))
-        for phrase, (tokens, done) in enumerate(zip(self.phrases, met, strict=True)):
-            if not done and tokens[0] == token:
-                return self._state(met, (phrase, 1))
-        return PhraseConstraints(self.phrases, met, None, self.boundaries)
+    # --- the hooks of the beam step ----------------------------------------------------------------------------
 
-    def _state(self, met: tuple[bool, ...], progress: tuple[int, int]) -> PhraseConstraints:
-        phrase, matched = progress
-        if matched == len(self.phrases[phrase]) and self.boundaries is None:  # token phrases are met at once
-            return PhraseConstraints(self.phrases, met[:phrase] + (True,) + met[phrase + 1 :])
-        return PhraseConstraints(self.phrases, met, progress, self.boundaries)
+    def block_eos(self, log_probs: torch.Tensor) -> None:
+        """(batch * beams, vocabulary) scores: EOS impossible where a hypothesis' phrases are not all in place."""
+        if self.eos.numel():
+            done = self._done(self.met, self.phrase, self.matched).flatten()
+            log_probs[:, self.eos] = torch.where(done[:, None], log_probs[:, self.eos], -math.inf)
 
+    def propose(self, log_probs: torch.Tensor, values: torch.Tensor, token_ids: torch.LongTensor):
+        """Each row's candidates (values, token_ids: (rows, C)) plus the tokens that advance its constraints (the
+        next token of the phrase under way, else the first of each unmet phrase; each once, ascending, and none a
+        row already proposes), and the state every candidate would lead to."""
+        batch, beams, count = self.met.shape
+        rows, best = values.shape
+        active = self.phrase >= 0
+        complete = self._complete(self.phrase, self.matched)
+        firsts = torch.where(self.met, -1, self.tokens[:, None, :, 0])  # (batch, beams, phrases)
+        under_way = torch.where(complete, -1, self._token_of(self.phrase, self.matched))
+        wanted = torch.where(active[..., None], -1, firsts)
+        if count:
+            wanted[..., 0] = torch.where(active, under_way, firsts[..., 0])
+        wanted = wanted.view(rows, count)
+        wanted = torch.where(wanted < 0, torch.iinfo(torch.long).max, wanted).sort(dim=-1).values
+        wanted = torch.where(wanted == torch.iinfo(torch.long).max, -1, wanted)
+        repeated = torch.zeros_like(wanted, dtype=torch.bool)
+        repeated[:, 1:] = wanted[:, 1:] == wanted[:, :-1]
+        repeated |= (wanted[:, :, None] == token_ids[:, None, :]).any(-1)
+        wanted = torch.where(repeated, -1, wanted)
+        wanted_values = log_probs.gather(1, wanted.clamp(min=0)).masked_fill(wanted < 0, -math.inf)
+        values, token_ids = torch.cat([values, wanted_values], 1), torch.cat([token_ids, wanted.clamp(min=0)], 1)
+        # the states the candidates lead to, in the step's pool layout (batch, beams * width)
+        width = best + count
+        pool = (batch, beams * width)
+        met = self.met[:, :, None].expand(batch, beams, width, count).reshape(*pool, count)
+        phrase = self.phrase[:, :, None].expand(batch, beams, width).reshape(pool)
+        matched = self.matched[:, :, None].expand(batch, beams, width).reshape(pool)
+        self.pool = self._advance(met, phrase, matched, token_ids.view(pool))
+        self.pool_bank = self._bank(*self.pool)
+        self.pool_done = self._done(*self.pool)
+        # Post & Vilar's order of equals within a bank: every row's best candidates in turn, then what they want
+        column = torch.arange(width, device=values.device)
+        beam = torch.arange(beams, device=values.device)[:, None]
+        self.pool_arrival = torch.where(column < best, beam * best + column,
+                                        beams * best + beam * count + column - best).flatten()  # fmt: skip
+        return values, token_ids
 
-@dataclass
-class Hypothesis:
-    """A partial output of the constrained beam search."""
+    def order(self, scores: torch.Tensor, positions: torch.LongTensor | None, n: int):
+        """The first `n` of (batch, m) candidate scores (at these pool `positions`; all of the pool for None) in
+        the order of the dynamic beam allocation: rounds, in each of which every bank, most constraint tokens
+        first, gives its best remaining candidate. Impossible candidates (-inf) come last. (values, indices)."""
+        bank, arrival = self.pool_bank, self.pool_arrival.expand_as(self.pool_bank)
+        if positions is not None:
+            bank, arrival = bank.gather(1, positions), arrival.gather(1, positions)
+        possible = scores > -math.inf
+        better = (scores[:, None, :] > scores[:, :, None]) | (
+            (scores[:, None, :] == scores[:, :, None]) & (arrival[:, None, :] < arrival[:, :, None]))  # fmt: skip
+        rank = (possible[:, None, :] & (bank[:, None, :] == bank[:, :, None]) & better).sum(-1)
+        banks = self.tokens.shape[1] * self.tokens.shape[2] + 1  # more than any bank (read from shapes alone)
+        key = torch.where(possible, rank * banks + (banks - 1 - bank), torch.iinfo(torch.long).max)
+        index = key.argsort(dim=1, stable=True)[:, :n]
+        return scores.gather(1, index), index
 
-    tokens: tuple[int, ...]
-    score: float  # log-probability so far
-    constraints: PhraseConstraints
-    parent: int = 0  # the beam it extends
-    ends: bool = False  # its last token is EOS
+    def merge_finished(self, finished_scores, is_finished, scored, just_finished, top_index, k: int):
+        """The best `k` of the finished hypotheses and the step's new ones: those that met every phrase first, then
+        the others, each by score (equals in the order they finished). (scores, indices into both)."""
+        met = torch.cat([self.finished_met, self.pool_done.gather(1, top_index)], dim=1)
+        ended = torch.cat([is_finished, just_finished], dim=1)
+        scores = torch.cat([finished_scores, scored], dim=1)
+        by_score = scores.argsort(dim=1, descending=True, stable=True)
+        group = (ended.long() * (1 + met.long())).gather(1, by_score)  # 2: met all, 1: finished, 0: none
+        index = by_score.gather(1, group.argsort(dim=1, descending=True, stable=True))[:, :k]
+        self.merged_met = met.gather(1, index)
+        return scores.gather(1, index), index
 
+    def met_only(self, finished_scores: torch.Tensor, is_finished: torch.Tensor):
+        """The finished hypotheses the stopping rule reads: those that met every phrase (ranked first)."""
+        met = is_finished & self.merged_met
+        return finished_scores.masked_fill(~met, -1e9), met
 
-def constrained_beam_search(settings: DecodingSettings, state: DecodingState) -> dict:
-    """Beam search whose outputs contain every phrase of their sentence's constraints: Post & Vilar's (2018) dynamic
-    beam allocation. Each beam proposes its best `num_beams` tokens and every token that advances its constraints;
-    the candidates are grouped in banks by how many constraint tokens they have in place, and the beam is filled
-    from the banks in turn, most advanced first, best score first inside a bank, so hypotheses that spent a step on
-    a constraint are not pushed out by freer ones. EOS is allowed once all of a hypothesis' phrases are in place;
-    at the length limit it is forced, and a hypothesis that met its constraints ranks before any that did not.
-
-    Model steps are batched as in `beam_search`; the choice of candidates runs per sentence, on the CPU.
-    """
-    beams, device = settings.num_beams, state.encoder_hidden.device
-    eos = set(settings.eos.tolist())
-    eos_ids = settings.eos.to(device)
-    candidates = settings.candidates
-    limits = settings.limits.tolist()
-    n_return = settings.num_return_sequences
-    batch = len(limits)
-    out_sequences = torch.full((batch * n_return, settings.max_new_tokens), settings.fill, dtype=torch.long)
-    out_scores = torch.zeros(batch * n_return)
-    out_lengths = torch.zeros(batch * n_return, dtype=torch.long)
-    first = [Hypothesis((), 0.0, constraints) for constraints in settings.constraints]
-    running = [[hyp] + [Hypothesis((), -math.inf, hyp.constraints)] * (beams - 1) for hyp in first]
-    finished: list[list[tuple[bool, float, tuple[int, ...]]]] = [[] for _ in range(batch)]
-    tokens = torch.full((batch * beams,), settings.start, dtype=torch.long, device=device)
-
-    for step in range(settings.max_new_tokens):
-        log_probs = torch.log_softmax(state.logits(tokens).t(), dim=-1)
-        blocked = [not hyp.constraints.done for beam in running for hyp in beam]
-        if eos_ids.numel() and any(blocked):  # EOS must wait for the constraints (the limit below overrides this)
-            rows = torch.tensor(blocked, device=device).nonzero().flatten()
-            log_probs[rows[:, None], eos_ids] = -math.inf
-        example_ids = state.example_ids.tolist()
-        row_limits = torch.tensor([limits[i] for i in example_ids for _ in range(beams)], device=device)
-
-        def input_ids(running=running):
-            rows = [(settings.start, *hyp.tokens) for beam in running for hyp in beam]
-            return torch.tensor(rows, dtype=torch.long, device=device)
-
-        row_examples = state.example_ids.repeat_interleave(beams)
-        log_probs = apply_processors(settings, log_probs, step, row_limits, input_ids, row_examples)
-        values, best = (x.tolist() for x in top_k_per_row(log_probs, candidates))
-        wanted = [(row, token) for row, hyp in enumerate(h for beam in running for h in beam)
-                  for token in sorted(hyp.constraints.next_tokens())]  # fmt: skip
-        wanted_scores = log_probs[[r for r, _ in wanted], [t for _, t in wanted]].tolist() if wanted else []
-        proposals: list[dict[tuple[int, int], float]] = [{} for _ in running]
-        for row in range(len(values)):
-            for value, token in zip(values[row], best[row], strict=True):
-                proposals[row // beams][(row % beams, token)] = value
-        for (row, token), value in zip(wanted, wanted_scores, strict=True):
-            proposals[row // beams][(row % beams, token)] = value
-
-        next_running, leaving = [], []
-        for position, example in enumerate(example_ids):
-            beam = running[position]
-            banks: dict[int, list[Hypothesis]] = {}
-            for (parent, token), value in proposals[position].items():
-                score = beam[parent].score + value
-                if score != -math.inf:
-                    hyp = Hypothesis((*beam[parent].tokens, token), score, beam[parent].constraints.advance(token),
-                                     parent, ends=token in eos)  # fmt: skip
-                    banks.setdefault(hyp.constraints.tokens_met, []).append(hyp)
-            # Transformers' rule, per bank: an ending is final if it is among the beam's best; the rest go on
-            for hyp in allocate(banks, beams):
-                if hyp.ends:
-                    finished[example].append((hyp.constraints.done, hyp.score / settings.penalty(step + 1), hyp.tokens))
-            chosen = allocate({bank: [h for h in hyps if not h.ends] for bank, hyps in banks.items()}, beams)
-            if step + 1 >= limits[example] or not chosen or finished_for_good(settings, finished[example], chosen,
-                                                                                step, limits[example]):  # fmt: skip
-                leaving.append(position)
-                results = sorted(finished[example], key=lambda f: (f[0], f[1]), reverse=True)
-                # fewer results than asked for: the best unfinished hypotheses (no EOS) make up the number
-                results += [(h.constraints.done, h.score / settings.penalty(step + 1), h.tokens) for h in chosen]
-                for rank, (_, score, hyp_tokens) in enumerate(results[:n_return]):
-                    row = example * n_return + rank
-                    out_sequences[row, : len(hyp_tokens)] = torch.tensor(hyp_tokens, dtype=torch.long)
-                    out_scores[row], out_lengths[row] = score, len(hyp_tokens)
-            else:
-                filler = Hypothesis(chosen[0].tokens, -math.inf, chosen[0].constraints, chosen[0].parent)
-                next_running.append(chosen + [filler] * (beams - len(chosen)))
-        if leaving:
-            stay = [p for p in range(len(running)) if p not in set(leaving)]
-            if not stay:
-                break
-            state.keep(torch.tensor(stay, device=device))
-        state.reorder(torch.tensor([p * beams + hyp.parent for p, beam in enumerate(next_running) for hyp in beam],
-                                   device=device))  # fmt: skip
-        running = next_running
-        tokens = torch.tensor([hyp.tokens[-1] for beam in running for hyp in beam], dtype=torch.long, device=device)
-    return {"sequences": out_sequences.to(device), "scores": out_scores.to(device), "lengths": out_lengths.to(device)}
-
-
-def allocate(banks: dict[int, list[Hypothesis]], beams: int) -> list[Hypothesis]:
-    """Post & Vilar's beam allocation: the banks take turns, most constraint tokens first, each giving its best
-    remaining hypothesis, until the beam is full or the banks are empty."""
-    queues = [sorted(banks[bank], key=lambda h: -h.score) for bank in sorted(banks, reverse=True)]
-    chosen: list[Hypothesis] = []
-    while len(chosen) < beams and any(queues):
-        for queue in queues:
-            if queue and len(chosen) < beams:
-                chosen.append(queue.pop(0))
-    return chosen
-
-
-def finished_for_good(settings: DecodingSettings, finished: list, running: list[Hypothesis], step: int,
-                      limit: int) -> bool:  # fmt: skip
-    """No running hypothesis can beat the results: enough of them met every constraint (num_return_sequences with
-    early stopping, else num_beams) and the best log-probability still running, which only falls, over the best
-    length penalty it can still get, is below the worst of those."""
-    n = settings.num_return_sequences if settings.early_stopping is True else settings.num_beams
-    met = sorted((score for done, score, _ in finished if done), reverse=True)
-    if len(met) < n:
-        return False
-    best_running = max(hyp.score for hyp in running)
-    reachable = best_running / max(settings.penalty(limit), settings.penalty(step + 2))
-    return met[n - 1] > reachable
+    def follow(self, top_index: torch.LongTensor, next_index: torch.LongTensor) -> None:
+        """The states of the hypotheses that go on, and which finished ones met every phrase."""
+        chosen = top_index.gather(1, next_index)
+        met, phrase, matched = self.pool
+        self.met = met.gather(1, chosen[..., None].expand(-1, -1, met.shape[-1]))
+        self.phrase, self.matched = phrase.gather(1, chosen), matched.gather(1, chosen)
+        self.finished_met = self.merged_met
+        del self.pool, self.pool_bank, self.pool_done, self.pool_arrival, self.merged_met
 
 
 @dataclass
@@ -221,11 +230,11 @@ class LexicalRequests:
     `force_words`: one list of phrases per example, each phrase a list of token ids; every phrase appears in the
     output. `force_words_ids` is Transformers' (4.x) name for phrases shared by every example. `word_start_ids`:
     the ids of the tokens that begin a word; with them a phrase counts only where a word ends after it
-    (`PhraseConstraints`; `vaswani_hf.translation.inference.word_start_ids` reads them from a tokenizer).
+    (`LexicalConstraints`; `vaswani_hf.translation.inference.word_start_ids` reads them from a tokenizer).
     The length limit of an example grows to fit its prefix and phrases (tokens of both, plus EOS).
     """
 
-    constraints: list[PhraseConstraints] | None = None
+    constraints: LexicalConstraints | None = None
     prefix: torch.LongTensor | None = None  # (examples, P), -1 after an example's own prefix
     needed: torch.LongTensor | None = None  # per example: the fewest tokens its output needs
 
@@ -263,14 +272,15 @@ class LexicalRequests:
             examples = _per_example("force_words", force_words, batch)
             boundaries = None if word_start_ids is None else frozenset(_token_ids("word_start_ids", word_start_ids,
                                                                                   vocab, {}))  # fmt: skip
-            requests.constraints = []
+            constraints = []
             for i, phrases in enumerate(examples):
                 if not _is_list(phrases):
                     raise ValueError(f"generate(): force_words[{i}] must be a list of phrases (lists of token ids).")
                 checked = tuple(_token_ids(f"force_words[{i}][{j}]", phrase, vocab, forbidden, empty=False)
                                 for j, phrase in enumerate(phrases))  # fmt: skip
-                requests.constraints.append(PhraseConstraints(checked, boundaries=boundaries))
+                constraints.append(checked)
                 needed[i] += sum(len(phrase) for phrase in checked)
+            requests.constraints = LexicalConstraints(tuple(constraints), boundaries)
         if target_prefix is not None:
             examples = _per_example("target_prefix", target_prefix, batch)
             prefixes = [_token_ids(f"target_prefix[{i}]", p, vocab, forbidden) for i, p in enumerate(examples)]
@@ -284,7 +294,9 @@ class LexicalRequests:
     def apply(self, settings: DecodingSettings) -> None:
         if self.asked is None:
             return
-        settings.prefix, settings.constraints = self.prefix, self.constraints
+        settings.prefix = self.prefix
+        # no phrase anywhere: the paper's search as it is (`force_words=[[]] * n`)
+        settings.constraints = self.constraints if self.constraints and self.constraints.tokens() else None
         settings.limits = torch.maximum(settings.limits, self.needed)
         settings.max_new_tokens = max(settings.max_new_tokens, int(settings.limits.max()))
 

@@ -30,12 +30,14 @@ from typing import TYPE_CHECKING
 
 import torch
 from transformers.generation import (
+    LogitsProcessor,
     LogitsProcessorList,
     NoBadWordsLogitsProcessor,
 )
 
 if TYPE_CHECKING:
     from .decoding_state_vaswani import DecodingState
+    from .lexical_vaswani import LexicalConstraints, PhraseBanks
 
 
 # The paper's decoding (section 6.1), written into every new model's generation config.
@@ -116,8 +118,7 @@ class DecodingSettings:
     output_scores: bool
     output_logits: bool
     prefix: torch.LongTensor | None = None  # (examples, P) target prefix tokens, -1 after an example's own prefix
-    # one `lexical_vaswani.PhraseConstraints` per example (`constrained_beam_search`, which builds on this file)
-    constraints: list | None = None
+    constraints: LexicalConstraints | None = None  # every example's phrases (`lexical_vaswani`)
     sequence_scores: bool = False  # beam search's `sequences_scores` without the per-step scores
 
     @property
@@ -136,7 +137,7 @@ class DecodingSettings:
         processor reads the whole vocabulary's ids (bad words, the caller's), per-step scores over the vocabulary
         are returned, or the shortlist is narrower than the candidates a row gives."""
         return (self.bad_words is None and not self.user_processors and not self.per_step_outputs
-                and allowed >= self.candidates)  # fmt: skip
+                and self.constraints is None and allowed >= self.candidates)  # fmt: skip
 
     def vocabulary_with(self, shortlist: torch.LongTensor) -> torch.LongTensor:
         """A vocabulary shortlist plus every token these settings may force: EOS, start, fill, forced BOS/EOS,
@@ -144,8 +145,8 @@ class DecodingSettings:
         forced = [*self.eos.tolist(), self.start, self.fill, self.forced_bos, self.forced_eos, self.limit_eos]
         if self.prefix is not None:
             forced += self.prefix[self.prefix >= 0].tolist()
-        for constraints in self.constraints or []:
-            forced += [token for phrase in constraints.phrases for token in phrase]
+        if self.constraints is not None:
+            forced += self.constraints.tokens()
         extra = torch.tensor([t for t in forced if t is not None and t >= 0], dtype=torch.long)
         return torch.unique(torch.cat([shortlist.flatten().cpu(), extra]))
 
@@ -241,7 +242,7 @@ def apply_processors(settings: DecodingSettings, scores: torch.Tensor, step: int
                 processor.search_rows(row_examples, limits - step)
         scores = settings.user_processors(input_ids(), scores)
     if settings.limit_eos is not None:
-        at_limit = step + 1 >= limits
+        at_limit = limit_reached(step, limits)
         if sync_free or bool(at_limit.any()):
             force(scores, at_limit, settings.limit_eos)
     if settings.renormalize:
@@ -249,6 +250,36 @@ def apply_processors(settings: DecodingSettings, scores: torch.Tensor, step: int
     if settings.prefix is not None and step < settings.prefix.shape[1]:
         scores = force_prefix(scores, settings.prefix[row_examples, step].to(scores.device))
     return scores
+
+
+def limit_reached(generated: int | torch.Tensor, limits: torch.Tensor) -> torch.BoolTensor:
+    """Section 6.1's "maximum output length = input length + 50", the one rule every search and Transformers' loop
+    (`SourceLengthLimitLogitsProcessor`) follow: after `generated` tokens, the token chosen now is the last a row
+    with these `limits` (its most generated tokens, EOS included) may take; it ends there, EOS forced where the
+    limit is the source's."""
+    return generated + 1 >= limits
+
+
+class SourceLengthLimitLogitsProcessor(LogitsProcessor):
+    """The source-length limit (`limit_reached`) for Transformers' own loop, where generate() hands a call over:
+    EOS is forced on every row (batch x beams) at its own source length + offset, so a batch of short and long
+    sources decodes each sentence as it would decode alone."""
+
+    def __init__(self, max_output_lengths: torch.LongTensor, eos_token_id: int):
+        self.max_output_lengths = max_output_lengths
+        self.eos_token_id = eos_token_id
+        self.prompt_length: int | None = None
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        if self.prompt_length is None:
+            self.prompt_length = input_ids.shape[1]
+            rows_per_example = input_ids.shape[0] // self.max_output_lengths.shape[0]
+            self.max_output_lengths = self.max_output_lengths.to(input_ids.device).repeat_interleave(rows_per_example)
+        at_limit = limit_reached(input_ids.shape[1] - self.prompt_length, self.max_output_lengths)
+        if bool(at_limit.any()):
+            scores = scores.clone()  # Transformers' processors return new scores
+            force(scores, at_limit, self.eos_token_id)
+        return scores
 
 
 def force_prefix(scores: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
@@ -301,7 +332,7 @@ def greedy_search(settings: DecodingSettings, state: DecodingState) -> dict:
             scores = apply_processors(settings, state.exact_logits(), step, limits, input_ids, state.example_ids)
             tokens = scores.argmax(-1)
         generated[:, step] = tokens
-        finished = torch.isin(tokens, eos) | (step + 1 >= limits)
+        finished = torch.isin(tokens, eos) | limit_reached(step, limits)
         if bool(finished.any()):
             done = finished.nonzero().flatten()
             ids = state.example_ids[done.cpu()].to(device)
@@ -383,13 +414,17 @@ class BeamStep:
 
 
 def advance_beams(settings: DecodingSettings, step: int, log_probs: torch.Tensor, beams: Beams,
-                  columns: torch.LongTensor | None = None) -> BeamStep:  # fmt: skip
+                  columns: torch.LongTensor | None = None, banks: PhraseBanks | None = None) -> BeamStep:  # fmt: skip
     """Section 6.1, one step, for (batch * num_beams, vocabulary) processed log-probabilities: every beam proposes
     its best `candidates` continuations; the best `candidates` of a sentence's beams are kept; those ending in EOS
     among the first `num_beams` become finished hypotheses (scored with the length penalty), the best `num_beams`
-    others go on. A hypothesis that reaches its sentence's limit ends there. Tensor work only (no value goes to
-    the host), so a captured search step (`graph_search_vaswani`) runs it as it is, `step` a device tensor.
-    `columns`: the only token ids whose scores may be finite (`candidate_columns`), where the beams propose."""
+    others go on. A hypothesis that reaches its sentence's limit ends there (`limit_reached`). Tensor work only (no
+    value goes to the host), so a captured search step (`speed.cuda_graphs`) runs it as it is, `step` a device
+    tensor.
+
+    Hooks: `columns`, the only token ids whose scores may be finite (`candidate_columns`), where the beams propose;
+    `banks`, lexical constraints (`lexical_vaswani.PhraseBanks`): the beams also propose the tokens that advance
+    their phrases, and the candidates are taken in the order of Post & Vilar's banks rather than by score alone."""
     k, candidates, steps = settings.num_beams, settings.candidates, beams.running.shape[-1]
     batch, device = beams.running.shape[0], log_probs.device
     scored = log_probs if columns is None else log_probs.index_select(1, columns)
@@ -398,38 +433,56 @@ def advance_beams(settings: DecodingSettings, step: int, log_probs: torch.Tensor
     values, token_ids = top_k_per_row(scored, per_row)
     if columns is not None:
         token_ids = columns[token_ids]
-    totals = (values + beams.running_scores.view(-1, 1)).reshape(batch, k * per_row)
-    if k * per_row < candidates:  # fewer columns than a sentence's candidates: the rest are impossible
-        totals = torch.nn.functional.pad(totals, (0, candidates - k * per_row), value=-math.inf)
-        token_ids = torch.nn.functional.pad(token_ids.reshape(batch, k * per_row), (0, candidates - k * per_row),
-                                            value=settings.fill)  # fmt: skip
-    top_scores, top_index = totals.topk(candidates, dim=-1)
-    top_beams = (top_index // per_row).clamp(max=k - 1)
-    top_tokens = token_ids.reshape(batch, -1).gather(1, top_index)
+    if banks is not None:
+        values, token_ids = banks.propose(log_probs, values, token_ids)
+    width = values.shape[-1]
+    totals = (values + beams.running_scores.view(-1, 1)).reshape(batch, k * width)
+    token_ids = token_ids.reshape(batch, k * width)
+    if banks is not None:  # every candidate, in the banks' order
+        top_scores, top_index = banks.order(totals, None, k * width)
+    else:
+        if k * width < candidates:  # fewer columns than a sentence's candidates: the rest are impossible
+            totals = torch.nn.functional.pad(totals, (0, candidates - k * width), value=-math.inf)
+            token_ids = torch.nn.functional.pad(token_ids, (0, candidates - k * width), value=settings.fill)
+        top_scores, top_index = totals.topk(candidates, dim=-1)
+    top_beams = (top_index // width).clamp(max=k - 1)
+    top_tokens = token_ids.gather(1, top_index)
     top_sequences = beams.running.gather(1, top_beams[..., None].expand(-1, -1, steps))  # a new tensor
     write_step(top_sequences, step, top_tokens)
-    ends = torch.isin(top_tokens, settings.eos) | (step + 2 > beams.limits[:, None])
+    ends = torch.isin(top_tokens, settings.eos) | limit_reached(step, beams.limits)[:, None]
 
     # the best beams that go on
     # (an ended hypothesis never goes on: where too few others are possible, the rest of the beams are impossible)
-    running_scores, next_index = top_scores.masked_fill(ends, -math.inf).topk(k, dim=-1)
+    going_on = top_scores.masked_fill(ends, -math.inf)
+    if banks is not None:
+        running_scores, next_index = banks.order(going_on, top_index, k)
+    else:
+        running_scores, next_index = going_on.topk(k, dim=-1)
     running = top_sequences.gather(1, next_index[..., None].expand(-1, -1, steps))
     parent_rows = top_beams.gather(1, next_index) + torch.arange(batch, device=device)[:, None] * k
 
     # the hypotheses that end here, if among the first `beams` candidates and good enough; an impossible one (scored
     # -inf: a row had fewer possible tokens than it takes candidates) is never a hypothesis, whichever token fills it
     possible = top_scores > -math.inf
-    just_finished = ends & (torch.arange(candidates, device=device) < k) & possible
+    just_finished = ends & (torch.arange(top_scores.shape[1], device=device) < k) & possible
     scored = top_scores / settings.penalty(step + 1) + (~just_finished).float() * -1e9
-    finished_scores, merged_index = torch.cat([beams.finished_scores, scored], dim=1).topk(k, dim=-1)
+    if banks is not None:
+        finished_scores, merged_index = banks.merge_finished(beams.finished_scores, beams.is_finished, scored,
+                                                             just_finished, top_index, k)  # fmt: skip
+    else:
+        finished_scores, merged_index = torch.cat([beams.finished_scores, scored], dim=1).topk(k, dim=-1)
     merged = torch.cat([beams.finished, top_sequences], dim=1)
     finished = merged.gather(1, merged_index[..., None].expand(-1, -1, steps))
     lengths = torch.cat([beams.finished_lengths, torch.zeros_like(top_scores, dtype=torch.long) + (step + 1)], dim=1)
     is_finished = torch.cat([beams.is_finished, just_finished], dim=1).gather(1, merged_index)
 
-    done, improvable = sentence_done(settings, step, running_scores, finished_scores, is_finished,
-                                     beams.improvable, beams.limits)  # fmt: skip
-    done |= (ends | ~possible).all(dim=1) | (step + 1 >= beams.limits)  # nothing possible goes on
+    final_scores, final = (finished_scores, is_finished) if banks is None else banks.met_only(finished_scores,
+                                                                                              is_finished)  # fmt: skip
+    done, improvable = sentence_done(settings, step, running_scores, final_scores, final, beams.improvable,
+                                     beams.limits)  # fmt: skip
+    done |= (ends | ~possible).all(dim=1) | limit_reached(step, beams.limits)  # nothing possible goes on
+    if banks is not None:
+        banks.follow(top_index, next_index)
     new = Beams(running, running_scores, finished, finished_scores, lengths.gather(1, merged_index), is_finished,
                 improvable, beams.limits)  # fmt: skip
     return BeamStep(new, parent_rows, done, top_beams, next_index, merged_index)
@@ -466,6 +519,7 @@ def beam_search(settings: DecodingSettings, state: DecodingState) -> dict:
     # Transformers returns beam_indices with the scores they index (its docs: "returned when output_scores=True");
     # without them, translation with return_dict_in_generate (n-best scores) pays nothing for the bookkeeping
     history = BeamHistory(settings, batch, steps, device) if settings.per_step_outputs else None
+    banks = None  # lexical constraints' hook (`lexical_vaswani.PhraseBanks`), made at the first step
 
     for step in range(steps):
         batch = search.running.shape[0]
@@ -481,6 +535,9 @@ def beam_search(settings: DecodingSettings, state: DecodingState) -> dict:
         if history is not None and settings.output_logits:
             history.record(history.logits, columns.t(), state.example_ids)
         log_probs = log_softmax_in_place(columns)
+        if settings.constraints is not None:
+            banks = banks or settings.constraints.banks(beams, log_probs.shape[-1], settings.eos, device)
+            banks.block_eos(log_probs)
 
         def input_ids(step=step, running=search.running):
             start = torch.full((running.shape[0] * beams, 1), settings.start, dtype=torch.long, device=device)
@@ -496,7 +553,7 @@ def beam_search(settings: DecodingSettings, state: DecodingState) -> dict:
         if step == 0:
             possible = candidate_columns(settings, log_probs.shape[-1])
             possible = possible.to(device) if possible is not None else None
-        advanced = advance_beams(settings, step, log_probs, search, possible)
+        advanced = advance_beams(settings, step, log_probs, search, possible, banks)
         search, parent_rows, done = advanced.beams, advanced.parent_rows, advanced.done
         if history is not None:
             history.follow(advanced, state.example_ids, step)
@@ -519,6 +576,8 @@ def beam_search(settings: DecodingSettings, state: DecodingState) -> dict:
             state.keep(stay)
             parent_rows = position[parent_rows[stay]]
             search = search.select(stay)
+            if banks is not None:
+                banks.select(stay)
             if history is not None:
                 history.running, history.finished = history.running[stay], history.finished[stay]
         state.reorder(parent_rows.flatten())
@@ -618,14 +677,14 @@ def sentence_done(settings: DecodingSettings, step: int, running_scores: torch.T
         largest_penalty = torch.maximum(
             torch.as_tensor(settings.penalty(limits.float())), torch.as_tensor(settings.penalty(step + 2))
         )
-        reachable = running_scores[:, 0] / largest_penalty
+        reachable = running_scores.amax(dim=1) / largest_penalty
         return finished_scores[:, n - 1] > reachable, improvable
     alpha = settings.length_penalty
     if settings.early_stopping == "never" and alpha > 0.0:
         length = settings.max_new_tokens
     else:
         length = step + 1
-    best_running = running_scores[:, :1] / length**alpha
+    best_running = running_scores.amax(dim=1, keepdim=True) / length**alpha
     worst_finished = torch.where(is_finished, finished_scores.min(dim=1, keepdim=True).values, -1.0e9)
     improvable = improvable & (best_running > worst_finished).any(dim=1)
     return (is_finished.all(dim=1) & (settings.early_stopping is True)) | ~improvable, improvable

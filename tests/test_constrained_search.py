@@ -1,0 +1,162 @@
+"""Lexically constrained decoding as a hook on the one beam step (`lexical_vaswani.PhraseBanks`), over its whole space
+(Hypothesis): vocabularies, phrases (none, one token, several, sharing first tokens, repeated), word boundaries,
+beams, n-best, batches of several lengths, target prefixes, the paper's length rules, a caller's processors. It is
+held to the search it replaced, Post & Vilar's allocation written per sentence in Python one hypothesis at a time
+(tests/reference/constrained_search.py): the same hypotheses, in the same order, with the same scores.
+
+The reference sums scores in float32 as the tensor search does, so tokens are compared exactly unless two
+hypotheses tie within rounding (`same_hypotheses`)."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from transformers import LogitsProcessorList
+
+from vaswani_hf import VaswaniConfig, VaswaniForConditionalGeneration
+from vaswani_hf.model import generation_vaswani, search_vaswani
+from vaswani_hf.model.lexical_vaswani import LexicalConstraints
+
+from .reference.constrained_search import PhraseConstraints, constrained_beam_search
+from .test_search_properties import FAST_TIER, SECOND_TIER, PossibleColumns, Tilt, hypothesis, same_hypotheses
+
+EOS, UNK = 2, 3
+
+
+@st.composite
+def constrained_searches(draw):
+    vocab = draw(st.integers(16, 64))  # the reference takes 2 x beams candidates a row: no fewer columns
+    config = VaswaniConfig.tiny(vocab_size=vocab, d_model=8, encoder_attention_heads=1, decoder_attention_heads=1,
+                                encoder_ffn_dim=16, decoder_ffn_dim=16, encoder_layers=1, decoder_layers=1,
+                                output_bias=True)  # fmt: skip
+    torch.manual_seed(draw(st.integers(0, 2**16)))
+    model = VaswaniForConditionalGeneration(config).eval()
+    with torch.no_grad():
+        model.final_logits_bias[EOS] = draw(st.floats(0.0, 3.0))
+    beams = draw(st.integers(2, 8))
+    batch = draw(st.integers(1, 4))
+    sources = [draw(st.lists(st.integers(4, vocab - 1), min_size=1, max_size=7)) for _ in range(batch)]
+    token = st.integers(4, vocab - 1)
+    phrase = st.lists(token, min_size=1, max_size=3)
+    phrases = [draw(st.lists(phrase, max_size=3)) for _ in range(batch)]
+    if not any(phrases):
+        phrases[0] = [draw(phrase)]
+    kwargs = dict(num_beams=beams, num_return_sequences=draw(st.integers(1, beams)),
+                  length_penalty=draw(st.sampled_from([0.0, 0.6, 1.0])), length_penalty_type="gnmt",
+                  early_stopping=draw(st.sampled_from([True, False, "never"])),
+                  min_new_tokens=draw(st.integers(0, 2)), max_length_offset=draw(st.integers(1, 6)),
+                  force_words=phrases, return_dict_in_generate=True, output_sequence_scores=True)  # fmt: skip
+    if draw(st.booleans()):
+        kwargs["word_start_ids"] = draw(st.lists(token, unique=True, max_size=vocab // 2))
+    if draw(st.booleans()):
+        kwargs["target_prefix"] = [draw(st.lists(token, max_size=2)) for _ in range(batch)]
+    processors = []
+    if draw(st.booleans()):
+        processors.append(PossibleColumns([EOS, *draw(st.lists(token, min_size=1, max_size=vocab // 2))], vocab))
+    if draw(st.booleans()):
+        processors.append(Tilt(draw(st.floats(0.5, 2.0))))
+    if processors:
+        kwargs["logits_processor"] = LogitsProcessorList(processors)
+    return model, sources, kwargs
+
+
+def decode(model, sources, kwargs, monkeypatch, reference: bool) -> list[tuple[list[int], float]]:
+    def search(decoding, state):
+        if decoding.constraints is None:
+            return search_vaswani.beam_search(decoding, state)
+        result = constrained_beam_search(decoding, state)
+        # a sentence with fewer possible hypotheses than it returns: the rest are none, -inf as the tensor search
+        # scores them (the reference left them at 0)
+        result["scores"] = result["scores"].masked_fill(result["lengths"] == 0, -math.inf)
+        return result
+
+    longest = max(map(len, sources))
+    ids = torch.tensor([s + [0] * (longest - len(s)) for s in sources])
+    mask = torch.tensor([[1] * len(s) + [0] * (longest - len(s)) for s in sources])
+    with monkeypatch.context() as patch:
+        if reference:
+            patch.setattr(generation_vaswani, "beam_search", search)
+        out = model.generate(input_ids=ids, attention_mask=mask, cpu_fast_paths=False, **kwargs)
+    scores = out.sequences_scores.tolist()
+    return [(hypothesis(row, model.config), score) for row, score in zip(out.sequences.tolist(), scores, strict=True)]
+
+
+def holds_to_the_reference(case, monkeypatch) -> None:
+    model, sources, kwargs = case
+    same_hypotheses(decode(model, sources, kwargs, monkeypatch, reference=False),
+                    decode(model, sources, kwargs, monkeypatch, reference=True))  # fmt: skip
+
+
+@given(case=constrained_searches())
+@FAST_TIER
+def test_the_banks_in_tensors_are_post_and_vilars_allocation(case, monkeypatch):
+    holds_to_the_reference(case, monkeypatch)
+
+
+@given(case=constrained_searches())
+@SECOND_TIER
+def test_the_banks_in_tensors_are_post_and_vilars_allocation_deeper(case, monkeypatch):
+    holds_to_the_reference(case, monkeypatch)
+
+
+@given(
+    phrases=st.lists(st.lists(st.integers(0, 6), min_size=1, max_size=3), min_size=1, max_size=3),
+    tokens=st.lists(st.integers(0, 7), max_size=12),
+    boundaries=st.none() | st.frozensets(st.integers(0, 7)),
+)
+@settings(max_examples=300, deadline=None)
+def test_each_hypothesis_state_follows_the_phrases_as_the_reference_does(phrases, tokens, boundaries):
+    """One hypothesis' progress through its phrases, token by token: phrase met, under way, started over."""
+    spec = LexicalConstraints((tuple(map(tuple, phrases)),), boundaries)
+    banks = spec.banks(1, 8, torch.tensor([EOS]), torch.device("cpu"))
+    reference = PhraseConstraints(spec.phrases[0], boundaries=boundaries)
+    state = banks.met, banks.phrase, banks.matched
+    for token in tokens:
+        reference = reference.advance(token)
+        state = banks._advance(*state, torch.tensor([[token]]))
+        met, phrase, matched = state
+        assert met[0, 0].tolist()[: len(phrases)] == list(reference.met)
+        progress = None if int(phrase) < 0 else (int(phrase), int(matched))
+        assert progress == reference.progress
+        assert bool(banks._done(*state)) == reference.done
+        assert int(banks._bank(*state)) == reference.tokens_met
+        wanted = reference.next_tokens()
+        expected = sorted(wanted)
+        assert expected == sorted(set(wanted_tokens(banks, state)))
+
+
+def wanted_tokens(banks, state) -> list[int]:
+    banks.met, banks.phrase, banks.matched = state
+    values = torch.zeros(1, 1)
+    _, token_ids = banks.propose(torch.zeros(1, 8), values, torch.full((1, 1), -5))
+    return [t for t, v in zip(token_ids[0, 1:].tolist(), _[0, 1:].tolist(), strict=True) if v > -1e30]
+
+
+def test_a_phrase_shared_by_every_example_and_a_random_batch_decode_as_each_alone():
+    """Sentences leaving the batch take their constraint states with them: a batch gives each sentence's own."""
+    torch.manual_seed(0)
+    model = VaswaniForConditionalGeneration(VaswaniConfig.tiny(vocab_size=40)).eval()
+    rng = random.Random(0)
+    sources = [[rng.randrange(4, 40) for _ in range(rng.randint(2, 7))] for _ in range(5)]
+    phrases = [[[rng.randrange(4, 40) for _ in range(rng.randint(1, 2))]] for _ in range(5)]
+    together = decode_plain(model, sources, phrases)
+    alone = [
+        hyp for source, phrase in zip(sources, phrases, strict=True) for hyp in decode_plain(model, [source], [phrase])
+    ]
+    same_hypotheses(together, alone)
+
+
+def decode_plain(model, sources, phrases):
+    longest = max(map(len, sources))
+    ids = torch.tensor([s + [0] * (longest - len(s)) for s in sources])
+    mask = torch.tensor([[1] * len(s) + [0] * (longest - len(s)) for s in sources])
+    out = model.generate(input_ids=ids, attention_mask=mask, force_words=phrases, num_return_sequences=2,
+                         output_sequence_scores=True)  # fmt: skip
+    return [
+        (hypothesis(row, model.config), s)
+        for row, s in zip(out.sequences.tolist(), out.sequences_scores.tolist(), strict=True)
+    ]
