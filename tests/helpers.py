@@ -54,10 +54,15 @@ assert type(AutoModel.from_pretrained(path, trust_remote_code=True)).__name__ ==
 assert AutoConfig.from_pretrained(path, trust_remote_code=True).model_type == "vaswani"
 inputs = torch.load(path + "/inputs.pt", weights_only=True)
 source = {"input_ids": inputs["input_ids"], "attention_mask": inputs["attention_mask"]}
+force_words = inputs.pop("force_words", None)
 with torch.no_grad():
     logits = model(**inputs).logits
-torch.save({"logits": logits, "beam": model.generate(**source), "greedy": model.generate(**source, num_beams=1)},
-           path + "/remote.pt")
+    outputs = {"logits": logits, "beam": model.generate(**source), "greedy": model.generate(**source, num_beams=1)}
+    if force_words is not None:  # n-best and constrained decoding too, with their scores
+        for name, extra in (("nbest", {}), ("constrained", {"force_words": force_words})):
+            out = model.generate(**source, num_return_sequences=2, output_sequence_scores=True, **extra)
+            outputs[name], outputs[name + "_scores"] = out.sequences, out.sequences_scores
+torch.save(outputs, path + "/remote.pt")
 """
 
 
