@@ -50,7 +50,7 @@ from compare_marian import (  # noqa: E402 (a script beside this one)
 )
 
 from vaswani_hf.interop.convert import marian_to_vaswani  # noqa: E402
-from vaswani_hf.model.graph_search_vaswani import DecodingGraphs  # noqa: E402
+from vaswani_hf.model.speed.graph_search import DecodingGraphs  # noqa: E402
 from vaswani_hf.training.training_speed import (  # noqa: E402
     adam_for,
     choose_speedups,

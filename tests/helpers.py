@@ -17,7 +17,7 @@ TRAINED_RUN = ["--preset", "tiny", "--max_steps", "250", "--warmup_steps", "50",
 def forget_measured_ways(monkeypatch) -> None:
     """Empty, for one test, every choice of way that decoding has measured in this process (the decoder's linears and
     the output projection, decided or under trial), so that the test's searches measure again."""
-    from vaswani_hf.model import fast_products_vaswani as fp
+    from vaswani_hf.model.speed import fast_products as fp
 
     for table in ("_FASTEST_LINEAR", "_LINEAR_TRIALS", "_FASTEST_PRODUCT", "_OUTPUT_TRIALS"):
         monkeypatch.setattr(fp, table, {})

@@ -85,7 +85,7 @@ def test_greedy_equals_transformers(seed, device):
 def test_every_output_projection_way_decodes_as_transformers(seed, way, monkeypatch):
     # `output_logits` keeps whichever way measured fastest on this machine: each must give Transformers' results,
     # whatever memory layout it hands to the searches (batch 1 exercises the one-row ways, 3 the others)
-    from vaswani_hf.model import fast_products_vaswani as fp
+    from vaswani_hf.model.speed import fast_products as fp
 
     forced = getattr(fp, way)
     monkeypatch.setattr(fp, "_FASTEST_PRODUCT", {})
@@ -105,7 +105,7 @@ def test_every_output_projection_way_decodes_as_transformers(seed, way, monkeypa
 def test_the_packed_output_weight_follows_the_weights_and_is_dropped_where_unused(monkeypatch):
     # a model evaluated between training steps (Seq2SeqTrainer's predict_with_generate) must decode with its
     # current weights, not with the layout reordered before the optimizer changed them in place
-    from vaswani_hf.model import fast_products_vaswani as fp
+    from vaswani_hf.model.speed import fast_products as fp
 
     _, vaswani = random_pair(0)
     weight, hidden = vaswani.get_output_embeddings().weight, torch.randn(4, vaswani.config.d_model)
@@ -134,7 +134,7 @@ def test_every_decoder_linear_way_decodes_as_transformers_and_the_layers_get_the
     # `decoder_linears_for` binds the decoder's linear layers to whichever way measured fastest for a search's rows
     # on this machine (and the output projection may read MKL's pack, offered last): each way, forced, must keep
     # Transformers' tokens and scores, and the layers must be plain modules again afterwards
-    from vaswani_hf.model import fast_products_vaswani as fp
+    from vaswani_hf.model.speed import fast_products as fp
 
     forced = getattr(fp, way, None)
     if forced is not None and forced not in fp._linear_ways():
@@ -174,7 +174,7 @@ def test_the_linear_trial_keeps_the_way_whose_steps_were_fastest(slowed, monkeyp
     # product), and the tokens stay Transformers' while the ways change
     import time
 
-    from vaswani_hf.model import fast_products_vaswani as fp
+    from vaswani_hf.model.speed import fast_products as fp
 
     def slowed_down(way):
         def bind(module, rows):
@@ -206,7 +206,7 @@ def test_the_output_projection_trial_keeps_the_way_whose_steps_were_fastest(slow
     # the ways change, and no trial may outlive its search
     import time
 
-    from vaswani_hf.model import fast_products_vaswani as fp
+    from vaswani_hf.model.speed import fast_products as fp
 
     def slowed_down(way):
         return lambda *args: (time.sleep(20e-3), way(*args))[1]
@@ -234,7 +234,7 @@ def test_the_output_projection_trial_keeps_the_way_whose_steps_were_fastest(slow
 def test_decoding_ways_settle_once_beam_search_has_timed_both_phases(monkeypatch):
     # what `precision.measure_bf16_speedup` warms up on: not settled while either phase of the step trial still
     # has ways to time at these rows; settled once both are decided, and for a model whose searches time nothing
-    from vaswani_hf.model import fast_products_vaswani as fp
+    from vaswani_hf.model.speed import fast_products as fp
 
     forget_measured_ways(monkeypatch)
     _, vaswani = random_pair(6)
@@ -268,7 +268,7 @@ def test_the_screen_computes_exactly_every_token_that_can_be_the_argmax(copy, he
     # the estimates from the logits
     from types import SimpleNamespace
 
-    from vaswani_hf.model import fast_products_vaswani as fp
+    from vaswani_hf.model.speed import fast_products as fp
 
     if copy == "bf16" and not bf16_kernels():
         pytest.skip("oneDNN has no bf16 kernels on this CPU: greedy decoding never uses the bf16 copy here")
@@ -303,7 +303,7 @@ def test_the_screen_holds_where_the_hidden_state_points_along_what_the_copy_lost
     # while its logit stays below: row 0 is the argmax, and the screen must not lose it
     from types import SimpleNamespace
 
-    from vaswani_hf.model import fast_products_vaswani as fp
+    from vaswani_hf.model.speed import fast_products as fp
 
     if copy == "bf16" and not bf16_kernels():
         pytest.skip("oneDNN has no bf16 kernels on this CPU: greedy decoding never uses the bf16 copy here")
@@ -341,7 +341,7 @@ def test_greedy_reading_a_low_precision_output_weight_decodes_as_transformers(wa
     # `greedy_output_logits` reads a bf16 or int8 copy of the weight where that measured faster; the tokens must
     # stay Marian's, also where a logits processor removes the tokens it computed exactly (the step is then decided
     # on exact logits)
-    from vaswani_hf.model import fast_products_vaswani as fp
+    from vaswani_hf.model.speed import fast_products as fp
 
     if way == "_screened_in_bf16" and not bf16_kernels():
         pytest.skip("oneDNN has no bf16 kernels on this CPU: greedy decoding never uses the bf16 copy here")
@@ -438,9 +438,9 @@ def test_two_stage_top_k_equals_torch_top_k(vocab, k, layout):
 @pytest.mark.parametrize("num_beams", [1, 4])
 @pytest.mark.parametrize("shortlist", [False, True])
 def test_the_cpu_fast_paths_switch_gives_the_same_tokens_and_scores(num_beams, shortlist, monkeypatch):
-    # the switch's promise (fast_products_vaswani): off, the searches call the model's own layers and nothing of
+    # the switch's promise (speed/fast_products.py): off, the searches call the model's own layers and nothing of
     # that file runs; on or off, the same tokens and the same scores up to float rounding
-    from vaswani_hf.model import fast_products_vaswani as fp
+    from vaswani_hf.model.speed import fast_products as fp
 
     forget_measured_ways(monkeypatch)
     monkeypatch.setattr(fp, "_FASTEST_GREEDY", {})
@@ -473,7 +473,7 @@ def _seam_name(function: str) -> str:
 
 def _forbidden(name: str):
     def called(*args, **kwargs):
-        raise AssertionError(f"cpu_fast_paths=False still called fast_products_vaswani.{name}")
+        raise AssertionError(f"cpu_fast_paths=False still called fast_products.{name}")
 
     return staticmethod(called)
 
@@ -500,7 +500,7 @@ def test_hooks_on_the_decoders_linears_see_every_step_of_a_fast_search(monkeypat
 def test_a_torch_without_the_private_ops_decodes_with_the_plain_products(monkeypatch):
     """The fast products call private ops (oneDNN's and MKL's packed linears, the int8 kernel): a build that has
     the backend but not an op (or a later torch without it) is offered only the plain ways, and decodes the same."""
-    from vaswani_hf.model import fast_products_vaswani as fp
+    from vaswani_hf.model.speed import fast_products as fp
 
     assert fp.has_ops("aten.mm") and not fp.has_ops("mkldnn._no_such_op") and not fp.has_ops("no_such_namespace.op")
     _, vaswani = random_pair(3, paper_decoding=True)
@@ -520,7 +520,7 @@ def test_a_torch_without_the_private_ops_decodes_with_the_plain_products(monkeyp
 def test_deterministic_algorithms_decode_with_the_models_own_products(monkeypatch):
     """The fast products pick their ways by stopwatch: under torch's deterministic mode a call that does not ask for
     them runs the model's own layers, so its last bits never depend on timings."""
-    from vaswani_hf.model import fast_products_vaswani as fp
+    from vaswani_hf.model.speed import fast_products as fp
 
     _, vaswani = random_pair(4, paper_decoding=True)
     input_ids, attention_mask = padded_batch(4, batch=3)

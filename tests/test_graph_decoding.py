@@ -1,4 +1,4 @@
-"""The static-shape searches of graph_search_vaswani.py (the whole search step a CUDA graph on CUDA, kept across
+"""The static-shape searches of speed/graph_search.py (the whole search step a CUDA graph on CUDA, kept across
 calls) against the eager searches: the same tokens and scores, on the first call and on later calls that replay,
 no device value read on the host per step, the kept graphs' keys, buckets, bound and lifetime, and the eager search
 wherever a feature needs it.
@@ -20,8 +20,9 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from vaswani_hf import VaswaniConfig, VaswaniForConditionalGeneration
-from vaswani_hf.model import generation_vaswani, validation_vaswani
-from vaswani_hf.model.graph_search_vaswani import (
+from vaswani_hf.model import validation_vaswani
+from vaswani_hf.model.speed import graph_search
+from vaswani_hf.model.speed.graph_search import (
     DONE_CHECK_EVERY,
     GraphedBeamSearch,
     GraphedGreedySearch,
@@ -266,7 +267,7 @@ def test_features_that_need_the_eager_search_get_it(feature, monkeypatch):
     def refuse(*args):
         raise AssertionError("the static search ran")
 
-    monkeypatch.setattr(generation_vaswani, "graphed_search", refuse)
+    monkeypatch.setattr(graph_search, "graphed_search", refuse)
     same = model.generate(graph_decoding=True, **kwargs)
     sequences = same.sequences if hasattr(same, "sequences") else same
     assert torch.equal(sequences, eager.sequences if hasattr(eager, "sequences") else eager)

@@ -271,15 +271,29 @@ def test_save_load_round_trip(tmp_path):
 
 
 def test_remote_code_loading_without_the_package(tmp_path):
+    """A saved model ships the configuration, the model and the paper's search, nothing of the package's speed
+    paths, and decodes as the package does (its fast products on) where the package is absent."""
     model = tiny_model()
     model.save_pretrained(tmp_path)
+    shipped = {path.name for path in tmp_path.glob("*.py")}
+    assert shipped == {"configuration_vaswani.py", "modeling_vaswani.py", "generation_vaswani.py", "search_vaswani.py",
+                       "lexical_vaswani.py", "decoding_state_vaswani.py", "alignment_vaswani.py",
+                       "validation_vaswani.py", "remote_code_vaswani.py", "pipeline_vaswani.py"}, shipped  # fmt: skip
     src, mask, tgt = batch()
-    remote = remote_code_outputs(tmp_path, {"input_ids": src, "attention_mask": mask, "decoder_input_ids": tgt})
+    force_words = [[[11, 12]], [[30]], [[40], [41, 42]]]
+    remote = remote_code_outputs(tmp_path, {"input_ids": src, "attention_mask": mask, "decoder_input_ids": tgt,
+                                            "force_words": force_words})  # fmt: skip
     with torch.no_grad():
         torch.testing.assert_close(
             remote["logits"], model(input_ids=src, attention_mask=mask, decoder_input_ids=tgt).logits
         )
     assert torch.equal(remote["beam"], model.generate(input_ids=src, attention_mask=mask))
+    assert torch.equal(remote["greedy"], model.generate(input_ids=src, attention_mask=mask, num_beams=1))
+    for name, extra in (("nbest", {}), ("constrained", {"force_words": force_words})):
+        out = model.generate(input_ids=src, attention_mask=mask, num_return_sequences=2, output_sequence_scores=True,
+                             **extra)  # fmt: skip
+        assert torch.equal(remote[name], out.sequences), name
+        torch.testing.assert_close(remote[name + "_scores"], out.sequences_scores)
 
 
 def test_modeling_files_import_only_torch_transformers_and_each_other():
@@ -290,7 +304,9 @@ def test_modeling_files_import_only_torch_transformers_and_each_other():
 
     # every file named *_vaswani.py ships as remote code (`hub.PUSHED_FILES`, the files `save_pretrained` copies)
     remote_code = tuple(path.stem for path in package.glob("*_vaswani.py"))
-    assert {"modeling_vaswani", "generation_vaswani", "search_vaswani", "fast_products_vaswani"} <= set(remote_code)
+    assert {"modeling_vaswani", "generation_vaswani", "search_vaswani", "lexical_vaswani"} <= set(remote_code)
+    # the speed paths are the installed package's (model/speed/), never remote code
+    assert not any("fast_products" in name or "graph_search" in name for name in remote_code)
     for name in (f"{module}.py" for module in remote_code):
         tree = ast.parse((package / name).read_text())
         for node in ast.walk(tree):

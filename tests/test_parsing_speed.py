@@ -1,5 +1,5 @@
 """The parser's search kept to trees on its fast paths gives the trees and scores of the plain eager search: inside
-the static-shape search (`graph_search_vaswani`, run on the CPU with `ReplayedStep`, which is how a CUDA graph's
+the static-shape search (`speed.graph_search`, run on the CPU with `ReplayedStep`, which is how a CUDA graph's
 step is covered here), for several batch shapes, greedy and beam search, a kept graph replayed for a later batch,
 and a sentence at its length limit. Nothing here times anything."""
 
@@ -8,8 +8,8 @@ import torch
 
 from vaswani_hf import VaswaniConfig, VaswaniForConditionalGeneration
 from vaswani_hf.data.tokenization import train_shared_bpe
-from vaswani_hf.model import generation_vaswani
-from vaswani_hf.model.graph_search_vaswani import fits
+from vaswani_hf.model.speed import graph_search
+from vaswani_hf.model.speed.graph_search import fits
 from vaswani_hf.parsing.builtin_treebank import builtin_treebank
 from vaswani_hf.parsing.constraint import TreeConstraint, tree_constraint_factory
 from vaswani_hf.parsing.linearization import to_tree
@@ -55,13 +55,13 @@ def test_the_tree_constraint_runs_inside_the_static_search(parser, monkeypatch):
     keeps the eager search."""
     model, tokenizer, sentences = parser
     ran = []
-    graphed = generation_vaswani.graphed_search
+    graphed = graph_search.graphed_search
 
     def watched(*args):
         ran.append(1)
         return graphed(*args)
 
-    monkeypatch.setattr(generation_vaswani, "graphed_search", watched)
+    monkeypatch.setattr(graph_search, "graphed_search", watched)
     decode(model, tokenizer, sentences[:2], graph=True, num_beams=4, max_new_tokens=20)
     assert ran == [1]
     decode(model, tokenizer, sentences[:2], graph=False, num_beams=4, max_new_tokens=20)
@@ -135,7 +135,7 @@ def test_the_captured_step_with_the_constraint_reads_nothing_from_the_device(par
     """What a CUDA graph captures, the constraint included, with the model's checks in their capture mode: no op
     may read a device value on the host, or the capture would fail on a GPU."""
     from vaswani_hf.model import validation_vaswani
-    from vaswani_hf.model.graph_search_vaswani import ReplayedStep
+    from vaswani_hf.model.speed.graph_search import ReplayedStep
 
     from .test_graph_decoding import HostReads
 

@@ -157,7 +157,7 @@ def test_the_measurement_itself_runs(monkeypatch):
 def test_the_decoding_measurement_times_settled_searches(monkeypatch):
     """Timed while the fp32 model's searches still try each way in turn (slower ones included), beam decoding in
     bf16 measured 1.40-1.63x fp32 on an AMD EPYC (Zen 4), settled 1.10-1.33x, nearer the base model's 1.05-1.29x."""
-    from vaswani_hf.model import fast_products_vaswani as fp
+    from vaswani_hf.model.speed import fast_products as fp
 
     monkeypatch.undo()
     forget_measured_ways(monkeypatch)

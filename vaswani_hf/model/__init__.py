@@ -2,4 +2,7 @@
 
 Every `*_vaswani.py` file here is also shipped beside saved weights as Hub remote code: they import only torch,
 transformers and each other, with single-dot imports, so a checkpoint loads with `trust_remote_code=True` where this
-package is absent. `precision.py` (the precision the hardware runs fast, int8) is the package's alone."""
+package is absent. The package's own: `precision.py` (the precision the hardware runs fast, int8) and `speed/` (the
+CPU fast products and the CUDA-graph search, plugged into generate() at import)."""
+
+from . import speed  # noqa: F401  (plugs the speed paths into generate())

@@ -3,7 +3,7 @@
 per-row tensors), one decoding step at a time, and the cache layer that follows beam search's surviving beams.
 
 A `DecodingState` computes a step's products through one seam, its `products`: `ModelProducts` (below) calls the
-model's own layers, the paper's arithmetic; `fast_products_vaswani.FastCpuProducts` gives the same logits faster
+model's own layers, the paper's arithmetic; `speed.fast_products.FastCpuProducts` gives the same logits faster
 on CPU. `generate(cpu_fast_paths=False)` (or `VASWANI_CPU_FAST_PATHS=0`) keeps `ModelProducts`.
 Shipped as Hub remote code: imports only torch, transformers and the files beside it.
 """
@@ -120,7 +120,7 @@ class VaswaniBeamSearchCacheLayer(DynamicLayer):
 
 class ModelProducts:
     """A decoding step's products as the model defines them, the paper's arithmetic: the output layer's own
-    forward, the decoder's own linears. `fast_products_vaswani.FastCpuProducts` is the same seam, faster on CPU."""
+    forward, the decoder's own linears. `speed.fast_products.FastCpuProducts` is the same seam, faster on CPU."""
 
     @staticmethod
     def logits(model, hidden: torch.Tensor) -> torch.Tensor:

@@ -9,11 +9,12 @@ returns what Transformers' returns: `sequences_scores`, and with `return_dict_in
 (`output_scores` / `output_logits`) the per-step scores that `compute_transition_scores` reads.
 tests/test_generation_contract.py holds every mode and option to Marian's `generate()` on the same weights.
 
-The rooms: `search_vaswani.py` (greedy and beam search), `lexical_vaswani.py` (prefixes and constraints),
-`decoding_state_vaswani.py` (caches and the decoding step), `fast_products_vaswani.py` (CPU fast products, behind
-the `cpu_fast_paths` switch), `graph_search_vaswani.py` (the same searches with static shapes, for CUDA graphs,
-behind the `graph_decoding` switch), `alignment_vaswani.py` (alignments). Shipped as Hub remote code beside the modeling
-file: imports only torch, transformers and the files beside it.
+The rooms: `search_vaswani.py` (the decoding core: greedy search and the one beam step), `lexical_vaswani.py`
+(prefixes, and constraints as a hook on the beam step), `decoding_state_vaswani.py` (caches and the decoding step),
+`alignment_vaswani.py` (alignments). The installed package adds its speed paths through one seam, `SPEEDUPS`
+(`vaswani_hf/model/speed/`: the CPU fast products behind the `cpu_fast_paths` switch, the same searches with static
+shapes for CUDA graphs behind `graph_decoding`); remote code decodes without them, with the same tokens and scores.
+Shipped as Hub remote code beside the modeling file: imports only torch, transformers and the files beside it.
 """
 
 from __future__ import annotations
@@ -38,8 +39,6 @@ from transformers.utils import logging
 
 from .alignment_vaswani import with_alignments
 from .decoding_state_vaswani import DecodingState, ModelProducts
-from .fast_products_vaswani import FastCpuProducts
-from .graph_search_vaswani import fits, graph_decoding, graphed_search
 from .lexical_vaswani import LexicalRequests
 from .search_vaswani import (
     LENGTH_PENALTY_TYPES,
@@ -74,6 +73,20 @@ HANDED_OVER_SETTINGS = {
 
 
 @dataclass
+class DecodingSpeedups:
+    """The seam where the installed package plugs in its speed paths (`vaswani_hf.model.speed`, at import):
+    `cpu_products`, a `ModelProducts` that computes the same logits faster on CPU; `graphs`, a module with
+    `graph_decoding(asked, device)` (the switch), `fits(settings, model)` and `graphed_search(model, settings,
+    hidden, mask)` (the static-shape search). Empty in remote code: the plain products and the eager search."""
+
+    cpu_products: type | None = None
+    graphs: object | None = None
+
+
+SPEEDUPS = DecodingSpeedups()
+
+
+@dataclass
 class Source:
     """The source side of a generate() call."""
 
@@ -84,7 +97,7 @@ class Source:
 
 
 def cpu_fast_paths(asked: bool | None = None) -> bool:
-    """Whether decoding on CPU computes its products through `fast_products_vaswani` (same tokens and scores):
+    """Whether decoding on CPU computes its products through the package's fast products (same tokens and scores):
     `generate(cpu_fast_paths=...)` when given, else the environment's `VASWANI_CPU_FAST_PATHS` (0, false, no or
     off turn them off), else on, but under `torch.use_deterministic_algorithms(True)`: the fast products pick
     their way by stopwatch, and two ways round differently, so a run's last bits would depend on its timings."""
@@ -107,9 +120,10 @@ class VaswaniGenerationMixin:
     Extra arguments of `generate()`: `vocabulary_shortlist` (target ids to score, `vaswani_hf.translation.shortlist`),
     `output_sequence_scores=True` (beam search's `sequences_scores` alone; Transformers' `output_scores` also keeps
     every step's (rows x vocabulary) scores), `return_alignments`, `force_words`, `target_prefix`, `word_start_ids`,
-    `cpu_fast_paths` (False: the model's own products, without `fast_products_vaswani`; default: on unless the
-    environment sets `VASWANI_CPU_FAST_PATHS=0`), `graph_decoding` (the static-shape search of
-    `graph_search_vaswani`, its step a CUDA graph on CUDA; default: on for CUDA unless `VASWANI_GRAPH_DECODING=0`).
+    `cpu_fast_paths` (False: the model's own products, without the package's fast products; default: on unless the
+    environment sets `VASWANI_CPU_FAST_PATHS=0`), `graph_decoding` (the package's static-shape search, its step a
+    CUDA graph on CUDA; default: on for CUDA unless `VASWANI_GRAPH_DECODING=0`). Remote code, where the package is
+    absent, has neither: both then decode with the plain products and the eager search.
     """
 
     @torch.no_grad()
@@ -329,7 +343,8 @@ class VaswaniGenerationMixin:
                         fast: bool = True):  # fmt: skip
         """What the searches step: this model's decoder (another engine's runner gives its own: interop.onnx),
         its products computed the fastest measured way on CPU where `fast` (the `cpu_fast_paths` switch)."""
-        products = FastCpuProducts if fast and hidden.device.type == "cpu" else ModelProducts
+        fast = fast and SPEEDUPS.cpu_products is not None and hidden.device.type == "cpu"
+        products = SPEEDUPS.cpu_products if fast else ModelProducts
         return DecodingState(self, hidden, mask, rows_per_example, products)
 
     def _decode(self, config, model_kwargs, source, limits, penalty_type, logits_processor, lexical, shortlist=None,
@@ -339,9 +354,10 @@ class VaswaniGenerationMixin:
         lexical.apply(settings)
         hidden = self._encode(source)
         mask = source.attention_mask.to(self.device) if source.attention_mask is not None else None
-        if (isinstance(self, torch.nn.Module) and shortlist is None and graph_decoding(graphs, hidden.device)
-                and fits(settings, self)):  # fmt: skip
-            return self._output(settings, graphed_search(self, settings, hidden, mask))
+        static = SPEEDUPS.graphs
+        if (static is not None and isinstance(self, torch.nn.Module) and shortlist is None
+                and static.graph_decoding(graphs, hidden.device) and static.fits(settings, self)):  # fmt: skip
+            return self._output(settings, static.graphed_search(self, settings, hidden, mask))
         state = self._decoding_state(hidden, mask, settings.num_beams, fast)
         search = beam_search if settings.num_beams > 1 else greedy_search
         searched = settings

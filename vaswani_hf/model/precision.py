@@ -219,12 +219,12 @@ def measure_bf16_speedup(training: bool, d_model: int = 512, rounds: int = 5) ->
     with `MasterWeightAdamW`, as `vaswani train` runs it) or of beam-4 decoding (as `vaswani translate`), on a
     one-layer model of width `d_model` with an 8,000-token vocabulary: the same kernels as the real job, a few
     seconds in all. Decoding warms up until the fp32 model's searches have chosen their ways
-    (`fast_products_vaswani.decoding_ways_settled`): until then its steps try each way in turn, slower ones included,
+    (`speed.fast_products.decoding_ways_settled`): until then its steps try each way in turn, slower ones included,
     and timed then, fp32 measured 1.40-1.63x slower than bf16 on an AMD EPYC (Zen 4) where settled it was
     1.10-1.33x (the bf16 model times no ways)."""
     from .configuration_vaswani import VaswaniConfig
-    from .fast_products_vaswani import decoding_ways_settled
     from .modeling_vaswani import VaswaniForConditionalGeneration
+    from .speed.fast_products import decoding_ways_settled
 
     generator = torch.Generator().manual_seed(0)
     config = VaswaniConfig(vocab_size=8000, d_model=d_model, encoder_layers=1, decoder_layers=1,

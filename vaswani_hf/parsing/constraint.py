@@ -45,7 +45,7 @@ class TreeConstraint(LogitsProcessor):
     lets the constraint close the tree in time.
 
     It keeps static shapes and reads nothing on the host (`static_shapes`), so the static-shape search
-    (`graph_search_vaswani`, a CUDA graph on a GPU) runs it inside its captured step. That search hands it a static
+    (`speed.graph_search`, a CUDA graph on a GPU) runs it inside its captured step. That search hands it a static
     view: `input_ids` is the whole fixed-length buffer of each row's tokens, the positions not yet written holding
     the search's fill token (EOS or padding: a symbol of kind OTHER, which changes none of the counts below), the
     rows' examples are fixed (finished sentences stay in that batch) and the tokens left are a device tensor. A
@@ -53,7 +53,7 @@ class TreeConstraint(LogitsProcessor):
     later batch's values into that one's tensors."""
 
     reads_row_examples = True  # the search calls `search_rows` before each call
-    static_shapes = True  # a captured search step may run it (graph_search_vaswani.fits)
+    static_shapes = True  # a captured search step may run it (speed.graph_search.fits)
 
     def __init__(self, kinds: torch.Tensor, closing: torch.Tensor, eos: int, words: torch.Tensor) -> None:
         self.kinds, self.closing, self.eos, self.words = kinds, closing, eos, words
@@ -80,7 +80,7 @@ class TreeConstraint(LogitsProcessor):
         return self.tables(self.kinds.device).symbols
 
     def static_key(self) -> tuple:
-        """What a captured step of this processor reads as constants (`graph_search_vaswani.GraphKey`)."""
+        """What a captured step of this processor reads as constants (`speed.graph_search.GraphKey`)."""
         symbols = int((self.kinds != OTHER).sum())
         return type(self).__qualname__, tuple(self.kinds.shape), symbols, tuple(self.words.shape), self.eos
 

@@ -29,7 +29,7 @@ each row's tokens left as a device tensor). A kept search decodes a later call w
 with, each `refill`ed with the later call's values. The switch:
 `generate(graph_decoding=False)` or `VASWANI_GRAPH_DECODING=0` keeps the eager search. `graph_decoding=True` on
 a CPU model runs this search with `ReplayedStep` in place of a CUDA graph, which is how the tests cover it.
-Shipped as Hub remote code: imports only torch, transformers and the files beside it.
+Part of the installed package, not of a checkpoint's remote code (`speed/__init__.py` plugs it into generate()).
 """
 
 from __future__ import annotations
@@ -42,8 +42,8 @@ from dataclasses import dataclass, fields, replace
 import torch
 from transformers.cache_utils import Cache, StaticLayer
 
-from .decoding_state_vaswani import DecodingState, ModelProducts
-from .search_vaswani import (
+from ..decoding_state_vaswani import DecodingState, ModelProducts
+from ..search_vaswani import (
     Beams,
     DecodingSettings,
     advance_beams,

@@ -18,7 +18,7 @@ through an explicit hook in the decoder layer: `nn.Module.__call__` still runs, 
 fire; only plain float32 `nn.Linear` layers are re-bound (`_step_linears`: a PEFT adapter, an int8 or other
 quantized layer keeps its own forward); a step with gradients enabled runs `F.linear`; and the modeling file stays
 the paper's, free of per-CPU branches. Each layer gets its own `forward` back when the last search ends.
-Shipped as Hub remote code: imports only torch, transformers and the files beside it.
+Part of the installed package, not of a checkpoint's remote code (`speed/__init__.py` plugs it into generate()).
 """
 
 from __future__ import annotations
