@@ -496,11 +496,60 @@ def write_step(tensor: torch.Tensor, step: int | torch.Tensor, values: torch.Ten
         tensor.index_copy_(-1, step.view(1), values.unsqueeze(-1))
 
 
-def beam_search(settings: DecodingSettings, state: DecodingState) -> dict:
-    """Beam search (section 6.1) with Transformers' candidate and finished-hypothesis rules (`advance_beams`).
+@dataclass
+class StepHooks:
+    """What one beam step is given besides the paper's rules: `columns`, the only token ids the scores may leave
+    finite (`candidate_columns`, sought at the first step where `seek_columns`); `banks`, lexical constraints
+    (`lexical_vaswani.PhraseBanks`, made at the first step where the settings have constraints); `history`, the
+    per-step outputs of `return_dict_in_generate` (`BeamHistory`)."""
 
-    A sentence is done when its search can no longer change its result (`sentence_done`); it then leaves the
-    batch.
+    seek_columns: bool = True
+    columns: torch.LongTensor | None = None
+    banks: PhraseBanks | None = None
+    history: BeamHistory | None = None
+
+
+def beam_step(settings: DecodingSettings, step: int | torch.Tensor, state: DecodingState, tokens: torch.LongTensor,
+              search: Beams, input_ids, row_examples: torch.Tensor | None, hooks: StepHooks, fold: bool = False,
+              sync_free: bool = False) -> BeamStep:  # fmt: skip
+    """Section 6.1, one step of beam search, the step both batching policies run (the eager search below drops
+    finished sentences; the static-shape search of `speed.graph_search` keeps them, frozen): the decoder's logits
+    for the newest `tokens`, log-softmax, the constraints' and the logits processors' masks, then `advance_beams`
+    (candidates, reordering, finished hypotheses, the stopping rule). `fold`: the first step of a state whose beams
+    share one encoder row runs one row per sentence (its beams are still identical)."""
+    beams, device = settings.num_beams, search.running.device
+    if fold:
+        # let the self-attention cache's next copy give each beam its own row (reorderings are applied lazily)
+        columns = repeat_columns(state.logits(tokens[::beams]), beams)  # (vocabulary, rows)
+        state.reorder(torch.arange(search.running.shape[0], device=device).repeat_interleave(beams))
+    else:
+        columns = state.logits(tokens)  # (vocabulary, rows)
+    history = hooks.history
+    if history is not None and settings.output_logits:
+        history.record(history.logits, columns.t(), state.example_ids)
+    log_probs = log_softmax_in_place(columns)
+    if settings.constraints is not None:
+        if hooks.banks is None:
+            hooks.banks = settings.constraints.banks(beams, log_probs.shape[-1], settings.eos, device)
+        hooks.banks.block_eos(log_probs)
+    row_limits = search.limits.repeat_interleave(beams)
+    log_probs = apply_processors(settings, log_probs, step, row_limits, input_ids, row_examples, sync_free)
+    if history is not None and settings.output_scores:
+        history.record(history.scores, log_probs, state.example_ids)
+    if hooks.seek_columns:
+        hooks.seek_columns = False
+        hooks.columns = candidate_columns(settings, log_probs.shape[-1])
+        hooks.columns = hooks.columns.to(device) if hooks.columns is not None else None
+    advanced = advance_beams(settings, step, log_probs, search, hooks.columns, hooks.banks)
+    if history is not None:
+        history.follow(advanced, state.example_ids, step)
+    return advanced
+
+
+def beam_search(settings: DecodingSettings, state: DecodingState) -> dict:
+    """Beam search (section 6.1): `beam_step` after step, with Transformers' candidate and finished-hypothesis
+    rules (`advance_beams`). A sentence is done when its search can no longer change its result (`sentence_done`);
+    it then leaves the batch (`drop_finished`), so long sentences do not keep short ones computing.
     """
     beams = settings.num_beams
     device = state.encoder_hidden.device
@@ -508,84 +557,70 @@ def beam_search(settings: DecodingSettings, state: DecodingState) -> dict:
     batch = int(state.example_ids.shape[0])
     steps = settings.max_new_tokens
     search = Beams.start(settings, batch, device, steps=min(steps, WIDTH_STEP))
-    possible = None  # the only tokens the scores may leave finite (`candidate_columns`), known at the first step
-
     n_return = settings.num_return_sequences
-    out_sequences = torch.full((state.example_ids.shape[0] * n_return, steps), settings.fill, dtype=torch.long,
-                               device=device)  # fmt: skip
-    out_scores = torch.zeros(out_sequences.shape[0], device=device)
-    out_lengths = torch.zeros(out_sequences.shape[0], dtype=torch.long, device=device)
+    out = {
+        "sequences": torch.full((batch * n_return, steps), settings.fill, dtype=torch.long, device=device),
+        "scores": torch.zeros(batch * n_return, device=device),
+        "lengths": torch.zeros(batch * n_return, dtype=torch.long, device=device),
+    }
     tokens = torch.full((batch * beams,), settings.start, dtype=torch.long, device=device)
     # Transformers returns beam_indices with the scores they index (its docs: "returned when output_scores=True");
     # without them, translation with return_dict_in_generate (n-best scores) pays nothing for the bookkeeping
-    history = BeamHistory(settings, batch, steps, device) if settings.per_step_outputs else None
-    banks = None  # lexical constraints' hook (`lexical_vaswani.PhraseBanks`), made at the first step
+    hooks = StepHooks(history=BeamHistory(settings, batch, steps, device) if settings.per_step_outputs else None)
+    # only a target prefix and user processors read which example a row decodes
+    examples_read = settings.prefix is not None or bool(settings.user_processors)
 
     for step in range(steps):
-        batch = search.running.shape[0]
         if step == search.running.shape[-1]:  # the token buffers are full: more columns
             search = search.widened(min(steps, step + WIDTH_STEP), settings.fill)
-        if step == 0 and getattr(state, "fold", False):
-            # the beams of a sentence are identical before the first step: run one row per sentence, and let the
-            # self-attention cache's next copy give each beam its own (reorderings are applied lazily)
-            columns = repeat_columns(state.logits(tokens[::beams]), beams)  # (vocabulary, rows)
-            state.reorder(torch.arange(batch, device=device).repeat_interleave(beams))
-        else:
-            columns = state.logits(tokens)  # (vocabulary, rows)
-        if history is not None and settings.output_logits:
-            history.record(history.logits, columns.t(), state.example_ids)
-        log_probs = log_softmax_in_place(columns)
-        if settings.constraints is not None:
-            banks = banks or settings.constraints.banks(beams, log_probs.shape[-1], settings.eos, device)
-            banks.block_eos(log_probs)
 
         def input_ids(step=step, running=search.running):
             start = torch.full((running.shape[0] * beams, 1), settings.start, dtype=torch.long, device=device)
             return torch.cat([start, running[..., :step].flatten(0, 1)], dim=1)
 
-        row_limits = search.limits.repeat_interleave(beams)
-        # only a target prefix and user processors read which example a row decodes
-        wanted = settings.prefix is not None or bool(settings.user_processors)
-        row_examples = state.example_ids.repeat_interleave(beams) if wanted else None
-        log_probs = apply_processors(settings, log_probs, step, row_limits, input_ids, row_examples)
-        if history is not None and settings.output_scores:
-            history.record(history.scores, log_probs, state.example_ids)
-        if step == 0:
-            possible = candidate_columns(settings, log_probs.shape[-1])
-            possible = possible.to(device) if possible is not None else None
-        advanced = advance_beams(settings, step, log_probs, search, possible, banks)
-        search, parent_rows, done = advanced.beams, advanced.parent_rows, advanced.done
-        if history is not None:
-            history.follow(advanced, state.example_ids, step)
-        if bool(done.any()):
-            leaving = done.nonzero().flatten()
-            ids = state.example_ids[leaving.cpu()].to(device)
-            rows = (ids[:, None] * n_return + torch.arange(n_return, device=device)).flatten()
-            out_sequences[rows, : search.finished.shape[-1]] = search.finished[leaving, :n_return].flatten(0, 1)
-            out_scores[rows] = search.finished_scores[leaving, :n_return].flatten()
-            out_lengths[rows] = search.finished_lengths[leaving, :n_return].flatten()
-            if history is not None:
-                history.out[rows] = history.finished[leaving, :n_return].flatten(0, 1)
-            stay = (~done).nonzero().flatten()
-            if stay.numel() == 0:
+        row_examples = state.example_ids.repeat_interleave(beams) if examples_read else None
+        advanced = beam_step(settings, step, state, tokens, search, input_ids, row_examples, hooks,
+                             fold=step == 0 and getattr(state, "fold", False))  # fmt: skip
+        search, parent_rows = advanced.beams, advanced.parent_rows
+        if bool(advanced.done.any()):
+            search, parent_rows = drop_finished(settings, state, advanced, hooks, out)
+            if search is None:
                 break
-            row_stay = (stay[:, None] * beams + torch.arange(beams, device=device)).flatten()
-            # rows of the sentences that go on, renumbered after the others leave
-            position = torch.full((done.shape[0] * beams,), -1, dtype=torch.long, device=device)
-            position[row_stay] = torch.arange(row_stay.numel(), device=device)
-            state.keep(stay)
-            parent_rows = position[parent_rows[stay]]
-            search = search.select(stay)
-            if banks is not None:
-                banks.select(stay)
-            if history is not None:
-                history.running, history.finished = history.running[stay], history.finished[stay]
         state.reorder(parent_rows.flatten())
         tokens = search.running[:, :, step].flatten()
-    result = {"sequences": out_sequences, "scores": out_scores, "lengths": out_lengths}
+    if hooks.history is not None:
+        out.update(hooks.history.outputs())
+    return out
+
+
+def drop_finished(settings: DecodingSettings, state: DecodingState, advanced: BeamStep, hooks: StepHooks,
+                  out: dict) -> tuple[Beams | None, torch.LongTensor | None]:  # fmt: skip
+    """The eager search's batching policy: the sentences whose search is over write their results into `out` and
+    leave the batch (the decoding state, the beams and every hook drop their rows). The beams and parent rows of
+    the sentences that go on, renumbered (None once none does)."""
+    search, done, beams, n_return = advanced.beams, advanced.done, settings.num_beams, settings.num_return_sequences
+    device, history = search.running.device, hooks.history
+    leaving = done.nonzero().flatten()
+    ids = state.example_ids[leaving.cpu()].to(device)
+    rows = (ids[:, None] * n_return + torch.arange(n_return, device=device)).flatten()
+    out["sequences"][rows, : search.finished.shape[-1]] = search.finished[leaving, :n_return].flatten(0, 1)
+    out["scores"][rows] = search.finished_scores[leaving, :n_return].flatten()
+    out["lengths"][rows] = search.finished_lengths[leaving, :n_return].flatten()
     if history is not None:
-        result.update(history.outputs())
-    return result
+        history.out[rows] = history.finished[leaving, :n_return].flatten(0, 1)
+    stay = (~done).nonzero().flatten()
+    if stay.numel() == 0:
+        return None, None
+    row_stay = (stay[:, None] * beams + torch.arange(beams, device=device)).flatten()
+    # rows of the sentences that go on, renumbered after the others leave
+    position = torch.full((done.shape[0] * beams,), -1, dtype=torch.long, device=device)
+    position[row_stay] = torch.arange(row_stay.numel(), device=device)
+    state.keep(stay)
+    if hooks.banks is not None:
+        hooks.banks.select(stay)
+    if history is not None:
+        history.running, history.finished = history.running[stay], history.finished[stay]
+    return search.select(stay), position[advanced.parent_rows[stay]]
 
 
 def repeat_columns(columns: torch.Tensor, times: int) -> torch.Tensor:

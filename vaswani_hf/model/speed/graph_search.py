@@ -43,14 +43,7 @@ import torch
 from transformers.cache_utils import Cache, StaticLayer
 
 from ..decoding_state_vaswani import DecodingState, ModelProducts
-from ..search_vaswani import (
-    Beams,
-    DecodingSettings,
-    advance_beams,
-    apply_processors,
-    log_softmax_in_place,
-    write_step,
-)
+from ..search_vaswani import Beams, DecodingSettings, StepHooks, apply_processors, beam_step, write_step
 
 # How often (in steps) the search reads on the host whether every sentence is done: one wait for the GPU per
 # this many steps, and at most this many - 1 steps computed past the end.
@@ -332,11 +325,9 @@ class GraphedBeamSearch(GraphedSearch):
 
     def advance(self) -> None:
         settings, step, search = self.settings, self.step_index, self.beams
-        row_limits = settings.limits.repeat_interleave(settings.num_beams)
-        log_probs = log_softmax_in_place(self.state.logits(self.tokens))
-        log_probs = apply_processors(settings, log_probs, step, row_limits, self.input_ids, self.row_examples,
-                                     sync_free=True)  # fmt: skip
-        advanced = advance_beams(settings, step, log_probs, search)
+        # the one beam step, with the static batching policy: sentences already done keep their results
+        advanced = beam_step(settings, step, self.state, self.tokens, search, self.input_ids, self.row_examples,
+                             StepHooks(seek_columns=False), sync_free=True)  # fmt: skip
         search.copy_(advanced.beams.keep_where(self.done, search))
         self.done.logical_or_(advanced.done)
         self.state.reorder(advanced.parent_rows.flatten())
