@@ -160,3 +160,26 @@ def decode_plain(model, sources, phrases):
         (hypothesis(row, model.config), s)
         for row, s in zip(out.sequences.tolist(), out.sequences_scores.tolist(), strict=True)
     ]
+
+
+def test_constrained_results_carry_per_step_scores_that_add_up_to_their_scores():
+    """The banks follow the step's indices as the beams do, so `beam_indices` and the per-step scores of a
+    constrained search are Transformers' kind: each hypothesis' transition scores add up to its score."""
+    from vaswani_hf.model.search_vaswani import gnmt_length_penalty
+
+    torch.manual_seed(0)
+    model = VaswaniForConditionalGeneration(VaswaniConfig.tiny(vocab_size=60)).eval()
+    ids = torch.tensor([[5, 6, 7, 2], [8, 9, 2, 0]])
+    out = model.generate(input_ids=ids, attention_mask=ids.ne(0).long(), force_words=[[[11, 12]], [[30]]],
+                         num_return_sequences=2, output_scores=True, return_dict_in_generate=True,
+                         max_length_offset=8)  # fmt: skip
+    assert all(
+        contains(row, phrase) for row, phrase in zip(out.sequences.tolist(), [[11, 12]] * 2 + [[30]] * 2, strict=True)
+    )
+    transitions = model.compute_transition_scores(out.sequences, out.scores, out.beam_indices)
+    lengths = (out.beam_indices >= 0).sum(-1).float()
+    torch.testing.assert_close(transitions.sum(-1) / gnmt_length_penalty(lengths, 0.6), out.sequences_scores)
+
+
+def contains(sequence: list[int], phrase: list[int]) -> bool:
+    return any(sequence[i : i + len(phrase)] == phrase for i in range(len(sequence) - len(phrase) + 1))

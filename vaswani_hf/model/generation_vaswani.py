@@ -351,7 +351,12 @@ class VaswaniGenerationMixin:
                 sequence_scores=False, fast=True, graphs=None):  # fmt: skip
         settings = self._settings(config, limits, penalty_type, logits_processor, batch=source.lengths.shape[0])
         settings.sequence_scores = sequence_scores
-        lexical.apply(settings)
+        if lexical.asked is not None:
+            settings.prefix = lexical.prefix
+            # no phrase anywhere: the paper's search as it is (`force_words=[[]] * n`)
+            settings.constraints = lexical.constraints if lexical.constraints and lexical.constraints.tokens() else None
+            settings.limits = torch.maximum(settings.limits, lexical.needed)  # room for the prefix and the phrases
+            settings.max_new_tokens = max(settings.max_new_tokens, int(settings.limits.max()))
         hidden = self._encode(source)
         mask = source.attention_mask.to(self.device) if source.attention_mask is not None else None
         static = SPEEDUPS.graphs

@@ -15,13 +15,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 from transformers.generation import GenerationConfig
-
-if TYPE_CHECKING:
-    from .search_vaswani import DecodingSettings
 
 
 @dataclass(frozen=True)
@@ -290,15 +286,6 @@ class LexicalRequests:
                 needed[i] += len(prefix)
         requests.needed = needed
         return requests
-
-    def apply(self, settings: DecodingSettings) -> None:
-        if self.asked is None:
-            return
-        settings.prefix = self.prefix
-        # no phrase anywhere: the paper's search as it is (`force_words=[[]] * n`)
-        settings.constraints = self.constraints if self.constraints and self.constraints.tokens() else None
-        settings.limits = torch.maximum(settings.limits, self.needed)
-        settings.max_new_tokens = max(settings.max_new_tokens, int(settings.limits.max()))
 
 
 def _is_list(value) -> bool:

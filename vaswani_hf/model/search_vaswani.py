@@ -1,9 +1,15 @@
 # Copyright 2026 The vaswani-hf authors. Licensed under the Apache License, Version 2.0.
-"""Section 6.1 of the paper, the search: beam search with beam size 4, the GNMT length penalty (alpha = 0.6),
-output length at most source length + 50 and early stopping, and greedy decoding.
+"""Section 6.1 of the paper, the search, the decoding core: beam search with beam size 4, the GNMT length penalty
+(alpha = 0.6), output length at most source length + 50 and early stopping, and greedy decoding.
 
-Read it beside the paper: `gnmt_length_penalty` is lp(Y); `beam_search` keeps the best `num_beams` hypotheses of
-every sentence; `sentence_done` is the early-stopping rule; `DecodingSettings.limits` is "input length + 50".
+Read it beside the paper: `gnmt_length_penalty` is lp(Y); `beam_step` is one step of beam search, scores and
+processors, then `advance_beams`: candidates, reordering, finished hypotheses; `sentence_done` is the one
+stopping rule; `limit_reached` is "input length + 50", the one source-length rule (Transformers' loop gets it as
+`SourceLengthLimitLogitsProcessor`). `beam_search` runs the step with the eager batching policy (`drop_finished`);
+the package's static-shape search (`vaswani_hf/model/speed/graph_search.py`) runs the same step with finished
+sentences kept in place. Hooks on the step (`StepHooks`): the candidate columns, lexical constraints
+(`lexical_vaswani.PhraseBanks`), the per-step outputs (`BeamHistory`); a new constraint goes there (docs/decoding.md).
+
 The beam search is Transformers' algorithm (the same candidates, finished-hypothesis rules and scores, so
 `length_penalty_type="hf"` and `max_length_offset=None` give exactly Transformers' sequences and scores) with the
 paper's options and less work per step:
@@ -16,9 +22,8 @@ paper's options and less work per step:
   parser's tree symbols), the top candidates are sought among those columns alone (`candidate_columns`).
 
 The searches step a decoding state (`decoding_state_vaswani.DecodingState`, or an ONNX or ensemble state), which
-owns the model, its caches and its products; nothing here knows how a product is computed. Lexical constraints
-and target prefixes live in `lexical_vaswani.py`. Shipped as Hub remote code: imports only torch, transformers and
-the files beside it.
+owns the model, its caches and its products; nothing here knows how a product is computed. Shipped as Hub remote
+code: imports only torch, transformers and the files beside it.
 """
 
 from __future__ import annotations
@@ -222,7 +227,7 @@ def apply_processors(settings: DecodingSettings, scores: torch.Tensor, step: int
         if settings.forced_bos is not None:
             force(scores, (step == 0).expand(rows), settings.forced_bos)
         if settings.forced_eos is not None:  # the last step is the longest limit's (`limits.max()` is max_new_tokens)
-            force(scores, (step + 1 >= limits.max()).expand(rows), settings.forced_eos)
+            force(scores, limit_reached(step, limits.max()).expand(rows), settings.forced_eos)
     else:
         if step < settings.min_new_tokens:
             scores[:, settings.eos] = -math.inf

@@ -43,7 +43,15 @@ import torch
 from transformers.cache_utils import Cache, StaticLayer
 
 from ..decoding_state_vaswani import DecodingState, ModelProducts
-from ..search_vaswani import Beams, DecodingSettings, StepHooks, apply_processors, beam_step, write_step
+from ..search_vaswani import (
+    Beams,
+    DecodingSettings,
+    StepHooks,
+    apply_processors,
+    beam_step,
+    limit_reached,
+    write_step,
+)
 
 # How often (in steps) the search reads on the host whether every sentence is done: one wait for the GPU per
 # this many steps, and at most this many - 1 steps computed past the end.
@@ -295,7 +303,7 @@ class GraphedGreedySearch(GraphedSearch):
                                   self.input_ids, self.row_examples, sync_free=True)  # fmt: skip
         tokens = scores.argmax(-1)
         write_step(self.generated, step, torch.where(done, settings.fill, tokens))
-        ends = ~done & (torch.isin(tokens, settings.eos) | (step + 1 >= settings.limits))
+        ends = ~done & (torch.isin(tokens, settings.eos) | limit_reached(step, settings.limits))
         self.lengths.copy_(torch.where(ends, step + 1, self.lengths))
         done.logical_or_(ends)
         self.tokens.copy_(tokens)
