@@ -182,9 +182,18 @@ class PhraseBanks:
         if positions is not None:
             bank, arrival = bank.gather(1, positions), arrival.gather(1, positions)
         possible = scores > -math.inf
-        better = (scores[:, None, :] > scores[:, :, None]) | (
-            (scores[:, None, :] == scores[:, :, None]) & (arrival[:, None, :] < arrival[:, :, None]))  # fmt: skip
-        rank = (possible[:, None, :] & (bank[:, None, :] == bank[:, :, None]) & better).sum(-1)
+        # each candidate's rank inside its bank (0 for its best; equal scores in the order they arrived), by sorting:
+        # by arrival, then score, then bank, each stable, so a bank's candidates stand together, best first
+        # (O(m log m): a beam of 21 with constraints pools about 900 candidates a sentence)
+        order = arrival.argsort(dim=1, stable=True)
+        order = order.gather(1, scores.gather(1, order).argsort(dim=1, descending=True, stable=True))
+        order = order.gather(1, bank.gather(1, order).argsort(dim=1, stable=True))
+        grouped = bank.gather(1, order)
+        place = torch.arange(grouped.shape[1], device=grouped.device).expand_as(grouped)
+        starts = torch.ones_like(grouped, dtype=torch.bool)
+        starts[:, 1:] = grouped[:, 1:] != grouped[:, :-1]
+        first = torch.where(starts, place, 0).cummax(dim=1).values  # where each candidate's bank begins
+        rank = torch.empty_like(order).scatter_(1, order, place - first)
         banks = self.tokens.shape[1] * self.tokens.shape[2] + 1  # more than any bank (read from shapes alone)
         key = torch.where(possible, rank * banks + (banks - 1 - bank), torch.iinfo(torch.long).max)
         index = key.argsort(dim=1, stable=True)[:, :n]
