@@ -21,7 +21,7 @@ PAD, EOS = 98, 0
 
 @pytest.fixture(scope="module")
 def marian_pair(tmp_path_factory):
-    """A random paper-style Marian (post-norm, relu, sinusoidal, shared embeddings) and its conversion by the script."""
+    """A random paper-style Marian (post-norm, relu, sinusoidal, shared embeddings), converted by `vaswani convert`."""
     torch.manual_seed(0)
     config = paper_marian_config(pad_token_id=PAD, decoder_start_token_id=PAD, eos_token_id=EOS)
     marian = MarianMTModel(config).eval()
@@ -29,8 +29,8 @@ def marian_pair(tmp_path_factory):
         marian.final_logits_bias.normal_()  # Opus-MT checkpoints have a non-zero output bias
     src, dst = tmp_path_factory.mktemp("marian"), tmp_path_factory.mktemp("vaswani")
     marian.save_pretrained(src)
-    script = ROOT / "scripts" / "convert_marian_to_vaswani.py"
-    subprocess.run([sys.executable, str(script), str(src), str(dst)], check=True, capture_output=True)
+    subprocess.run([sys.executable, "-m", "vaswani_hf.cli", "convert", "marian", str(src), str(dst)], check=True,
+                   capture_output=True)  # fmt: skip
     return marian, AutoModelForSeq2SeqLM.from_pretrained(dst).eval()
 
 
@@ -73,9 +73,8 @@ def test_marian_converter_refuses_unshared_vocabularies(tmp_path):
                           share_encoder_decoder_embeddings=False, decoder_vocab_size=50, pad_token_id=49,
                           decoder_start_token_id=49)  # fmt: skip
     MarianMTModel(config).save_pretrained(tmp_path / "m")
-    script = ROOT / "scripts" / "convert_marian_to_vaswani.py"
-    result = subprocess.run([sys.executable, str(script), str(tmp_path / "m"), str(tmp_path / "out")],
-                            capture_output=True, text=True)  # fmt: skip
+    result = subprocess.run([sys.executable, "-m", "vaswani_hf.cli", "convert", "marian", str(tmp_path / "m"),
+                             str(tmp_path / "out")], capture_output=True, text=True)  # fmt: skip
     assert result.returncode == 2
     assert "shared vocabulary" in result.stderr and "Traceback" not in result.stderr
 
@@ -138,3 +137,11 @@ def test_sinusoid_layouts():
     # beyond the precomputed table the sinusoids extend instead of failing
     long = VaswaniSinusoidalPositionalEncoding(config).encodings(60, 10)
     assert torch.allclose(long[0], VaswaniSinusoidalPositionalEncoding(config).table[60], atol=1e-6)
+
+
+def test_convert_names_a_folder_without_a_model(tmp_path):
+    """A folder that is not a saved Marian model stops before anything is written, naming the folder and the fix."""
+    result = subprocess.run([sys.executable, "-m", "vaswani_hf.cli", "convert", "marian", str(tmp_path),
+                             str(tmp_path / "out")], capture_output=True, text=True)  # fmt: skip
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert f"{tmp_path} has no config.json" in result.stderr and not (tmp_path / "out").exists()

@@ -237,11 +237,31 @@ def export_command(argv: list[str]) -> int:
     return 0
 
 
+def convert_command(argv: list[str]) -> int:
+    """`vaswani convert FORMAT SRC_DIR OUT_DIR`: another library's trained model as a Vaswani model folder."""
+    from .interop.convert import convert_marian_checkpoint
+
+    about = "Convert another library's trained model into a Vaswani model."
+    parser = argparse.ArgumentParser(prog="vaswani convert", description=about)
+    parser.add_argument("format", choices=["marian"],
+                        help="marian: a saved Transformers MarianMTModel folder (an Opus-MT model, config.json + "
+                        "weights + tokenizer files)")  # fmt: skip
+    parser.add_argument("src_dir", help="the folder the publisher ships")
+    parser.add_argument("out_dir", help="where the Vaswani model folder is written")
+    parser.add_argument("--paper-decoding", "--paper_decoding", dest="paper_decoding", action="store_true",
+                        help="decode with the paper's settings (beam 4, GNMT penalty 0.6, source + 50) instead of "
+                        "the converted model's own")  # fmt: skip
+    args = parser.parse_args(argv)
+    output = convert_marian_checkpoint(args.src_dir, args.out_dir, paper_decoding=args.paper_decoding)
+    print(f"Vaswani model written to {output} (AutoModelForSeq2SeqLM.from_pretrained, or vaswani translate {output})")
+    return 0
+
+
 COMMANDS = {"train": train_command, "prepare": prepare_command, "translate": translate_command,
             "evaluate": evaluate_command, "average": average_command, "push": push_command,
             "attention": attention_command, "export": export_command, "score": score_command,
             "shortlist": shortlist_command, "serve": serve_command, "parse": parse_command,
-            "evalb": evalb_command}  # fmt: skip
+            "evalb": evalb_command, "convert": convert_command}  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -44,7 +44,7 @@ def check_model_folder(path: str | Path, tokenizer: bool = True, weights: bool =
     if model_type != VaswaniConfig.model_type:
         raise ValueError(
             f"{path} holds a {model_type!r} model, not a {VaswaniConfig.model_type!r} one; a Marian checkpoint "
-            "converts with scripts/convert_marian_to_vaswani.py."
+            "converts with `vaswani convert marian MARIAN_DIR OUT_DIR`."
         )
     if weights and not any((path / name).is_file() for name in ("model.safetensors", "model.safetensors.index.json")):
         raise FileNotFoundError(
