@@ -424,7 +424,7 @@ def advance_beams(settings: DecodingSettings, step: int, log_probs: torch.Tensor
     its best `candidates` continuations; the best `candidates` of a sentence's beams are kept; those ending in EOS
     among the first `num_beams` become finished hypotheses (scored with the length penalty), the best `num_beams`
     others go on. A hypothesis that reaches its sentence's limit ends there (`limit_reached`). Tensor work only (no
-    value goes to the host), so a captured search step (`speed.cuda_graphs`) runs it as it is, `step` a device
+    value goes to the host), so a captured search step (`speed.graph_search`) runs it as it is, `step` a device
     tensor.
 
     Hooks: `columns`, the only token ids whose scores may be finite (`candidate_columns`), where the beams propose;
@@ -454,7 +454,8 @@ def advance_beams(settings: DecodingSettings, step: int, log_probs: torch.Tensor
     top_tokens = token_ids.gather(1, top_index)
     top_sequences = beams.running.gather(1, top_beams[..., None].expand(-1, -1, steps))  # a new tensor
     write_step(top_sequences, step, top_tokens)
-    ends = torch.isin(top_tokens, settings.eos) | limit_reached(step, beams.limits)[:, None]
+    at_limit = limit_reached(step, beams.limits)
+    ends = torch.isin(top_tokens, settings.eos) | at_limit[:, None]
 
     # the best beams that go on
     # (an ended hypothesis never goes on: where too few others are possible, the rest of the beams are impossible)
@@ -485,7 +486,7 @@ def advance_beams(settings: DecodingSettings, step: int, log_probs: torch.Tensor
                                                                                               is_finished)  # fmt: skip
     done, improvable = sentence_done(settings, step, running_scores, final_scores, final, beams.improvable,
                                      beams.limits)  # fmt: skip
-    done |= (ends | ~possible).all(dim=1) | limit_reached(step, beams.limits)  # nothing possible goes on
+    done |= (ends | ~possible).all(dim=1) | at_limit  # nothing possible goes on
     if banks is not None:
         banks.follow(top_index, next_index)
     new = Beams(running, running_scores, finished, finished_scores, lengths.gather(1, merged_index), is_finished,
