@@ -21,6 +21,7 @@ OPTIONS = {
     "untied": {"tie_word_embeddings": False},
     "output_bias": {"output_bias": True},
     "split_sinusoid": {"position_embedding_type": "sinusoidal_split"},
+    "fairseq_sinusoid": {"position_embedding_type": "sinusoidal_fairseq"},
     "learned": {"position_embedding_type": "learned"},
     "pre_norm": {"norm_position": "pre"},
     "d_k_16": {"d_kv": 16},

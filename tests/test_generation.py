@@ -194,7 +194,7 @@ def test_beam_search_keeps_one_encoder_row_per_source():
     assert state.example_ids.tolist() == [0, 2]
 
 
-@pytest.mark.parametrize("positions", ["sinusoidal", "learned"])
+@pytest.mark.parametrize("positions", ["sinusoidal", "sinusoidal_fairseq", "learned"])
 def test_static_cache_decoding_equals_dynamic(positions):
     # the static cache is what torch.compile'd decoding uses: positions from a tensor length, 4D masks
     model = tiny_model(position_embedding_type=positions)

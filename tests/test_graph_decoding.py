@@ -80,14 +80,16 @@ def test_the_static_search_gives_the_eager_searchs_tokens_and_scores(seed, devic
     assert model._decoding_graphs.captures <= 1  # none where the search ended before its third step
 
 
+@pytest.mark.parametrize("positions", ["sinusoidal", "sinusoidal_fairseq"])
 @pytest.mark.parametrize("num_beams", [1, 4])
-def test_the_static_search_runs_past_the_sinusoid_table(num_beams, device):
+def test_the_static_search_runs_past_the_sinusoid_table(num_beams, positions, device):
     """Source + 50 reaches past `max_position_embeddings` (64 in the tiny preset): the eager search grows the
     sinusoid table as it goes, the static search's gather cannot, so the decoder grows it to the static cache's end
     first. Without that, CUDA asserted 'index out of bounds' in `vaswani train`'s evaluation and CPU raised an
     IndexError."""
     torch.manual_seed(0)
-    model = VaswaniForConditionalGeneration(VaswaniConfig.tiny(eos_token_id=98)).eval().to(device)
+    config = VaswaniConfig.tiny(eos_token_id=98, position_embedding_type=positions)
+    model = VaswaniForConditionalGeneration(config).eval().to(device)
     input_ids = torch.randint(4, 90, (2, 30), device=device)
     kwargs = dict(input_ids=input_ids, num_beams=num_beams, max_length_offset=50, return_dict_in_generate=True)
     eager = model.generate(graph_decoding=False, cpu_fast_paths=False, **kwargs)

@@ -124,6 +124,7 @@ OPTIONS = {
         d_kv=16, position_embedding_type="sinusoidal_split", activation_function="gelu", encoder_layers=3,
         decoder_layers=1,
     ),
+    "fairseq's sinusoids, pad 1": dict(position_embedding_type="sinusoidal_fairseq", pad_token_id=1, bos_token_id=0),
 }  # fmt: skip
 
 

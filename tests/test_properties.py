@@ -19,7 +19,7 @@ def models(draw):
         vocab_size=VOCAB, d_model=8 * heads, encoder_layers=draw(st.integers(1, 2)),
         decoder_layers=draw(st.integers(1, 2)), encoder_attention_heads=heads, decoder_attention_heads=heads,
         encoder_ffn_dim=32, decoder_ffn_dim=32, max_position_embeddings=64,
-        position_embedding_type=draw(st.sampled_from(["sinusoidal", "sinusoidal_split", "learned"])),
+        position_embedding_type=draw(st.sampled_from(["sinusoidal", "sinusoidal_split", "sinusoidal_fairseq", "learned"])),
         norm_position=draw(st.sampled_from(["post", "pre"])),
     )  # fmt: skip
     torch.manual_seed(draw(st.integers(0, 2**16)))

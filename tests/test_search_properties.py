@@ -68,7 +68,8 @@ def searches(draw):
     heads = draw(st.sampled_from([1, 2]))
     config = VaswaniConfig.tiny(vocab_size=vocab, d_model=8 * heads, encoder_attention_heads=heads,
                                 decoder_attention_heads=heads, encoder_ffn_dim=16, decoder_ffn_dim=16,
-                                encoder_layers=1, decoder_layers=1, output_bias=True)  # fmt: skip
+                                encoder_layers=1, decoder_layers=1, output_bias=True,
+                                position_embedding_type=draw(st.sampled_from(["sinusoidal", "sinusoidal_fairseq"])))  # fmt: skip
     torch.manual_seed(draw(st.integers(0, 2**16)))
     model = VaswaniForConditionalGeneration(config).eval()
     with torch.no_grad():  # EOS likely enough that sentences end at different steps

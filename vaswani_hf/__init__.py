@@ -18,6 +18,8 @@ import sys
 
 from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM
 
+# registers the Moses + BPE tokenizer of converted fairseq models with AutoTokenizer (sacremoses is imported on use)
+from .data.moses_bpe import MosesBPETokenizer
 from .model.configuration_vaswani import VaswaniConfig
 from .model.modeling_vaswani import VaswaniForConditionalGeneration, VaswaniModel, VaswaniPreTrainedModel
 from .model.search_vaswani import gnmt_length_penalty
@@ -31,6 +33,9 @@ _LAZY = {
     "OnnxSeq2Seq": "interop.onnx",
     "marian_to_vaswani": "interop.convert",
     "convert_marian_checkpoint": "interop.convert",
+    "convert_fairseq_checkpoint": "interop.convert",
+    "convert_fsmt_checkpoint": "interop.convert",
+    "fsmt_to_vaswani": "interop.convert",
     "torch_transformer_to_vaswani": "interop.convert",
     "VaswaniTranslationPipeline": "model.pipeline_vaswani",
     "Parser": "parsing.parser",
@@ -153,6 +158,7 @@ def __getattr__(name: str):
 
 
 __all__ = [
+    "MosesBPETokenizer",
     "VaswaniConfig",
     "VaswaniForConditionalGeneration",
     "VaswaniModel",

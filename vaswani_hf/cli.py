@@ -237,22 +237,67 @@ def export_command(argv: list[str]) -> int:
     return 0
 
 
+CONVERT_FORMATS = {
+    "fairseq": "an extracted fairseq translation archive (model.pt, dict.SRC.txt, dict.TGT.txt, bpecodes or code), "
+    "e.g. the paper's model trained by Ott et al. (2018): wmt16.en-de.joined-dict.transformer",
+    "fsmt": "a saved Transformers FSMTForConditionalGeneration folder with one shared vocabulary",
+    "marian": "a saved Transformers MarianMTModel folder (an Opus-MT model, config.json + weights + tokenizer files)",
+}
+
+
+def _yes_no(value: str) -> bool:
+    if value.lower() not in ("yes", "no", "true", "false", "1", "0"):
+        raise argparse.ArgumentTypeError(f"give yes or no, not {value!r}")
+    return value.lower() in ("yes", "true", "1")
+
+
 def convert_command(argv: list[str]) -> int:
     """`vaswani convert FORMAT SRC_DIR OUT_DIR`: another library's trained model as a Vaswani model folder."""
-    from .interop.convert import convert_marian_checkpoint
+    from .interop.convert import convert_fairseq_checkpoint, convert_fsmt_checkpoint, convert_marian_checkpoint
 
-    about = "Convert another library's trained model into a Vaswani model."
+    about = "Convert another library's trained model into a Vaswani model folder (docs/trained-models.md)."
     parser = argparse.ArgumentParser(prog="vaswani convert", description=about)
-    parser.add_argument("format", choices=["marian"],
-                        help="marian: a saved Transformers MarianMTModel folder (an Opus-MT model, config.json + "
-                        "weights + tokenizer files)")  # fmt: skip
+    parser.add_argument("format", choices=list(CONVERT_FORMATS),
+                        help="; ".join(f"{name}: {text}" for name, text in CONVERT_FORMATS.items()))  # fmt: skip
     parser.add_argument("src_dir", help="the folder the publisher ships")
-    parser.add_argument("out_dir", help="where the Vaswani model folder is written")
+    parser.add_argument("out_dir", help="where the Vaswani model folder is written (new or empty)")
     parser.add_argument("--paper-decoding", "--paper_decoding", dest="paper_decoding", action="store_true",
                         help="decode with the paper's settings (beam 4, GNMT penalty 0.6, source + 50) instead of "
-                        "the converted model's own")  # fmt: skip
+                        "the converted model's own (fairseq's: beam 5, length penalty 1)")  # fmt: skip
+    fairseq = parser.add_argument_group("fairseq archives")
+    fairseq.add_argument("--checkpoint", help="which .pt file of the archive (needed where it holds several)")
+    fairseq.add_argument("--source-lang", "--source_lang", dest="source_lang",
+                         help="source language, where the checkpoint does not say")  # fmt: skip
+    fairseq.add_argument("--target-lang", "--target_lang", dest="target_lang",
+                         help="target language, where the checkpoint does not say")  # fmt: skip
+    fairseq.add_argument("--bpe-codes", "--bpe_codes", dest="bpe_codes",
+                         help="subword-nmt codes file, where the archive has no bpecodes or code file")  # fmt: skip
+    fairseq.add_argument("--aggressive-dash-splits", "--aggressive_dash_splits", dest="aggressive_dash_splits",
+                         type=_yes_no, metavar="yes|no",
+                         help="Moses -a, where the checkpoint does not say (default yes, fairseq's)")  # fmt: skip
+    fairseq.add_argument(
+        "--escape",
+        type=_yes_no,
+        metavar="yes|no",
+        help="Moses' XML escaping, where the checkpoint does not say (default yes, fairseq's)",
+    )
+    fairseq.add_argument("--normalize-punctuation", "--normalize_punctuation", dest="normalize_punctuation",
+                         action="store_true", help="Moses' punctuation normalisation before tokenizing")  # fmt: skip
     args = parser.parse_args(argv)
-    output = convert_marian_checkpoint(args.src_dir, args.out_dir, paper_decoding=args.paper_decoding)
+    if args.format == "fairseq":
+        output = convert_fairseq_checkpoint(
+            args.src_dir, args.out_dir, checkpoint=args.checkpoint, paper_decoding=args.paper_decoding,
+            source_lang=args.source_lang, target_lang=args.target_lang, bpe_codes=args.bpe_codes,
+            aggressive_dash_splits=args.aggressive_dash_splits, escape=args.escape,
+            normalize_punctuation=args.normalize_punctuation,
+        )  # fmt: skip
+    else:
+        given = [f"--{n.replace('_', '-')}" for n in ("checkpoint", "source_lang", "target_lang", "bpe_codes",
+                 "aggressive_dash_splits", "escape") if getattr(args, n) is not None]  # fmt: skip
+        if given or args.normalize_punctuation:
+            parser.error(f"{', '.join(given) or '--normalize-punctuation'}: options of fairseq archives only")
+        convert = convert_fsmt_checkpoint if args.format == "fsmt" else convert_marian_checkpoint
+        output = convert(args.src_dir, args.out_dir, paper_decoding=args.paper_decoding)
     print(f"Vaswani model written to {output} (AutoModelForSeq2SeqLM.from_pretrained, or vaswani translate {output})")
     return 0
 

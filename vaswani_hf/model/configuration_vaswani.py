@@ -13,7 +13,7 @@ from huggingface_hub.dataclasses import strict
 from transformers.activations import ACT2FN
 from transformers.configuration_utils import PreTrainedConfig
 
-POSITION_EMBEDDING_TYPES = ("sinusoidal", "sinusoidal_split", "learned")
+POSITION_EMBEDDING_TYPES = ("sinusoidal", "sinusoidal_split", "sinusoidal_fairseq", "learned")
 NORM_POSITIONS = ("post", "pre")
 
 # Paper symbol -> the config fields it sets (both stacks where the paper has one symbol for both).
@@ -75,7 +75,9 @@ class VaswaniConfig(PreTrainedConfig):
             `transformers.activations.ACT2FN` works, e.g. "swish" for converted Opus-MT checkpoints).
         position_embedding_type: "sinusoidal" (the paper's interleaved layout, PE[2i] = sin, PE[2i+1] = cos),
             "sinusoidal_split" (all sines then all cosines: the Marian/fairseq layout, for converted
-            checkpoints) or "learned" (Table 3 row E). Sinusoids are computed, never saved, and extend past
+            checkpoints), "sinusoidal_fairseq" (fairseq's and FSMT's table: sines then cosines with the frequency
+            exponent k / (d_model/2 - 1), and the first token at row `pad_token_id + 1`, for converted fairseq
+            models) or "learned" (Table 3 row E). Sinusoids are computed, never saved, and extend past
             `max_position_embeddings` on demand.
         max_position_embeddings: rows of the learned position table, and of the precomputed sinusoid table.
         scale_embedding: multiply token embeddings by sqrt(d_model) (section 3.4).
@@ -200,6 +202,12 @@ class VaswaniConfig(PreTrainedConfig):
             raise ValueError(
                 f"VaswaniConfig: sinusoidal positions need an even d_model, got {self.d_model}; "
                 "use an even d_model or position_embedding_type='learned'."
+            )
+        if self.position_embedding_type == "sinusoidal_fairseq" and (self.d_model < 4 or self.pad_token_id is None):
+            raise ValueError(
+                "VaswaniConfig: position_embedding_type='sinusoidal_fairseq' needs d_model >= 4 (its frequencies "
+                f"divide by d_model/2 - 1) and a pad_token_id (its first token sits at row pad_token_id + 1); got "
+                f"d_model={self.d_model}, pad_token_id={self.pad_token_id}."
             )
         if self.norm_position not in NORM_POSITIONS:
             raise ValueError(

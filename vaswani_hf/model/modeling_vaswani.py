@@ -196,27 +196,35 @@ class VaswaniSinusoidalPositionalEncoding(nn.Module):
     """Section 3.5: fixed sinusoids added to the scaled embeddings, then dropout (section 5.4).
 
     Layout "sinusoidal": PE(pos, 2i) = sin(pos / 10000^(2i/d)), PE(pos, 2i+1) = cos(...), as in the paper.
-    Layout "sinusoidal_split": all sines, then all cosines, as in Marian and fairseq.
+    Layout "sinusoidal_split": all sines, then all cosines, as in Marian.
+    Layout "sinusoidal_fairseq": fairseq's (and FSMT's) table: sines then cosines of pos * 10000^(-k/(d/2 - 1)),
+    k = 0 .. d/2 - 1, where the first token is row pad_token_id + 1 (fairseq's `make_positions`).
     The table is a non-persistent buffer: recomputed at load, never saved, extended past
-    `max_position_embeddings` when a longer sequence arrives.
+    `max_position_embeddings` when a longer sequence arrives. Its row 0 is always the first token's.
     """
 
     def __init__(self, config: VaswaniConfig):
         super().__init__()
         self.dim = config.d_model
-        self.split_layout = config.position_embedding_type == "sinusoidal_split"
+        self.layout = config.position_embedding_type
+        # fairseq numbers positions from padding_idx + 1: the table starts there, so every caller indexes from 0
+        self.offset = config.pad_token_id + 1 if self.layout == "sinusoidal_fairseq" else 0
         self.dropout = config.dropout
         self.register_buffer("table", self.compute_table(config.max_position_embeddings), persistent=False)
 
     def compute_table(self, num_positions: int, device: torch.device | None = None) -> torch.Tensor:
         # float64 so the table is exact to float32 precision even for long positions
-        positions = torch.arange(num_positions, dtype=torch.float64, device=device)[:, None]
-        frequencies = 10000.0 ** (-torch.arange(0, self.dim, 2, dtype=torch.float64, device=device) / self.dim)
-        angles = positions * frequencies
-        if self.split_layout:
-            table = torch.cat([angles.sin(), angles.cos()], dim=-1)
+        positions = self.offset + torch.arange(num_positions, dtype=torch.float64, device=device)[:, None]
+        if self.layout == "sinusoidal_fairseq":
+            half = self.dim // 2
+            exponents = torch.arange(half, dtype=torch.float64, device=device) / (half - 1)
         else:
+            exponents = torch.arange(0, self.dim, 2, dtype=torch.float64, device=device) / self.dim
+        angles = positions * 10000.0**-exponents
+        if self.layout == "sinusoidal":
             table = torch.stack([angles.sin(), angles.cos()], dim=-1).flatten(1)
+        else:
+            table = torch.cat([angles.sin(), angles.cos()], dim=-1)
         return table.to(torch.float32)
 
     def cover(self, num_positions: int) -> None:

@@ -64,8 +64,9 @@ def vaswani_config_from_marian(marian_config) -> VaswaniConfig:
     )
 
 
-def vaswani_state_dict_from_marian(marian_state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Rename Marian's weights and fuse its separate Q/K/V projections into ours."""
+def vaswani_state_dict_from_bart_layout(marian_state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Rename the layer weights of Marian's layout (BART's, FSMT's, and fairseq's under `model.`) and fuse their
+    separate Q/K/V projections into ours; embeddings, positions and the output layer are left to the caller."""
     state = {}
     for name, tensor in marian_state.items():
         if "embed_positions" in name or name in ("lm_head.weight",) or name.endswith("embed_tokens.weight"):
@@ -99,7 +100,7 @@ def marian_to_vaswani(marian_model, paper_decoding: bool = False) -> VaswaniForC
     """
     config = vaswani_config_from_marian(marian_model.config)
     model = VaswaniForConditionalGeneration(config).to(marian_model.dtype)
-    state = vaswani_state_dict_from_marian(marian_model.state_dict())
+    state = vaswani_state_dict_from_bart_layout(marian_model.state_dict())
     missing, unexpected = model.load_state_dict(state, strict=False)
     missing = [k for k in missing if not k.endswith(("embed_tokens.weight", "lm_head.weight"))]
     if missing or unexpected:

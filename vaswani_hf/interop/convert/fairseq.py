@@ -1,0 +1,428 @@
+"""fairseq's translation Transformers (Ott et al., 2018: `transformer.wmt16.en-de`, `transformer.wmt14.en-fr`) ->
+`VaswaniForConditionalGeneration`, read without fairseq.
+
+fairseq's `transformer_vaswani_wmt_en_de_big` is the paper's big model: post-norm, sinusoidal positions, the three
+embeddings shared. What differs from our defaults is carried as options: its position table
+(`position_embedding_type="sinusoidal_fairseq"`), PyTorch's LayerNorm epsilon, its dictionary (<s>=0, <pad>=1,
+</s>=2, <unk>=3; the decoder starts from </s>) and its tokenizer (Moses + subword-nmt, `data/moses_bpe.py`).
+
+A checkpoint is read with `torch.load(weights_only=True)`: tensors, containers and `argparse.Namespace` are built,
+and any other class a fairseq file holds (its meters, numpy scalars, omegaconf nodes) becomes an inert record of its
+pickled state, never run. Both formats convert: 2018's (`args`, `in_proj_weight`, `layer_norms.N`, torch's legacy
+serialization) and today's (`cfg`, `q_proj`/`k_proj`/`v_proj`, named layer norms). What the paper's architecture
+(and our config) cannot hold is refused, naming the field and its value; nothing is written until all is read.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pickle
+import re
+import shutil
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+
+import torch
+
+from ...model.configuration_vaswani import VaswaniConfig
+from ...model.modeling_vaswani import VaswaniForConditionalGeneration
+from .marian import vaswani_state_dict_from_bart_layout
+
+FAIRSEQ_SPECIALS = ("<s>", "<pad>", "</s>", "<unk>")  # fairseq's Dictionary: bos, pad, eos, unk
+CODES_NAMES = ("bpecodes", "code", "codes", "bpe.codes")
+# fairseq's decoding (fairseq-generate, the hub interface): beam 5, score / length^1, at most 200 tokens, then </s>
+FAIRSEQ_DECODING = {"num_beams": 5, "length_penalty": 1.0, "max_new_tokens": 201, "early_stopping": True}
+
+
+class FairseqArchiveError(ValueError):
+    """A fairseq archive that cannot be converted: the message names the file and the fix."""
+
+
+class UnreadObject:
+    """An object of a class outside tensors, containers and arguments (a meter, a numpy scalar, an omegaconf node):
+    its pickled arguments and state are kept as data; no code of its class is looked up or run."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        self.args = args
+
+    def __setstate__(self, state) -> None:
+        self.state = state
+
+
+def _unsupported_global(error: Exception) -> str | None:
+    match = re.search(r"GLOBAL (\S+) was not an allowed global", str(error))
+    return match.group(1) if match else None
+
+
+def load_fairseq_checkpoint(path: str | Path) -> dict:
+    """The dictionary a fairseq `model.pt` holds, loaded with `weights_only=True` (see the module's docstring)."""
+    path = Path(path)
+    unread: list[tuple[type, str]] = []
+    for _ in range(64):  # one more class per round; a fairseq file holds a handful
+        try:
+            with torch.serialization.safe_globals([argparse.Namespace, *unread]):
+                state = torch.load(path, map_location="cpu", weights_only=True)
+            break
+        except pickle.UnpicklingError as err:
+            name = _unsupported_global(err)
+            if name is None:
+                raise FairseqArchiveError(f"{path}: not a readable fairseq checkpoint ({err}).") from None
+            unread.append((UnreadObject, name))
+        except (RuntimeError, EOFError, ValueError, OSError) as err:
+            raise FairseqArchiveError(
+                f"{path}: cannot be read as a PyTorch checkpoint ({err}); the file is probably truncated: download the "
+                "archive again and check its size."
+            ) from None
+    else:
+        raise FairseqArchiveError(f"{path}: holds more kinds of objects than a fairseq checkpoint does.")
+    if not isinstance(state, dict) or not isinstance(state.get("model"), Mapping):
+        raise FairseqArchiveError(f"{path}: no `model` weights inside: give a fairseq translation checkpoint.")
+    return state
+
+
+def _plain(value):
+    """Arguments as plain Python: a Namespace's fields, and omegaconf nodes kept unread (their `_content`/`_val`)."""
+    if isinstance(value, argparse.Namespace):
+        value = vars(value)
+    if isinstance(value, UnreadObject):
+        state = getattr(value, "state", None) or {}
+        state = state[0] if isinstance(state, tuple) else state
+        value = state.get("_content", state.get("_val")) if isinstance(state, dict) else None
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+def fairseq_settings(checkpoint: dict) -> dict:
+    """One flat dictionary of a checkpoint's arguments: 2018's `args` namespace, or today's `cfg` sections (model,
+    task, tokenizer, bpe) merged, the model's winning."""
+    cfg = _plain(checkpoint.get("cfg"))
+    if isinstance(cfg, dict) and cfg.get("model") is not None:
+        settings = {}
+        for section in ("common", "task", "tokenizer", "bpe", "model"):
+            if isinstance(cfg.get(section), dict):
+                settings.update(cfg[section])
+        return settings
+    args = _plain(checkpoint.get("args"))
+    if isinstance(args, dict):
+        return args
+    raise FairseqArchiveError("the checkpoint holds neither `args` nor `cfg`: it is not a fairseq training checkpoint.")
+
+
+def upgrade_state_dict(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """2018's weight names -> today's, as fairseq's own `upgrade_state_dict_named` does: `in_proj_weight`/`bias`
+    split into q, k, v thirds; the encoder's `layer_norms.0/1` and the decoder's `layer_norms.0/1/2` named."""
+    norms = {
+        "encoder": ("self_attn_layer_norm", "final_layer_norm"),
+        "decoder": ("self_attn_layer_norm", "encoder_attn_layer_norm", "final_layer_norm"),
+    }
+    upgraded = {}
+    for name, tensor in state.items():
+        if match := re.fullmatch(r"(.*)\.in_proj_(weight|bias)", name):
+            for part, chunk in zip(("q_proj", "k_proj", "v_proj"), tensor.chunk(3)):
+                upgraded[f"{match.group(1)}.{part}.{match.group(2)}"] = chunk
+        elif match := re.fullmatch(r"(encoder|decoder)(\.layers\.\d+)\.layer_norms\.(\d)\.(weight|bias)", name):
+            stack, layer, index, kind = match.groups()
+            upgraded[f"{stack}{layer}.{norms[stack][int(index)]}.{kind}"] = tensor
+        else:
+            upgraded[name] = tensor
+    return upgraded
+
+
+def read_dictionary(path: Path) -> list[str]:
+    """fairseq's `Dictionary.load`: the four specials, then each line's first field (`#fairseq:overwrite` lines too)."""
+    symbols = list(FAIRSEQ_SPECIALS)
+    with open(path, encoding="utf-8") as handle:
+        for number, line in enumerate(handle, 1):
+            fields = line.rstrip("\n").rsplit(" ", 2 if line.rstrip().endswith("#fairseq:overwrite") else 1)
+            if len(fields) < 2 or not fields[1].lstrip("-").isdigit():
+                raise FairseqArchiveError(f"{path}, line {number}: {line.strip()!r} is not `TOKEN COUNT`; is this a "
+                                          "fairseq dictionary?")  # fmt: skip
+            symbols.append(fields[0])
+    return symbols
+
+
+def _refuse(where: str, field: str, value, why: str) -> FairseqArchiveError:
+    return FairseqArchiveError(f"{where}: `{field}`={value!r}: {why}")
+
+
+def vaswani_config_from_fairseq(settings: dict, vocab_size: int, tied: bool, where: str = "the checkpoint"):
+    """The `VaswaniConfig` of a fairseq (or FSMT) translation Transformer, or an error naming what does not fit."""
+    get = settings.get
+    for field, why in (
+        ("encoder_normalize_before", "a pre-norm encoder; the paper's model is post-norm"),
+        ("decoder_normalize_before", "a pre-norm decoder; the paper's model is post-norm"),
+        ("encoder_learned_pos", "learned source positions; the converter takes fairseq's sinusoids"),
+        ("decoder_learned_pos", "learned target positions; the converter takes fairseq's sinusoids"),
+        ("no_token_positional_embeddings", "a model without positions"),
+        ("layernorm_embedding", "a LayerNorm on the embeddings, which the paper's model does not have"),
+        ("adaptive_input", "adaptive input embeddings"),
+        ("adaptive_softmax_cutoff", "an adaptive softmax"),
+        ("cross_self_attention", "cross+self attention"),
+        ("encoder_layerdrop", "LayerDrop, which the paper's model does not have: set it to 0 first"),
+        ("decoder_layerdrop", "LayerDrop, which the paper's model does not have: set it to 0 first"),
+    ):
+        if get(field):
+            raise _refuse(where, field, get(field), why)
+    width = get("encoder_embed_dim", 512)
+    for field in ("decoder_embed_dim", "decoder_output_dim", "decoder_input_dim"):
+        if get(field, width) != width:
+            raise _refuse(where, field, get(field), f"differs from encoder_embed_dim={width}; the paper's model has "
+                          "one d_model")  # fmt: skip
+    activation = get("activation_fn", "relu")
+    try:
+        return VaswaniConfig(
+            vocab_size=vocab_size,
+            d_model=width,
+            encoder_layers=get("encoder_layers", 6),
+            decoder_layers=get("decoder_layers", 6),
+            encoder_attention_heads=get("encoder_attention_heads", 8),
+            decoder_attention_heads=get("decoder_attention_heads", 8),
+            encoder_ffn_dim=get("encoder_ffn_embed_dim", 2048),
+            decoder_ffn_dim=get("decoder_ffn_embed_dim", 2048),
+            dropout=float(get("dropout", 0.1)),
+            attention_dropout=float(get("attention_dropout", 0.0)),
+            activation_dropout=float(get("activation_dropout", get("relu_dropout", 0.0)) or 0.0),
+            activation_function=activation,
+            position_embedding_type="sinusoidal_fairseq",
+            max_position_embeddings=max(get("max_source_positions", 1024), get("max_target_positions", 1024)),
+            scale_embedding=not get("no_scale_embedding", False),
+            tie_word_embeddings=tied,
+            layer_norm_eps=1e-5,  # fairseq's LayerNorm is PyTorch's
+            pad_token_id=1,
+            bos_token_id=0,
+            eos_token_id=2,
+            unk_token_id=3,
+            decoder_start_token_id=2,  # fairseq's decoder starts from </s>
+        )
+    except Exception as err:  # @strict wraps our message
+        raise FairseqArchiveError(f"{where}: {getattr(err, '__cause__', None) or err}") from None
+
+
+def vaswani_from_fairseq_layout(
+    settings: dict, state: Mapping[str, torch.Tensor], where: str = "the checkpoint"
+) -> VaswaniForConditionalGeneration:
+    """A Vaswani model from weights named as today's fairseq names them (`encoder.layers.0.self_attn.q_proj.weight`,
+    ..., `decoder.output_projection.weight`); the embeddings decide the sharing: all three equal -> tied, all three
+    separate -> `tie_word_embeddings=False`, anything between is refused."""
+    source = state["encoder.embed_tokens.weight"]
+    target = state.get("decoder.embed_tokens.weight", source)
+    output = state.get("decoder.output_projection.weight", state.get("decoder.embed_out", target))
+    if source.shape != target.shape or target.shape != output.shape:
+        raise _refuse(where, "share_all_embeddings", settings.get("share_all_embeddings", False),
+                      f"source vocabulary {source.shape[0]} and target {target.shape[0]} differ; the paper's model has "
+                      "one vocabulary for both")  # fmt: skip
+    tied = torch.equal(source, target) and torch.equal(target, output)
+    if not tied and (torch.equal(source, target) or torch.equal(target, output)):
+        raise _refuse(where, "share_decoder_input_output_embed", settings.get("share_decoder_input_output_embed"),
+                      "two of the three embeddings are shared and one is not; the config shares all three "
+                      "(tie_word_embeddings=True) or none")  # fmt: skip
+    config = vaswani_config_from_fairseq(settings, source.shape[0], tied, where)
+    layers = {k: v for k, v in state.items() if ".layers." in k}
+    if any(re.match(r"(encoder|decoder)\.layer_norm\.", k) for k in state):
+        raise _refuse(where, "normalize_before", True, "a final stack LayerNorm (a pre-norm model)")
+    renamed = vaswani_state_dict_from_bart_layout({f"model.{k}": v for k, v in layers.items()})
+    renamed["model.shared.weight"] = source
+    if not tied:
+        renamed["model.decoder.embed_tokens.weight"] = target
+        renamed["lm_head.weight"] = output
+    model = VaswaniForConditionalGeneration(config).to(source.dtype)
+    missing, unexpected = model.load_state_dict(renamed, strict=False)
+    missing = [k for k in missing if not k.endswith(("embed_tokens.weight", "lm_head.weight"))]
+    if missing or unexpected:
+        raise FairseqArchiveError(f"{where}: weights left unmatched: missing {missing[:6]}, unexpected "
+                                  f"{unexpected[:6]}; is it a translation Transformer?")  # fmt: skip
+    return model.eval()
+
+
+def set_decoding(model: VaswaniForConditionalGeneration, settings: dict, paper_decoding: bool) -> None:
+    """fairseq's decoding (beam 5, score / length, 200 tokens, </s> forced at the end, <pad> never chosen) unless
+    `paper_decoding` keeps the paper's (beam 4, GNMT penalty 0.6, source + 50)."""
+    generation = model.generation_config
+    generation.suppress_tokens = [model.config.pad_token_id]  # fairseq never picks <pad> (sequence_generator)
+    if not paper_decoding:
+        for name, value in FAIRSEQ_DECODING.items():
+            setattr(generation, name, value)
+        generation.forced_eos_token_id = model.config.eos_token_id
+        generation.length_penalty_type = "hf"
+        generation.max_length_offset = None
+    generation._from_model_config = False  # keep these settings on save and reload
+
+
+def _one(src_dir: Path, names: tuple[str, ...] | list[str], what: str, flag: str) -> Path:
+    found = [src_dir / n for n in names if (src_dir / n).is_file()]
+    if not found:
+        raise FairseqArchiveError(f"{src_dir}: no {what} ({' or '.join(names)}); give one with {flag}.")
+    return found[0]
+
+
+def find_checkpoint(src_dir: Path, checkpoint: str | None) -> Path:
+    if checkpoint:
+        path = src_dir / checkpoint if not Path(checkpoint).is_absolute() else Path(checkpoint)
+        if not path.is_file():
+            raise FairseqArchiveError(f"{path}: no such checkpoint file; `--checkpoint` names one of the archive's .pt "
+                                      "files.")  # fmt: skip
+        return path
+    candidates = sorted(src_dir.glob("*.pt"))
+    if len(candidates) == 1:
+        return candidates[0]
+    if not candidates:
+        raise FairseqArchiveError(f"{src_dir}: no checkpoint (*.pt); give the extracted fairseq archive's folder.")
+    if (src_dir / "model.pt").is_file():
+        return src_dir / "model.pt"
+    names = ", ".join(p.name for p in candidates)
+    raise FairseqArchiveError(f"{src_dir}: several checkpoints ({names}); choose one with --checkpoint NAME.")
+
+
+def check_codes_match(codes: Path, dictionary: Path, symbols: list[str], separator: str = "@@") -> None:
+    """Every subword of a fairseq dictionary built on BPE'd text is a merge of the codes (a word-final one of a merge
+    ending in `</w>`, an inner one `@@`-marked); codes from another model leave most of them unexplained."""
+    merged = set()
+    with open(codes, encoding="utf-8") as handle:
+        for number, line in enumerate(handle, 1):
+            if number == 1 and line.startswith("#version"):
+                continue
+            pair = line.split()
+            if len(pair) < 2:
+                raise FairseqArchiveError(f"{codes}, line {number}: {line.strip()!r} is not a BPE merge `A B`; is "
+                                          "this subword-nmt's codes file?")  # fmt: skip
+            joined = pair[0] + pair[1]
+            merged.add(joined[: -len("</w>")] if joined.endswith("</w>") else joined + separator)
+    subwords = [s for s in symbols[len(FAIRSEQ_SPECIALS) :] if not re.fullmatch(r"madeupword\d+", s)]
+    longer = [s for s in subwords if len(s.removesuffix(separator)) > 1]
+    unexplained = [s for s in longer if s not in merged]
+    if longer and len(unexplained) > max(3, 0.01 * len(longer)):
+        raise FairseqArchiveError(
+            f"{codes} does not match {dictionary}: {len(unexplained)} of its {len(longer)} subwords (e.g. "
+            f"{', '.join(unexplained[:5])}) are no merge of these codes. Give the codes the model was trained with "
+            "(--bpe-codes FILE)."
+        )
+
+
+def fairseq_vocabulary(src_dir: Path, settings: dict, rows: int, source_lang: str, target_lang: str) -> list[str]:
+    """The joined dictionary (`dict.{src}.txt` = `dict.{tgt}.txt`), padded with `madeupwordNNNN` to the embedding's
+    rows as fairseq's `finalize(padding_factor=8)` padded it."""
+    paths = [src_dir / f"dict.{lang}.txt" for lang in (source_lang, target_lang)]
+    for path in paths:
+        if not path.is_file():
+            raise FairseqArchiveError(f"{path}: missing; the archive's dictionaries are dict.{source_lang}.txt and "
+                                      f"dict.{target_lang}.txt (other languages: --source-lang/--target-lang).")  # fmt: skip
+    source, target = (read_dictionary(p) for p in paths)
+    if source != target:
+        raise _refuse(str(paths[1]), "share_all_embeddings", settings.get("share_all_embeddings", False),
+                      f"differs from {paths[0].name}; the paper's model (and this converter) takes one joined "
+                      "dictionary")  # fmt: skip
+    if rows < len(source):
+        raise FairseqArchiveError(f"{paths[0]}: {len(source)} symbols, but the model's embedding has {rows} rows: "
+                                  "the dictionary is not this model's.")  # fmt: skip
+    padding = rows - len(source)
+    if padding >= 8:
+        raise FairseqArchiveError(f"{paths[0]}: {len(source)} symbols, but the model's embedding has {rows} rows "
+                                  "(fairseq pads to a multiple of 8): the dictionary is not this model's.")  # fmt: skip
+    return source + [f"madeupword{i:04d}" for i in range(padding)]
+
+
+def _languages(src_dir: Path, settings: dict, source_lang: str | None, target_lang: str | None) -> tuple[str, str]:
+    source_lang = source_lang or settings.get("source_lang")
+    target_lang = target_lang or settings.get("target_lang")
+    if not (source_lang and target_lang):
+        langs = sorted(p.name[len("dict.") : -len(".txt")] for p in src_dir.glob("dict.*.txt"))
+        if len(langs) != 2:
+            raise FairseqArchiveError(f"{src_dir}: the languages are not in the checkpoint and the dictionaries "
+                                      f"({langs or 'none'}) do not tell: give --source-lang and --target-lang.")  # fmt: skip
+        raise FairseqArchiveError(f"{src_dir}: the checkpoint does not say which of {langs} is the source: give "
+                                  "--source-lang and --target-lang.")  # fmt: skip
+    return source_lang, target_lang
+
+
+def staged_output(out_dir: Path) -> Path:
+    """A fresh folder beside `out_dir`, renamed to it once everything is written (nothing half done is left)."""
+    if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
+        raise FairseqArchiveError(f"{out_dir}: exists and is not empty; give a new folder.")
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
+
+
+def publish(staging: Path, out_dir: Path) -> Path:
+    if out_dir.exists():
+        out_dir.rmdir()  # empty (checked before staging)
+    staging.rename(out_dir)
+    return out_dir
+
+
+def convert_fairseq_checkpoint(
+    src_dir: str | Path,
+    out_dir: str | Path,
+    checkpoint: str | None = None,
+    paper_decoding: bool = False,
+    source_lang: str | None = None,
+    target_lang: str | None = None,
+    bpe_codes: str | Path | None = None,
+    aggressive_dash_splits: bool | None = None,
+    escape: bool | None = None,
+    normalize_punctuation: bool = False,
+) -> Path:
+    """Convert an extracted fairseq archive (`model.pt`, `dict.{src}.txt`, `dict.{tgt}.txt`, `bpecodes` or `code`)
+    into a Vaswani model folder: weights, configs, and the Moses + BPE tokenizer `AutoTokenizer` loads.
+
+    Moses' options come from the checkpoint where it holds them (`moses_no_dash_splits`, `moses_no_escape`), else
+    from the arguments, else fairseq's defaults (aggressive dash splits and escaping on, no punctuation
+    normalisation); `paper_decoding` keeps the paper's decoding instead of fairseq's (`set_decoding`).
+    """
+    from ...data.moses_bpe import MosesBPETokenizer
+
+    src_dir, out_dir = Path(src_dir), Path(out_dir)
+    if not src_dir.is_dir():
+        raise FairseqArchiveError(f"{src_dir}: no such folder; give the extracted fairseq archive's folder.")
+    path = find_checkpoint(src_dir, checkpoint)
+    codes = Path(bpe_codes) if bpe_codes else _one(src_dir, CODES_NAMES, "BPE codes", "--bpe-codes FILE")
+    if not codes.is_file():
+        raise FairseqArchiveError(f"{codes}: no such BPE codes file.")
+    state = load_fairseq_checkpoint(path)
+    settings = fairseq_settings(state)
+    if settings.get("task", "translation") not in ("translation", None) or "encoder.embed_tokens.weight" not in \
+            state["model"]:  # fmt: skip
+        raise _refuse(str(path), "task", settings.get("task"), "not a translation Transformer")
+    source_lang, target_lang = _languages(src_dir, settings, source_lang, target_lang)
+    weights = upgrade_state_dict(state["model"])
+    rows = weights["encoder.embed_tokens.weight"].shape[0]
+    symbols = fairseq_vocabulary(src_dir, settings, rows, source_lang, target_lang)
+    check_codes_match(codes, src_dir / f"dict.{source_lang}.txt", symbols)
+    model = vaswani_from_fairseq_layout(settings, weights, where=str(path))
+    set_decoding(model, settings, paper_decoding)
+
+    def moses(setting: str, given: bool | None) -> bool:  # the checkpoint's word first, then the flag, then fairseq's
+        return not settings[setting] if settings.get(setting) is not None else (True if given is None else given)
+
+    staging = staged_output(out_dir)
+    try:
+        model.save_pretrained(staging)
+        (staging / "vocab.json").write_text(json.dumps({s: i for i, s in enumerate(symbols)}, ensure_ascii=False))
+        tokenizer = MosesBPETokenizer(
+            vocab_file=str(staging / "vocab.json"),
+            codes_file=str(codes),
+            source_lang=source_lang,
+            target_lang=target_lang,
+            aggressive_dash_splits=moses("moses_no_dash_splits", aggressive_dash_splits),
+            escape=moses("moses_no_escape", escape),
+            normalize_punctuation=normalize_punctuation,
+            model_max_length=settings.get("max_source_positions", 1024),
+        )
+        tokenizer.save_pretrained(staging)
+        return publish(staging, out_dir)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+
+
+__all__ = [
+    "FairseqArchiveError",
+    "convert_fairseq_checkpoint",
+    "load_fairseq_checkpoint",
+    "upgrade_state_dict",
+    "vaswani_from_fairseq_layout",
+]

@@ -1,0 +1,90 @@
+"""Transformers' FSMT (its port of fairseq's WMT models: `facebook/wmt19-*`, `allenai/wmt16-en-de-*`) ->
+`VaswaniForConditionalGeneration`, same numerics.
+
+FSMT's weights are fairseq's under `model.`, so the conversion is fairseq's (`fairseq.vaswani_from_fairseq_layout`),
+with FSMT's config read as fairseq's arguments. Its tokenizer (Moses + BPE, `FSMTTokenizer`) is carried over as it is:
+`AutoTokenizer` loads it from the converted folder. FSMT models with separate source and target vocabularies (the
+`facebook/wmt19-*` ones) are refused: the paper's model has one.
+"""
+
+from __future__ import annotations
+
+import copy
+import shutil
+from pathlib import Path
+
+from ...model.modeling_vaswani import VaswaniForConditionalGeneration
+from .fairseq import FairseqArchiveError, publish, set_decoding, staged_output, vaswani_from_fairseq_layout
+
+TOKENIZER_FILES = ("vocab-src.json", "vocab-tgt.json", "merges.txt", "tokenizer_config.json", "special_tokens_map.json")
+
+
+def fsmt_settings(config) -> dict:
+    """An `FSMTConfig` as fairseq's argument names (what `vaswani_config_from_fairseq` reads)."""
+    return {
+        "encoder_embed_dim": config.d_model,
+        "decoder_embed_dim": config.d_model,
+        "encoder_layers": config.encoder_layers,
+        "decoder_layers": config.decoder_layers,
+        "encoder_attention_heads": config.encoder_attention_heads,
+        "decoder_attention_heads": config.decoder_attention_heads,
+        "encoder_ffn_embed_dim": config.encoder_ffn_dim,
+        "decoder_ffn_embed_dim": config.decoder_ffn_dim,
+        "dropout": config.dropout,
+        "attention_dropout": config.attention_dropout,
+        "activation_dropout": config.activation_dropout,
+        "activation_fn": config.activation_function,
+        "max_source_positions": config.max_position_embeddings,
+        "max_target_positions": config.max_position_embeddings,
+        "no_scale_embedding": not config.scale_embedding,
+        "encoder_layerdrop": config.encoder_layerdrop,
+        "decoder_layerdrop": config.decoder_layerdrop,
+        "share_all_embeddings": config.src_vocab_size == config.tgt_vocab_size,
+    }
+
+
+def fsmt_to_vaswani(fsmt_model, paper_decoding: bool = False) -> VaswaniForConditionalGeneration:
+    """A `VaswaniForConditionalGeneration` with the weights of an `FSMTForConditionalGeneration` (eval mode).
+
+    Its generation config is FSMT's (beam 5, Transformers' length penalty 1.0, `max_length` 200, forced </s>), so the
+    same `generate()` call decodes as the FSMT model; `paper_decoding=True` keeps the paper's decoding instead."""
+    config = fsmt_model.config
+    for field, token in (("pad_token_id", 1), ("bos_token_id", 0), ("eos_token_id", 2), ("decoder_start_token_id", 2)):
+        if getattr(config, field) != token:
+            raise FairseqArchiveError(f"FSMT config: `{field}`={getattr(config, field)!r}, where fairseq's dictionary "
+                                      f"has {token}; the converter takes fairseq's special tokens.")  # fmt: skip
+    if config.src_vocab_size != config.tgt_vocab_size:
+        raise FairseqArchiveError(
+            f"FSMT config: `src_vocab_size`={config.src_vocab_size} and `tgt_vocab_size`={config.tgt_vocab_size}: "
+            "separate source and target vocabularies; the paper's model (and this converter) has one shared vocabulary."
+        )
+    state = {k.removeprefix("model."): v for k, v in fsmt_model.state_dict().items() if "embed_positions" not in k}
+    model = vaswani_from_fairseq_layout(fsmt_settings(config), state, where="FSMT model")
+    set_decoding(model, {}, paper_decoding=True)
+    if not paper_decoding:
+        model.generation_config = copy.deepcopy(fsmt_model.generation_config)
+        model.generation_config.length_penalty_type = "hf"
+        model.generation_config.max_length_offset = None
+        model.generation_config._from_model_config = False
+    return model.to(fsmt_model.dtype).eval()
+
+
+def convert_fsmt_checkpoint(src_dir: str | Path, out_dir: str | Path, paper_decoding: bool = False) -> Path:
+    """Convert a saved `FSMTForConditionalGeneration` folder into a Vaswani one (weights, configs, FSMT's tokenizer
+    files); nothing is written unless the whole conversion succeeds."""
+    from transformers import FSMTForConditionalGeneration
+
+    src_dir, out_dir = Path(src_dir), Path(out_dir)
+    if not (src_dir / "config.json").is_file():
+        raise FairseqArchiveError(f"{src_dir} has no config.json: give the folder of a saved FSMT model.")
+    model = fsmt_to_vaswani(FSMTForConditionalGeneration.from_pretrained(src_dir), paper_decoding=paper_decoding)
+    staging = staged_output(out_dir)
+    try:
+        model.save_pretrained(staging)
+        for name in TOKENIZER_FILES:
+            if (src_dir / name).is_file():
+                shutil.copy2(src_dir / name, staging / name)
+        return publish(staging, out_dir)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
