@@ -9,6 +9,7 @@ from vaswani_hf import VaswaniConfig, VaswaniForConditionalGeneration
 from vaswani_hf.model.modeling_vaswani import CACHE_FIELD  # `cache` from Transformers 5.24, `past_key_values` before
 
 VOCAB = 40
+POSITIONS = ["sinusoidal", "sinusoidal_split", "sinusoidal_fairseq", "learned"]
 PROPERTY = settings(max_examples=12, deadline=None)
 
 
@@ -19,7 +20,7 @@ def models(draw):
         vocab_size=VOCAB, d_model=8 * heads, encoder_layers=draw(st.integers(1, 2)),
         decoder_layers=draw(st.integers(1, 2)), encoder_attention_heads=heads, decoder_attention_heads=heads,
         encoder_ffn_dim=32, decoder_ffn_dim=32, max_position_embeddings=64,
-        position_embedding_type=draw(st.sampled_from(["sinusoidal", "sinusoidal_split", "sinusoidal_fairseq", "learned"])),
+        position_embedding_type=draw(st.sampled_from(POSITIONS)),
         norm_position=draw(st.sampled_from(["post", "pre"])),
     )  # fmt: skip
     torch.manual_seed(draw(st.integers(0, 2**16)))

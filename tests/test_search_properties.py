@@ -62,6 +62,9 @@ class Tilt(LogitsProcessor):
         return scores * self.scale + 0.01 * input_ids.shape[1]
 
 
+SINUSOIDS = ["sinusoidal", "sinusoidal_fairseq"]
+
+
 @st.composite
 def searches(draw):
     vocab = draw(st.integers(6, 96))
@@ -69,7 +72,7 @@ def searches(draw):
     config = VaswaniConfig.tiny(vocab_size=vocab, d_model=8 * heads, encoder_attention_heads=heads,
                                 decoder_attention_heads=heads, encoder_ffn_dim=16, decoder_ffn_dim=16,
                                 encoder_layers=1, decoder_layers=1, output_bias=True,
-                                position_embedding_type=draw(st.sampled_from(["sinusoidal", "sinusoidal_fairseq"])))  # fmt: skip
+                                position_embedding_type=draw(st.sampled_from(SINUSOIDS)))  # fmt: skip
     torch.manual_seed(draw(st.integers(0, 2**16)))
     model = VaswaniForConditionalGeneration(config).eval()
     with torch.no_grad():  # EOS likely enough that sentences end at different steps

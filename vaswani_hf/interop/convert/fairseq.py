@@ -123,7 +123,7 @@ def upgrade_state_dict(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Ten
     upgraded = {}
     for name, tensor in state.items():
         if match := re.fullmatch(r"(.*)\.in_proj_(weight|bias)", name):
-            for part, chunk in zip(("q_proj", "k_proj", "v_proj"), tensor.chunk(3)):
+            for part, chunk in zip(("q_proj", "k_proj", "v_proj"), tensor.chunk(3), strict=True):
                 upgraded[f"{match.group(1)}.{part}.{match.group(2)}"] = chunk
         elif match := re.fullmatch(r"(encoder|decoder)(\.layers\.\d+)\.layer_norms\.(\d)\.(weight|bias)", name):
             stack, layer, index, kind = match.groups()
@@ -309,8 +309,9 @@ def fairseq_vocabulary(src_dir: Path, settings: dict, rows: int, source_lang: st
     paths = [src_dir / f"dict.{lang}.txt" for lang in (source_lang, target_lang)]
     for path in paths:
         if not path.is_file():
-            raise FairseqArchiveError(f"{path}: missing; the archive's dictionaries are dict.{source_lang}.txt and "
-                                      f"dict.{target_lang}.txt (other languages: --source-lang/--target-lang).")  # fmt: skip
+            expected = f"dict.{source_lang}.txt and dict.{target_lang}.txt"
+            raise FairseqArchiveError(f"{path}: missing; the archive's dictionaries are {expected} (other languages: "
+                                      "--source-lang/--target-lang).")  # fmt: skip
     source, target = (read_dictionary(p) for p in paths)
     if source != target:
         raise _refuse(str(paths[1]), "share_all_embeddings", settings.get("share_all_embeddings", False),
@@ -332,8 +333,9 @@ def _languages(src_dir: Path, settings: dict, source_lang: str | None, target_la
     if not (source_lang and target_lang):
         langs = sorted(p.name[len("dict.") : -len(".txt")] for p in src_dir.glob("dict.*.txt"))
         if len(langs) != 2:
+            found = ", ".join(langs) or "none"
             raise FairseqArchiveError(f"{src_dir}: the languages are not in the checkpoint and the dictionaries "
-                                      f"({langs or 'none'}) do not tell: give --source-lang and --target-lang.")  # fmt: skip
+                                      f"({found}) do not tell: give --source-lang and --target-lang.")  # fmt: skip
         raise FairseqArchiveError(f"{src_dir}: the checkpoint does not say which of {langs} is the source: give "
                                   "--source-lang and --target-lang.")  # fmt: skip
     return source_lang, target_lang
@@ -345,6 +347,13 @@ def staged_output(out_dir: Path) -> Path:
         raise FairseqArchiveError(f"{out_dir}: exists and is not empty; give a new folder.")
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     return Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
+
+
+def write_languages(folder: Path, source_lang: str, target_lang: str, converted_from: dict) -> None:
+    """The pair, where `vaswani serve` and the model card read a model's languages (`training_facts.json`), and
+    where the weights came from."""
+    facts = {"data": {"src": source_lang, "tgt": target_lang}, "converted_from": converted_from}
+    (folder / "training_facts.json").write_text(json.dumps(facts, indent=2) + "\n")
 
 
 def publish(staging: Path, out_dir: Path) -> Path:
@@ -413,6 +422,8 @@ def convert_fairseq_checkpoint(
             model_max_length=settings.get("max_source_positions", 1024),
         )
         tokenizer.save_pretrained(staging)
+        origin = {"format": "fairseq", "checkpoint": path.name, "arch": settings.get("arch") or settings.get("_name")}
+        write_languages(staging, source_lang, target_lang, origin)
         return publish(staging, out_dir)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)

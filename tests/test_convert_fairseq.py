@@ -1,0 +1,424 @@
+"""`vaswani convert fairseq|fsmt`: the paper's model as fairseq trained it, against references the project did not
+write. Transformers' FSMT (its port of fairseq's models) is the reference for the numerics: on random weights of
+each shape the converted model's log-probabilities equal FSMT's within 1e-4, padding included, and greedy and beam-4
+outputs are the same tokens. The fairseq archives are written here from those weights as fairseq writes them: 2018's
+(torch's legacy serialization, an `argparse.Namespace`, `in_proj_weight`, `layer_norms.N`, an object of a fairseq
+class that cannot be imported here) and today's (`cfg`, q/k/v projections). sacremoses + subword-nmt are the
+reference for the tokenizer, on Multi30k and newstest2014 (../shared/data)."""
+
+import argparse
+import json
+import sys
+import types
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, FSMTConfig, FSMTForConditionalGeneration
+
+from vaswani_hf import MosesBPETokenizer
+from vaswani_hf.interop.convert import FairseqArchiveError, convert_fairseq_checkpoint, fsmt_to_vaswani
+
+from .helpers import remote_code_outputs, vaswani
+
+sacremoses = pytest.importorskip("sacremoses")
+apply_bpe = pytest.importorskip("subword_nmt.apply_bpe")
+learn_bpe = pytest.importorskip("subword_nmt.learn_bpe")
+
+DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+MULTI30K, NEWSTEST = DATA / "multi30k_en_de", DATA / "wmt14_newstest2014"
+SHAPES = {  # (d_model, layers, heads, ffn, decoder ffn): the big model's proportions, and unequal stacks
+    "big-like": (32, 2, 4, 128, 128),
+    "uneven": (24, 3, 2, 40, 56),
+}
+
+
+def read_lines(path: Path, count: int) -> list[str]:
+    if not path.is_file():
+        pytest.skip(f"{path} is not here (../shared/data sits beside the checkout)")
+    with open(path, encoding="utf-8") as handle:
+        return [next(handle).rstrip("\n") for _ in range(count)]
+
+
+@pytest.fixture(scope="module")
+def bpe(tmp_path_factory):
+    """subword-nmt codes learned on Moses-tokenized Multi30k (English and German) and fairseq's joined dictionary
+    of the BPE'd text (counts, most frequent first), as `fairseq-preprocess --joined-dictionary` writes it."""
+    folder = tmp_path_factory.mktemp("bpe")
+    moses = {lang: sacremoses.MosesTokenizer(lang=lang) for lang in ("en", "de")}
+    text = [moses[lang].tokenize(line, aggressive_dash_splits=True, escape=True, return_str=True)
+            for lang in ("en", "de") for line in read_lines(MULTI30K / f"train.{lang}", 3000)]  # fmt: skip
+    codes = folder / "bpecodes"
+    with open(codes, "w", encoding="utf-8") as out:
+        learn_bpe.learn_bpe(text, out, num_symbols=400)
+    with open(codes, encoding="utf-8") as handle:
+        segmenter = apply_bpe.BPE(handle)
+    counts = {}
+    for line in text:
+        for piece in segmenter.process_line(line).split():
+            counts[piece] = counts.get(piece, 0) + 1
+    dictionary = folder / "dict.txt"
+    dictionary.write_text("".join(f"{p} {c}\n" for p, c in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))))
+    return types.SimpleNamespace(codes=codes, dictionary=dictionary, vocab_size=4 + len(counts))
+
+
+def random_fsmt(shape: str, vocab: int, tied: bool = True, seed: int = 0) -> FSMTForConditionalGeneration:
+    d_model, layers, heads, ffn, decoder_ffn = SHAPES[shape]
+    config = FSMTConfig(langs=["en", "de"], src_vocab_size=vocab, tgt_vocab_size=vocab, d_model=d_model,
+                        encoder_layers=layers, decoder_layers=layers - 1 if shape == "uneven" else layers,
+                        encoder_attention_heads=heads, decoder_attention_heads=heads, encoder_ffn_dim=ffn,
+                        decoder_ffn_dim=decoder_ffn, max_position_embeddings=128, dropout=0.0)  # fmt: skip
+    torch.manual_seed(seed)
+    model = FSMTForConditionalGeneration(config).eval()
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if "embed_positions" not in name:  # the sinusoids are fixed: they are what the conversion must match
+                parameter.normal_(0, 0.3)
+    if tied:  # fairseq's --share-all-embeddings: one matrix for source, target and output
+        shared = model.model.encoder.embed_tokens.weight
+        model.model.decoder.embed_tokens.weight = shared
+        model.model.decoder.output_projection.weight = shared
+    return model
+
+
+def padded_batch(vocab: int, seed: int = 1) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Sources ending in </s> (2), right-padded with <pad> (1) as the tokenizer pads them, and decoder inputs
+    starting from </s> as fairseq's decoder does."""
+    generator = torch.Generator().manual_seed(seed)
+    source = torch.randint(4, vocab, (4, 11), generator=generator)
+    for row, length in enumerate((11, 7, 3, 9)):
+        source[row, length - 1] = 2
+        source[row, length:] = 1
+    target = torch.randint(4, vocab, (4, 8), generator=generator)
+    target[:, 0] = 2
+    return source, source.ne(1).long(), target
+
+
+def log_probs(model, source, mask, target, **kwargs) -> torch.Tensor:
+    with torch.no_grad():
+        logits = model(input_ids=source, attention_mask=mask, decoder_input_ids=target, **kwargs).logits
+    return logits.float().log_softmax(-1)
+
+
+def assert_same_as_fsmt(fsmt, converted, vocab: int) -> None:
+    source, mask, target = padded_batch(vocab)
+    # FSMT builds its causal mask only without a cache (with one it expects one token a step): use_cache=False
+    expected = log_probs(fsmt, source, mask, target, use_cache=False)
+    torch.testing.assert_close(log_probs(converted, source, mask, target), expected, atol=1e-4, rtol=0)
+    for beams in (1, 4):
+        settings = dict(num_beams=beams, max_new_tokens=15, length_penalty=1.0, early_stopping=False)
+        theirs = fsmt.generate(input_ids=source, attention_mask=mask, **settings)
+        ours = converted.generate(input_ids=source, attention_mask=mask, **settings)
+        assert ours.tolist() == theirs.tolist(), f"beam {beams}"
+
+
+@pytest.mark.parametrize("tied", [True, False], ids=["shared-embeddings", "separate-embeddings"])
+@pytest.mark.parametrize("shape", sorted(SHAPES))
+def test_converted_fsmt_gives_fsmt_s_log_probabilities_and_outputs(shape, tied):
+    fsmt = random_fsmt(shape, vocab=61, tied=tied)
+    converted = fsmt_to_vaswani(fsmt)
+    assert converted.config.tie_word_embeddings is tied
+    assert converted.config.position_embedding_type == "sinusoidal_fairseq"
+    assert_same_as_fsmt(fsmt, converted, vocab=61)
+
+
+def fairseq_state(fsmt) -> dict:
+    """FSMT's weights under fairseq's own names (FSMT stores them under `model.`, positions aside)."""
+    state = {k.removeprefix("model."): v.clone() for k, v in fsmt.state_dict().items() if "embed_positions" not in k}
+    state["encoder.embed_positions._float_tensor"] = torch.FloatTensor(1)
+    state["decoder.embed_positions._float_tensor"] = torch.FloatTensor(1)
+    state["encoder.version"] = state["decoder.version"] = torch.Tensor([3])
+    return state
+
+
+def as_2018(state: dict) -> dict:
+    """Today's names back to 2018's: q, k, v stacked in `in_proj_*`, the layer norms numbered."""
+    old = {}
+    norms = {"self_attn_layer_norm": 0, "encoder_attn_layer_norm": 1, "final_layer_norm": 2}
+    for name, tensor in state.items():
+        if ".k_proj." in name or ".v_proj." in name:
+            continue
+        if ".q_proj." in name:
+            kind = name.rsplit(".", 1)[1]
+            stacked = torch.cat([state[name.replace("q_proj", p)] for p in ("q_proj", "k_proj", "v_proj")])
+            old[name.replace(f"q_proj.{kind}", f"in_proj_{kind}")] = stacked
+            continue
+        for norm, index in norms.items():
+            if f".{norm}." in name:
+                index = 1 if name.startswith("encoder") and norm == "final_layer_norm" else index
+                name = name.replace(norm, f"layer_norms.{index}")
+        old[name] = tensor
+    return old
+
+
+def architecture(fsmt, **changes) -> dict:
+    config = fsmt.config
+    args = dict(arch="transformer_vaswani_wmt_en_de_big", task="translation", source_lang="en", target_lang="de",
+                encoder_embed_dim=config.d_model, decoder_embed_dim=config.d_model,
+                encoder_ffn_embed_dim=config.encoder_ffn_dim, decoder_ffn_embed_dim=config.decoder_ffn_dim,
+                encoder_layers=config.encoder_layers, decoder_layers=config.decoder_layers,
+                encoder_attention_heads=config.encoder_attention_heads,
+                decoder_attention_heads=config.decoder_attention_heads, encoder_normalize_before=False,
+                decoder_normalize_before=False, encoder_learned_pos=False, decoder_learned_pos=False,
+                share_all_embeddings=True, share_decoder_input_output_embed=True, dropout=0.3, attention_dropout=0.1,
+                relu_dropout=0.0, max_source_positions=1024, max_target_positions=1024, adaptive_softmax_cutoff=None,
+                no_token_positional_embeddings=False)  # fmt: skip
+    return {**args, **changes}
+
+
+class StopwatchMeter:
+    """Stands for fairseq's meters, which a training checkpoint's `extra_state` holds: importing or running this
+    class while reading a checkpoint would be executing code the file names."""
+
+    def __setstate__(self, state):
+        raise AssertionError("a class named by the checkpoint was run")
+
+
+def write_archive(folder: Path, fsmt, bpe, form: str, drop: tuple[str, ...] = (), **changes) -> Path:
+    """An extracted fairseq archive: model.pt as fairseq of 2018 (form '2018') or today ('current') saves it, the
+    joined dictionary as dict.en.txt and dict.de.txt, and the BPE codes."""
+    folder.mkdir(parents=True, exist_ok=True)
+    state, args = fairseq_state(fsmt), architecture(fsmt, **changes)
+    package, module = types.ModuleType("fairseq"), types.ModuleType("fairseq.meters")  # importable while saving,
+    package.meters, module.StopwatchMeter = module, StopwatchMeter  # gone when reading
+    StopwatchMeter.__module__ = "fairseq.meters"
+    sys.modules.update({"fairseq": package, "fairseq.meters": module})
+    try:
+        extra = {"train_meters": {"wall": StopwatchMeter()}, "epoch": 3}
+        if form == "2018":
+            checkpoint = {"args": argparse.Namespace(**args), "model": as_2018(state), "extra_state": extra,
+                          "optimizer_history": [{"criterion_name": "LabelSmoothedCrossEntropyCriterion"}]}  # fmt: skip
+            torch.save(checkpoint, folder / "model.pt", _use_new_zipfile_serialization=False)
+        else:
+            model_cfg = {"_name": args.pop("arch"), **{k: v for k, v in args.items() if k not in
+                                                       ("task", "source_lang", "target_lang")}}  # fmt: skip
+            cfg = {"_name": None, "common": {"fp16": True}, "model": model_cfg,
+                   "task": {"_name": "translation", "source_lang": "en", "target_lang": "de"},
+                   "tokenizer": {"_name": "moses", "moses_no_dash_splits": True, "moses_no_escape": False},
+                   "bpe": {"_name": "subword_nmt", "bpe_codes": "bpecodes", "bpe_separator": "@@"}}  # fmt: skip
+            torch.save({"args": None, "cfg": cfg, "model": state, "extra_state": extra}, folder / "model.pt")
+    finally:
+        del sys.modules["fairseq.meters"], sys.modules["fairseq"]
+        StopwatchMeter.__module__ = __name__
+    for lang in ("en", "de"):
+        if f"dict.{lang}.txt" not in drop:
+            (folder / f"dict.{lang}.txt").write_text(bpe.dictionary.read_text())
+    if "bpecodes" not in drop:
+        (folder / "bpecodes").write_bytes(bpe.codes.read_bytes())
+    return folder
+
+
+def padded_vocab(bpe) -> int:
+    return (bpe.vocab_size + 7) // 8 * 8  # fairseq pads its dictionary to a multiple of 8 with madeupwords
+
+
+@pytest.fixture(scope="module")
+def archives(bpe, tmp_path_factory):
+    """Both formats written from one random model, and each converted."""
+    root = tmp_path_factory.mktemp("archives")
+    fsmt = random_fsmt("big-like", vocab=padded_vocab(bpe))
+    converted = {}
+    for form in ("2018", "current"):
+        archive = write_archive(root / form, fsmt, bpe, form)
+        converted[form] = convert_fairseq_checkpoint(archive, root / f"{form}-vaswani")
+    return types.SimpleNamespace(fsmt=fsmt, root=root, converted=converted)
+
+
+def test_both_fairseq_formats_convert_to_fsmt_s_model(archives, bpe):
+    models = {form: AutoModelForSeq2SeqLM.from_pretrained(path).eval() for form, path in archives.converted.items()}
+    first, second = (m.state_dict() for m in models.values())
+    assert first.keys() == second.keys() and all(torch.equal(first[k], second[k]) for k in first)
+    assert_same_as_fsmt(archives.fsmt, models["2018"], vocab=padded_vocab(bpe))
+    assert models["2018"].config.tie_word_embeddings and models["2018"].config.dropout == 0.3
+
+
+def test_the_decoding_settings_are_fairseq_s_or_the_paper_s(archives, bpe, tmp_path):
+    fairseq = AutoModelForSeq2SeqLM.from_pretrained(archives.converted["current"]).generation_config
+    assert (fairseq.num_beams, fairseq.length_penalty, fairseq.length_penalty_type) == (5, 1.0, "hf")
+    assert fairseq.suppress_tokens == [1] and fairseq.forced_eos_token_id == 2
+    vaswani("convert", "fairseq", str(archives.root / "2018"), str(tmp_path / "paper"), "--paper-decoding")
+    paper = AutoModelForSeq2SeqLM.from_pretrained(tmp_path / "paper").generation_config
+    assert (paper.num_beams, paper.length_penalty, paper.length_penalty_type, paper.max_length_offset) == (
+        4, 0.6, "gnmt", 50)  # fmt: skip
+
+
+def test_the_tokenizer_loads_with_autotokenizer_and_keeps_the_checkpoint_s_moses_options(archives):
+    new = AutoTokenizer.from_pretrained(archives.converted["current"])  # cfg: moses_no_dash_splits=True
+    old = AutoTokenizer.from_pretrained(archives.converted["2018"])  # no Moses options: fairseq's defaults
+    assert isinstance(new, MosesBPETokenizer) and isinstance(old, MosesBPETokenizer)
+    assert (new.aggressive_dash_splits, old.aggressive_dash_splits, new.escape) == (False, True, True)
+    assert "@-@" not in new.tokenize("self-evident") and "@-@" in old.tokenize("self-evident")
+    ids = new("A man in a blue shirt .")["input_ids"]
+    assert ids[-1] == 2 and 0 not in ids  # </s> at the end, no <s>, as fairseq's sources
+    assert (new.pad_token_id, new.bos_token_id, new.eos_token_id, new.unk_token_id) == (1, 0, 2, 3)
+
+
+@pytest.mark.parametrize("normalize", [False, True], ids=["plain", "normalized"])
+@pytest.mark.parametrize("aggressive", [True, False], ids=["dash-splits", "no-dash-splits"])
+def test_pieces_equal_sacremoses_and_subword_nmt_on_real_text(bpe, tmp_path, aggressive, normalize):
+    vocab = tmp_path / "vocab.json"
+    symbols = ["<s>", "<pad>", "</s>", "<unk>"] + [line.split()[0] for line in bpe.dictionary.read_text().splitlines()]
+    vocab.write_text(json.dumps({s: i for i, s in enumerate(symbols)}))
+    tokenizer = MosesBPETokenizer(str(vocab), str(bpe.codes), "en", "de", aggressive_dash_splits=aggressive,
+                                  normalize_punctuation=normalize)  # fmt: skip
+    with open(bpe.codes, encoding="utf-8") as handle:
+        segmenter = apply_bpe.BPE(handle)
+    files = {"en": [MULTI30K / "test2016.en", NEWSTEST / "newstest2014.en-de.en"],
+             "de": [MULTI30K / "test2016.de", NEWSTEST / "newstest2014.en-de.de"]}  # fmt: skip
+    checked = 0
+    for lang, paths in files.items():
+        moses = sacremoses.MosesTokenizer(lang=lang)
+        normalizer = sacremoses.MosesPunctNormalizer(lang=lang)
+        detokenizer = sacremoses.MosesDetokenizer(lang="de")
+        for path in paths:
+            for line in read_lines(path, 400):
+                text = normalizer.normalize(line) if normalize else line
+                words = moses.tokenize(text, aggressive_dash_splits=aggressive, escape=True)
+                expected = segmenter.segment_tokens(words)
+                pieces = tokenizer(text_target=line) if lang == "de" else tokenizer(line)
+                got = tokenizer.convert_ids_to_tokens(pieces["input_ids"])
+                assert got[-1] == "</s>"
+                known = [p if p in tokenizer.encoder else "<unk>" for p in expected]
+                assert got[:-1] == known, (path.name, line)
+                if lang == "de" and "<unk>" not in known:
+                    assert tokenizer.decode(pieces["input_ids"], skip_special_tokens=True) == \
+                        detokenizer.detokenize(words, unescape=True)  # fmt: skip
+                checked += 1
+    assert checked == 1600
+
+
+def test_the_target_side_is_tokenized_in_the_target_language(bpe, tmp_path):
+    vocab = tmp_path / "vocab.json"
+    vocab.write_text(json.dumps({"<s>": 0, "<pad>": 1, "</s>": 2, "<unk>": 3}))
+    tokenizer = MosesBPETokenizer(str(vocab), str(bpe.codes), "en", "fr")
+    english, french = sacremoses.MosesTokenizer(lang="en"), sacremoses.MosesTokenizer(lang="fr")
+    text = "l'homme d'affaires"
+    assert english.tokenize(text) != french.tokenize(text)  # the case this test is about
+    with open(bpe.codes, encoding="utf-8") as handle:
+        segmenter = apply_bpe.BPE(handle)
+    encoded = tokenizer(text, text_target=text)
+    for ids, moses in ((encoded["input_ids"], english), (encoded["labels"], french)):
+        assert tokenizer.convert_ids_to_tokens(ids)[:-1] == ["<unk>"] * len(segmenter.segment_tokens(moses.tokenize(
+            text, escape=True)))  # fmt: skip
+    assert tokenizer.tokenize(text) == segmenter.segment_tokens(english.tokenize(text, escape=True))
+    assert tokenizer.lang == "en"  # back to the source side after the labels
+
+
+def test_a_converted_model_reloads_as_remote_code_fine_tunes_exports_and_serves(archives, bpe, tmp_path):
+    from transformers import DataCollatorForSeq2Seq, Seq2SeqTrainer, Seq2SeqTrainingArguments
+
+    path = archives.converted["2018"]
+    model = AutoModelForSeq2SeqLM.from_pretrained(path).eval()
+    tokenizer = AutoTokenizer.from_pretrained(path)
+
+    # remote code, without the package
+    source, mask, target = padded_batch(padded_vocab(bpe))
+    remote = remote_code_outputs(path, {"input_ids": source, "attention_mask": mask, "decoder_input_ids": target})
+    with torch.no_grad():
+        expected = model(input_ids=source, attention_mask=mask, decoder_input_ids=target).logits
+    torch.testing.assert_close(remote["logits"], expected)
+    assert torch.equal(remote["beam"], model.generate(input_ids=source, attention_mask=mask))
+
+    # a few steps of Seq2SeqTrainer on real pairs, with the converted tokenizer; the three embeddings stay one
+    pairs = list(zip(read_lines(MULTI30K / "train.en", 16), read_lines(MULTI30K / "train.de", 16), strict=True))
+    rows = [tokenizer(en, text_target=de) for en, de in pairs]
+    before = model.model.shared.weight.detach().clone()
+    arguments = Seq2SeqTrainingArguments(str(tmp_path / "run"), max_steps=3, per_device_train_batch_size=4,
+                                         learning_rate=1e-3, report_to=[], save_strategy="no")  # fmt: skip
+    trainer = Seq2SeqTrainer(model=model.train(), args=arguments, train_dataset=rows,
+                             data_collator=DataCollatorForSeq2Seq(tokenizer, model=model))  # fmt: skip
+    assert trainer.train().training_loss > 0
+    assert not torch.equal(model.model.shared.weight, before)
+    assert model.lm_head.weight is model.model.shared.weight or torch.equal(model.lm_head.weight,
+                                                                           model.model.shared.weight)  # fmt: skip
+    assert model.config.pad_token_id == 1 and model.config.decoder_start_token_id == 2
+
+    # CTranslate2: the same greedy tokens as the model
+    from benchmarks.ctranslate2_runner import CTranslate2Runner
+
+    model.eval()
+    runner = CTranslate2Runner.from_model(model, tmp_path / "ct2", threads=1)
+    ours = model.generate(
+        input_ids=source[:1, :-1],
+        num_beams=1,
+        min_new_tokens=8,
+        max_new_tokens=8,
+        suppress_tokens=None,
+        forced_eos_token_id=None,
+    )  # CTranslate2 forces no </s> at the end
+    assert torch.equal(ours[:, 1:], runner.generate_ids(source[:1, :-1], 1, 8))
+
+
+def test_a_converted_model_serves(archives):
+    from .test_serve import Server
+
+    lines = read_lines(MULTI30K / "test2016.en", 3)
+    expected = vaswani("translate", str(archives.converted["2018"]), "--precision", "fp32",
+                       stdin="\n".join(lines) + "\n")  # fmt: skip
+    assert expected.returncode == 0, expected.stderr[-2000:]
+    running = Server(archives.converted["2018"])
+    try:
+        answer = running.post("/translate", json={"q": lines, "source": "en", "target": "de"})
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["translatedText"] == expected.stdout.split("\n")[:3]
+    finally:
+        assert running.stop()[0] == 0
+
+
+def broken(archive: Path, fsmt, bpe, how: str) -> Path:
+    if how == "missing dictionary":
+        return write_archive(archive, fsmt, bpe, "2018", drop=("dict.de.txt",))
+    if how == "pre-norm encoder":
+        return write_archive(archive, fsmt, bpe, "current", encoder_normalize_before=True)
+    if how == "learned positions":
+        return write_archive(archive, fsmt, bpe, "2018", decoder_learned_pos=True)
+    write_archive(archive, fsmt, bpe, "current")
+    if how == "truncated checkpoint":
+        data = (archive / "model.pt").read_bytes()
+        (archive / "model.pt").write_bytes(data[: len(data) // 2])
+    elif how == "codes of another model":
+        merges = [line for line in bpe.codes.read_text().splitlines() if not line.startswith("#")]
+        (archive / "bpecodes").write_text("".join(f"{b} {a}\n" for a, b in (m.split() for m in merges)))
+    elif how == "no codes":
+        (archive / "bpecodes").unlink()
+    return archive
+
+
+@pytest.mark.parametrize(
+    "how, message",
+    [
+        ("missing dictionary", "dict.de.txt: missing"),
+        ("codes of another model", "does not match"),
+        ("pre-norm encoder", "`encoder_normalize_before`=True"),
+        ("learned positions", "`decoder_learned_pos`=True"),
+        ("truncated checkpoint", "truncated: download the archive again"),
+        ("no codes", "no BPE codes (bpecodes or code"),
+    ],
+)
+def test_a_malformed_archive_stops_naming_the_file_and_the_fix_and_writes_nothing(bpe, tmp_path, how, message):
+    fsmt = random_fsmt("big-like", vocab=padded_vocab(bpe))
+    archive = broken(tmp_path / "archive", fsmt, bpe, how)
+    result = vaswani("convert", "fairseq", str(archive), str(tmp_path / "out"))
+    assert result.returncode == 2 and message in result.stderr, result.stderr[-2000:]
+    assert "Traceback" not in result.stderr and str(archive) in result.stderr
+    assert not (tmp_path / "out").exists() and sorted(p.name for p in tmp_path.iterdir()) == ["archive"]
+
+
+def test_a_vocabulary_the_config_cannot_share_is_refused_by_name():
+    fsmt = random_fsmt("big-like", vocab=40, tied=False)
+    fsmt.model.decoder.output_projection.weight = fsmt.model.decoder.embed_tokens.weight  # two of three shared
+    with pytest.raises(FairseqArchiveError, match="share_decoder_input_output_embed"):
+        fsmt_to_vaswani(fsmt)
+    config = FSMTConfig(langs=["en", "de"], src_vocab_size=40, tgt_vocab_size=48, d_model=16, encoder_layers=1,
+                        decoder_layers=1, encoder_attention_heads=2, decoder_attention_heads=2)  # fmt: skip
+    with pytest.raises(FairseqArchiveError, match="`src_vocab_size`=40 and `tgt_vocab_size`=48"):
+        fsmt_to_vaswani(FSMTForConditionalGeneration(config))
+
+
+def test_vaswani_convert_fsmt_writes_a_model_that_translates_as_fsmt(tmp_path):
+    random_fsmt("uneven", vocab=40, tied=False).save_pretrained(tmp_path / "fsmt")
+    result = vaswani("convert", "fsmt", str(tmp_path / "fsmt"), str(tmp_path / "vaswani"))
+    assert result.returncode == 0, result.stderr[-2000:]
+    converted = AutoModelForSeq2SeqLM.from_pretrained(tmp_path / "vaswani").eval()
+    assert_same_as_fsmt(FSMTForConditionalGeneration.from_pretrained(tmp_path / "fsmt").eval(), converted, vocab=40)
+    assert json.loads((tmp_path / "vaswani" / "training_facts.json").read_text())["data"] == {"src": "en", "tgt": "de"}
