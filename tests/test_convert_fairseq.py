@@ -422,3 +422,29 @@ def test_vaswani_convert_fsmt_writes_a_model_that_translates_as_fsmt(tmp_path):
     converted = AutoModelForSeq2SeqLM.from_pretrained(tmp_path / "vaswani").eval()
     assert_same_as_fsmt(FSMTForConditionalGeneration.from_pretrained(tmp_path / "fsmt").eval(), converted, vocab=40)
     assert json.loads((tmp_path / "vaswani" / "training_facts.json").read_text())["data"] == {"src": "en", "tgt": "de"}
+
+
+def test_tokenized_bleu_is_multi_bleu_of_moses_tokens_with_compounds_split(archives, tmp_path):
+    from sacrebleu.metrics import BLEU
+
+    from vaswani_hf.translation.metrics import load_metrics, score_with
+
+    hypotheses, references = ["Ein Zwei-Wege-Test, sagte er."], ["Ein Zwei-Wege-Test, sagt er."]
+    # Moses (de) then perl -ple 's{(\S)-(\S)}{$1 ##AT##-##AT## $2}g', written out by hand
+    split = "Ein Zwei ##AT##-##AT## Wege ##AT##-##AT## Test ,"
+    tokens = [f"{split} sagte er .", f"{split} sagt er ."]
+    expected = BLEU(tokenize="none").corpus_score(tokens[:1], [tokens[1:]]).score
+    scores = score_with(load_metrics(["tokenized_bleu:de"]), hypotheses, references)
+    assert scores["tokenized_bleu"] == round(expected, 2) and scores["bleu"] != scores["tokenized_bleu"]
+    assert scores["tokenized_bleu_signature"].startswith("moses-de+compound-split|")
+
+    # `vaswani evaluate` of a converted model on newstest2014 lines reports it beside sacreBLEU
+    data = tmp_path / "wmt14"
+    data.mkdir()
+    for lang in ("en", "de"):
+        lines = read_lines(NEWSTEST / f"newstest2014.en-de.{lang}", 6)
+        (data / f"newstest2014.en-de.{lang}").write_text("\n".join(lines) + "\n")
+    result = vaswani("evaluate", str(archives.converted["2018"]), "--data", str(data), "--split", "newstest2014.en-de",
+                     "--metric", "tokenized_bleu:de", "--num-beams", "1", "--precision", "fp32")  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "tokenized_bleu" in result.stdout + result.stderr

@@ -19,14 +19,22 @@ from transformers import EvalPrediction, PreTrainedTokenizerBase
 if TYPE_CHECKING:  # imported where a metric loads: `evaluate` imports Transformers' pipelines, a second a command
     import evaluate
 
-PACKAGED = {name: Path(__file__).with_name("metric_modules") / name for name in ("bleu", "chrf")}
+PACKAGED = {name: Path(__file__).with_name("metric_modules") / name for name in ("bleu", "chrf", "tokenized_bleu")}
 DEFAULT_METRICS = ("bleu", "chrf")  # the recipe's: always reported, `--metric` adds to them
 _LOADED: dict[str, evaluate.EvaluationModule] = {}
+
+
+def packaged(spec: str) -> tuple[Path, str | None] | None:
+    """A packaged metric's module and configuration (`tokenized_bleu:de`: the Moses language), or None."""
+    name, _, config = spec.partition(":")
+    return (PACKAGED[name], config or None) if name in PACKAGED else None
 
 
 def metric_name(spec: str) -> str:
     """The name a metric's results are reported under: a packaged name or Hub id as given, a local module by its
     file name ("my_metrics/ter.py" and "my_metrics/ter" are "ter")."""
+    if packaged(spec):
+        return spec.partition(":")[0]
     path = Path(spec)
     return path.stem if spec not in PACKAGED and (path.suffix == ".py" or path.exists()) else spec.split("/")[-1]
 
@@ -36,14 +44,14 @@ def load_metric(spec: str) -> evaluate.EvaluationModule:
     toy pair, so a broken module stops before any training or decoding, naming it."""
     if spec in _LOADED:
         return _LOADED[spec]
-    path = PACKAGED.get(spec, Path(spec))
-    local = spec in PACKAGED or path.exists() or path.suffix == ".py"
+    path, config = packaged(spec) or (Path(spec), None)
+    local = packaged(spec) is not None or path.exists() or path.suffix == ".py"
     if local and not path.exists():
         raise FileNotFoundError(f"--metric {spec}: no such file or folder.")
     import evaluate
 
     try:
-        module = evaluate.load(str(path) if local else spec, keep_in_memory=True)
+        module = evaluate.load(str(path) if local else spec, config_name=config, keep_in_memory=True)
     except Exception as err:  # evaluate raises FileNotFoundError, ConnectionError, ImportError, ... by cause
         if local:
             raise ValueError(
@@ -82,7 +90,7 @@ def scalars(spec: str, result: dict) -> dict:
     """A metric's numbers and strings (lists and arrays are left out: Trainer logs scalars), each reported under
     the metric's name: a key that starts with it as it is, the others as NAME_KEY (the packaged metrics' keys as
     they are: `brevity_penalty` is BLEU's, as the recipe has always reported it)."""
-    name = "" if spec in PACKAGED else metric_name(spec)
+    name = "" if packaged(spec) else metric_name(spec)
     out = {}
     for key, value in result.items():
         if isinstance(value, (np.floating, np.integer)):
@@ -99,7 +107,7 @@ def score_with(metrics: dict[str, evaluate.EvaluationModule], hypotheses: Sequen
     results: dict = {}
     for spec, module in metrics.items():
         results.update(scalars(spec, _computed(module, list(hypotheses), list(references))))
-    for key, digits in (("bleu", 2), ("chrf", 2), ("brevity_penalty", 3)):
+    for key, digits in (("bleu", 2), ("chrf", 2), ("tokenized_bleu", 2), ("brevity_penalty", 3)):
         if isinstance(results.get(key), float):
             results[key] = round(results[key], digits)
     return results
