@@ -241,6 +241,18 @@ def test_the_decoding_settings_are_fairseq_s_or_the_paper_s(archives, bpe, tmp_p
     assert (paper.num_beams, paper.length_penalty, paper.length_penalty_type, paper.max_length_offset) == (
         4, 0.6, "gnmt", 50)  # fmt: skip
 
+    # and one flag away when decoding: --decoding paper on fairseq's settings is the paper-decoding model's default
+    lines = "\n".join(read_lines(MULTI30K / "test2016.en", 4)) + "\n"
+    outputs = {}
+    for name, folder, flags in (("paper", tmp_path / "paper", []),
+                                ("flag", archives.converted["2018"], ["--decoding", "paper"]),
+                                ("fairseq", archives.converted["2018"], []),
+                                ("fairseq-flag", tmp_path / "paper", ["--decoding", "fairseq"])):  # fmt: skip
+        result = vaswani("translate", str(folder), "--precision", "fp32", *flags, stdin=lines)
+        assert result.returncode == 0, result.stderr[-2000:]
+        outputs[name] = result.stdout
+    assert outputs["paper"] == outputs["flag"] and outputs["fairseq"] == outputs["fairseq-flag"]
+
 
 def test_the_tokenizer_loads_with_autotokenizer_and_keeps_the_checkpoint_s_moses_options(archives):
     new = AutoTokenizer.from_pretrained(archives.converted["current"])  # cfg: moses_no_dash_splits=True

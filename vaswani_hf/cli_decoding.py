@@ -34,15 +34,24 @@ def _add_precision(parser: argparse.ArgumentParser) -> None:
 
 
 def _add_decoding(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--decoding", choices=["paper", "fairseq"], default=None,
+                        help="the paper's search (beam 4, GNMT penalty 0.6, source + 50 tokens) or fairseq's (beam "
+                        "5, score / length, 200 tokens); default: the model's generation config")  # fmt: skip
     parser.add_argument("--num-beams", type=at_least_one, default=None, help="default: the model's (paper: 4)")
     parser.add_argument("--length-penalty", type=float, default=None,
-                        help="GNMT alpha (default: the model's; paper: 0.6; tune it on a development set)")  # fmt: skip
+                        help="the model's length penalty (GNMT alpha for the paper's; default: the model's; paper: "
+                        "0.6; tune it on a development set)")  # fmt: skip
 
 
 def _decoding(args: argparse.Namespace) -> dict:
-    """generate() settings the user gave; the rest come from the model's generation config."""
-    return {name: value for name, value in (("num_beams", args.num_beams), ("length_penalty", args.length_penalty))
-            if value is not None}  # fmt: skip
+    """generate() settings the user gave (a preset, then single settings); the rest come from the model's
+    generation config."""
+    from .model.search_vaswani import DECODING_PRESETS
+
+    settings = dict(DECODING_PRESETS[args.decoding]) if getattr(args, "decoding", None) else {}
+    settings.update({name: value for name, value in (("num_beams", args.num_beams),
+                     ("length_penalty", args.length_penalty)) if value is not None})  # fmt: skip
+    return settings
 
 
 def _add_long_lines(parser: argparse.ArgumentParser) -> None:

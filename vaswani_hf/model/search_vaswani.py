@@ -53,6 +53,17 @@ PAPER_GENERATION_DEFAULTS = {
     "max_length_offset": 50,
     "early_stopping": True,
 }
+# fairseq-generate's decoding (beam 5, score / length, at most 200 tokens and then </s>), as its converted models
+# decode; `vaswani translate --decoding fairseq|paper` picks either for any model.
+FAIRSEQ_GENERATION_DEFAULTS = {
+    "num_beams": 5,
+    "length_penalty": 1.0,
+    "length_penalty_type": "hf",
+    "max_length_offset": None,
+    "max_length": 202,  # the decoder's start, 200 tokens, </s>
+    "early_stopping": True,  # a sentence ends with its beam-size finished hypotheses, as fairseq's search
+}
+DECODING_PRESETS = {"paper": PAPER_GENERATION_DEFAULTS, "fairseq": FAIRSEQ_GENERATION_DEFAULTS}
 LENGTH_PENALTY_TYPES = ("gnmt", "hf")
 
 

@@ -28,12 +28,11 @@ import torch
 
 from ...model.configuration_vaswani import VaswaniConfig
 from ...model.modeling_vaswani import VaswaniForConditionalGeneration
+from ...model.search_vaswani import FAIRSEQ_GENERATION_DEFAULTS
 from .marian import vaswani_state_dict_from_bart_layout
 
 FAIRSEQ_SPECIALS = ("<s>", "<pad>", "</s>", "<unk>")  # fairseq's Dictionary: bos, pad, eos, unk
 CODES_NAMES = ("bpecodes", "code", "codes", "bpe.codes")
-# fairseq's decoding (fairseq-generate, the hub interface): beam 5, score / length^1, at most 200 tokens, then </s>
-FAIRSEQ_DECODING = {"num_beams": 5, "length_penalty": 1.0, "max_new_tokens": 201, "early_stopping": True}
 
 
 class FairseqArchiveError(ValueError):
@@ -240,16 +239,14 @@ def vaswani_from_fairseq_layout(
 
 
 def set_decoding(model: VaswaniForConditionalGeneration, settings: dict, paper_decoding: bool) -> None:
-    """fairseq's decoding (beam 5, score / length, 200 tokens, </s> forced at the end, <pad> never chosen) unless
-    `paper_decoding` keeps the paper's (beam 4, GNMT penalty 0.6, source + 50)."""
+    """fairseq's decoding (beam 5, score / length, 200 tokens) unless `paper_decoding` keeps the paper's (beam 4, GNMT
+    penalty 0.6, source + 50); either way as fairseq's search: `<pad>` never chosen, `</s>` forced at the limit."""
     generation = model.generation_config
-    generation.suppress_tokens = [model.config.pad_token_id]  # fairseq never picks <pad> (sequence_generator)
+    generation.suppress_tokens = [model.config.pad_token_id]
+    generation.forced_eos_token_id = model.config.eos_token_id
     if not paper_decoding:
-        for name, value in FAIRSEQ_DECODING.items():
+        for name, value in FAIRSEQ_GENERATION_DEFAULTS.items():
             setattr(generation, name, value)
-        generation.forced_eos_token_id = model.config.eos_token_id
-        generation.length_penalty_type = "hf"
-        generation.max_length_offset = None
     generation._from_model_config = False  # keep these settings on save and reload
 
 
