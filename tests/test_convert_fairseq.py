@@ -224,6 +224,14 @@ def archives(bpe, tmp_path_factory):
     return types.SimpleNamespace(fsmt=fsmt, root=root, converted=converted)
 
 
+def test_a_half_precision_checkpoint_converts_to_float32(bpe, tmp_path):
+    fsmt = random_fsmt("big-like", vocab=padded_vocab(bpe))
+    archive = write_archive(tmp_path / "fp16", fsmt.half(), bpe, "current")
+    model = AutoModelForSeq2SeqLM.from_pretrained(convert_fairseq_checkpoint(archive, tmp_path / "out"))
+    assert model.dtype == torch.float32
+    torch.testing.assert_close(model.model.shared.weight, fsmt.model.encoder.embed_tokens.weight.float())
+
+
 def test_both_fairseq_formats_convert_to_fsmt_s_model(archives, bpe):
     models = {form: AutoModelForSeq2SeqLM.from_pretrained(path).eval() for form, path in archives.converted.items()}
     first, second = (m.state_dict() for m in models.values())
@@ -359,6 +367,10 @@ def test_a_converted_model_reloads_as_remote_code_fine_tunes_exports_and_serves(
         forced_eos_token_id=None,
     )  # CTranslate2 forces no </s> at the end
     assert torch.equal(ours[:, 1:], runner.generate_ids(source[:1, :-1], 1, 8))
+    result = vaswani("export", str(path), str(tmp_path / "exported"), "--to", "ctranslate2")
+    assert result.returncode == 0, result.stderr[-2000:]
+    vocabulary = (tmp_path / "exported" / "shared_vocabulary.json").read_text()
+    assert json.loads(vocabulary)[:4] == ["<s>", "<pad>", "</s>", "<unk>"]
 
 
 def test_a_converted_model_serves(archives):

@@ -75,7 +75,8 @@ def test_a_local_module_is_reported_under_its_name_with_scalars_only(modules):
 
 def test_bad_metrics_give_clear_errors(modules, tmp_path):
     _, broken = modules
-    with pytest.raises(ValueError, match=r"--metric sacrebleu: not a packaged metric \(bleu, chrf\) nor a local path.*"
+    with pytest.raises(ValueError, match=r"--metric sacrebleu: not a packaged metric \(bleu, chrf, tokenized_bleu\) "
+                                         r"nor a local path.*"
                                          r"Pass the path of a local metric module instead: a folder holding "
                                          r"sacrebleu.py"):  # fmt: skip
         load_metric("sacrebleu")  # a Hub name: the tests run offline

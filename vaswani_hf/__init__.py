@@ -16,10 +16,8 @@ import importlib.abc
 import importlib.util
 import sys
 
-from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM
+from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM, AutoTokenizer, PretrainedConfig
 
-# registers the Moses + BPE tokenizer of converted fairseq models with AutoTokenizer (sacremoses is imported on use)
-from .data.moses_bpe import MosesBPETokenizer
 from .model.configuration_vaswani import VaswaniConfig
 from .model.modeling_vaswani import VaswaniForConditionalGeneration, VaswaniModel, VaswaniPreTrainedModel
 from .model.search_vaswani import gnmt_length_penalty
@@ -41,6 +39,7 @@ _LAZY = {
     "Parser": "parsing.parser",
     "ParseResult": "parsing.parser",
     "ConstituencyParsingPipeline": "parsing.pipeline",
+    "MosesBPETokenizer": "data.moses_bpe",
 }
 
 __version__ = "0.1.0"
@@ -54,10 +53,11 @@ VaswaniForConditionalGeneration.register_for_auto_class("AutoModelForSeq2SeqLM")
 
 
 class _Deferred(type):
-    """The metaclass of a stand-in that becomes the class it names on first use: the registry reads a pipeline
-    class's attributes and calls it, and both reach the real class, imported then (`import vaswani_hf` stays
-    light: Transformers 5.20 takes no dotted path in the registry, only a class). It bears the real class's
-    name, which a loading config compares with the pipeline it declares (`configuration_vaswani`)."""
+    """The metaclass of a stand-in that becomes the class it names on first use: a registry (Transformers'
+    pipelines, AutoTokenizer) reads the class's attributes and calls it, and both reach the real class, imported
+    then (`import vaswani_hf` stays light: Transformers 5.20 takes no dotted path in the registry, only a class).
+    It bears the real class's name, which a loading config compares with the pipeline it declares
+    (`configuration_vaswani`) and AutoTokenizer looks a tokenizer class up by."""
 
     def __init__(cls, *args) -> None:
         super().__init__(*args)
@@ -70,15 +70,35 @@ class _Deferred(type):
         return getattr(cls.real(), name)
 
     def __call__(cls, *args, **kwargs):
+        return cls.real()(*args, **kwargs)
+
+
+class _DeferredPipeline(_Deferred):
+    def __call__(cls, *args, **kwargs):
         # the task is registered for every model: claim Vaswani models only, and leave the others as Transformers
         # leaves them (its own refusal, where it has no pipeline for the task)
         model = kwargs.get("model", args[0] if args else None)
         if getattr(getattr(model, "config", None), "model_type", None) != VaswaniConfig.model_type:
             raise cls.refusal(type(model).__name__)
-        return cls.real()(*args, **kwargs)
+        return super().__call__(*args, **kwargs)
 
 
-class _TranslationPipeline(metaclass=_Deferred):
+class _MosesBPETokenizer(metaclass=_Deferred):
+    module, name = "data.moses_bpe", "MosesBPETokenizer"
+
+
+class _MosesBPETokenizerConfig(PretrainedConfig):
+    """A marker: Transformers finds a tokenizer class named in `tokenizer_config.json` only among those registered
+    for some config. The converted fairseq models' tokenizer is registered under this one, not `VaswaniConfig`, so a
+    Vaswani folder that names no tokenizer class keeps Transformers' own choice."""
+
+    model_type = "vaswani-moses-bpe"
+
+
+AutoTokenizer.register(_MosesBPETokenizerConfig, slow_tokenizer_class=_MosesBPETokenizer, exist_ok=True)
+
+
+class _TranslationPipeline(metaclass=_DeferredPipeline):
     # a stand-in here too: the tasks are registered while Transformers' pipelines module is being imported, which
     # the real class's own module may be what imports
     module, name = "model.pipeline_vaswani", "VaswaniTranslationPipeline"
@@ -92,7 +112,7 @@ class _TranslationPipeline(metaclass=_Deferred):
         )
 
 
-class _ParsingPipeline(metaclass=_Deferred):
+class _ParsingPipeline(metaclass=_DeferredPipeline):
     module, name = "parsing.pipeline", "ConstituencyParsingPipeline"
 
     @classmethod
@@ -158,7 +178,6 @@ def __getattr__(name: str):
 
 
 __all__ = [
-    "MosesBPETokenizer",
     "VaswaniConfig",
     "VaswaniForConditionalGeneration",
     "VaswaniModel",

@@ -6,7 +6,8 @@ and subword-nmt), kept as those two libraries do it: the pieces equal `sacremose
 same text (tests/test_convert_fairseq.py holds it to them on Multi30k and newstest2014). A source ends with </s> and
 has no <s>, as fairseq's; `decode` joins the pieces and Moses-detokenises. `vaswani convert fairseq` writes it beside
 the model (`vocab.json`, `bpecodes`, `tokenizer_config.json`); `AutoTokenizer.from_pretrained` loads it once
-`vaswani_hf` is imported. It needs `pip install "vaswani-hf[fairseq]"` (sacremoses, subword-nmt).
+`vaswani_hf` is imported (which registers it, importing this module on first use). It needs
+`pip install "vaswani-hf[fairseq]"` (sacremoses, subword-nmt).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from __future__ import annotations
 import json
 import os
 
-from transformers import AutoTokenizer, PretrainedConfig, PreTrainedTokenizer
+from transformers import PreTrainedTokenizer
 
 VOCAB_FILES_NAMES = {"vocab_file": "vocab.json", "codes_file": "bpecodes"}
 INSTALL = 'pip install "vaswani-hf[fairseq]" (sacremoses and subword-nmt)'
@@ -153,15 +154,5 @@ class MosesBPETokenizer(PreTrainedTokenizer):
                 out.write(source.read())
         return vocab_path, codes_path
 
-
-class MosesBPETokenizerConfig(PretrainedConfig):
-    """A marker: Transformers finds a tokenizer class named in `tokenizer_config.json` only among those registered
-    for some config. Registered under this one, not `VaswaniConfig`, so a Vaswani folder that names no tokenizer
-    class keeps Transformers' own choice."""
-
-    model_type = "vaswani-moses-bpe"
-
-
-AutoTokenizer.register(MosesBPETokenizerConfig, slow_tokenizer_class=MosesBPETokenizer, exist_ok=True)
 
 __all__ = ["MosesBPETokenizer"]

@@ -207,7 +207,8 @@ def vaswani_from_fairseq_layout(
 ) -> VaswaniForConditionalGeneration:
     """A Vaswani model from weights named as today's fairseq names them (`encoder.layers.0.self_attn.q_proj.weight`,
     ..., `decoder.output_projection.weight`); the embeddings decide the sharing: all three equal -> tied, all three
-    separate -> `tie_word_embeddings=False`, anything between is refused."""
+    separate -> `tie_word_embeddings=False`, anything between is refused. The model is float32: cast it for
+    serving (`--precision`)."""
     source = state["encoder.embed_tokens.weight"]
     target = state.get("decoder.embed_tokens.weight", source)
     output = state.get("decoder.output_projection.weight", state.get("decoder.embed_out", target))
@@ -229,7 +230,7 @@ def vaswani_from_fairseq_layout(
     if not tied:
         renamed["model.decoder.embed_tokens.weight"] = target
         renamed["lm_head.weight"] = output
-    model = VaswaniForConditionalGeneration(config).to(source.dtype)
+    model = VaswaniForConditionalGeneration(config)  # float32, whatever the checkpoint's (fairseq's are often fp16)
     missing, unexpected = model.load_state_dict(renamed, strict=False)
     missing = [k for k in missing if not k.endswith(("embed_tokens.weight", "lm_head.weight"))]
     if missing or unexpected:

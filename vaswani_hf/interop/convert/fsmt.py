@@ -73,7 +73,7 @@ def fsmt_to_vaswani(fsmt_model, paper_decoding: bool = False) -> VaswaniForCondi
         model.generation_config.length_penalty_type = "hf"
         model.generation_config.max_length_offset = None
         model.generation_config._from_model_config = False
-    return model.to(fsmt_model.dtype).eval()
+    return model.to(fsmt_model.dtype).eval()  # FSMT's dtype, as the Marian converter keeps Marian's
 
 
 def convert_fsmt_checkpoint(src_dir: str | Path, out_dir: str | Path, paper_decoding: bool = False) -> Path:
