@@ -357,8 +357,68 @@ SERVE_BOUNDS = {
 }
 
 
+def _served_models(args: argparse.Namespace):
+    """The folders to serve (MODEL_DIR ..., or every model in --models FOLDER), each checked and described without
+    loading it: (ServedModel, its task) a folder."""
+    from transformers import AutoConfig
+
+    from .serving.catalog import ServedModel
+    from .serving.service import saved_facts
+    from .tasks import task_of
+    from .translation.inference import check_model_folder, is_local
+
+    folders = list(args.model_dirs)
+    if args.models:
+        root = Path(args.models)
+        if not root.is_dir():
+            raise FileNotFoundError(f"--models {root}: no such folder; give a folder whose subfolders are models.")
+        found = sorted(str(p) for p in root.iterdir() if (p / "config.json").is_file())
+        if not found:
+            raise FileNotFoundError(f"--models {root}: no model folder inside (none holds a config.json).")
+        folders += found
+    if not folders:
+        raise ValueError("give a model folder to serve (vaswani serve MODEL_DIR [MODEL_DIR ...]), or --models FOLDER")
+    if len(folders) > 1 and (args.source or args.target):
+        raise ValueError("--source and --target name one model's pair: with several models, each says its own "
+                         "(training_facts.json)")  # fmt: skip
+    served = []
+    for folder in folders:
+        if is_local(folder) and args.engine != "onnxruntime":
+            check_model_folder(folder)
+        task = task_of(AutoConfig.from_pretrained(folder))
+        _, _, languages, _ = task.serving(args, folder)
+        bleu = (saved_facts(folder).get("evaluation") or {}).get("bleu")
+        score = bleu if isinstance(bleu, int | float) else None
+        served.append((ServedModel(folder, *languages, task.serves_pairs, score), task))
+    return served
+
+
+def _api_keys(path_name: str | None) -> tuple[frozenset, dict]:
+    """--api_keys FILE: a key a line, optionally followed by its requests per minute and characters per request
+    (`-` for the server's), as LibreTranslate's keys have them."""
+    if not path_name:
+        return frozenset(), {}
+    path = Path(path_name)
+    if not path.is_file():
+        raise FileNotFoundError(f"--api_keys {path}: no such file.")
+    limits = {}
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        fields = line.split()
+        if not fields:
+            continue
+        numbers = [None if value == "-" else value for value in fields[1:3]]
+        if len(fields) > 3 or not all(v is None or (v.isdigit() and int(v) > 0) for v in numbers):
+            raise ValueError(f"--api_keys {path}, line {number}: write `KEY [REQUESTS_PER_MINUTE [CHARS_PER_REQUEST]]`"
+                             " with whole numbers above 0 (or - for the server's limit).")  # fmt: skip
+        limits[fields[0]] = tuple(int(v) if v else None for v in [*numbers, None, None][:2])
+    if not limits:
+        raise ValueError(f"--api_keys {path} holds no key: one key a line.")
+    return frozenset(limits), limits
+
+
 def serve_command(argv: list[str]) -> int:
     try:
+        from .serving.catalog import Catalog
         from .serving.server import bound_memory, serve
         from .serving.service import Service, Settings
     except ImportError as err:  # FastAPI, uvicorn, prometheus-client: the serve extra
@@ -367,10 +427,20 @@ def serve_command(argv: list[str]) -> int:
 
     parser = argparse.ArgumentParser(
         prog="vaswani serve",
-        description="Serve a model over HTTP: LibreTranslate's "
-        "API and a native one, concurrent requests batched (docs/serving.md).",
+        description="Serve models over HTTP, every pair behind one URL: LibreTranslate's API and a native one, "
+        "concurrent requests batched per model (docs/serving.md).",
     )
-    parser.add_argument("model_dir", help="a saved model folder")
+    parser.add_argument("model_dirs", nargs="*", metavar="MODEL_DIR", help="saved model folders, one per pair")
+    parser.add_argument("--models", metavar="FOLDER", help="serve every model folder inside FOLDER too")
+    parser.add_argument("--max_loaded", type=at_least_one, default=None,
+                        help="most models in memory: the others load on first use, the least recently used one "
+                        "unloaded for them (default: all, loaded at start)")  # fmt: skip
+    parser.add_argument("--preload", default=None, metavar="NAME,...",
+                        help="with --max_loaded: models to load at start, by folder name or pair (en-de); 'all' "
+                        "(default: none)")  # fmt: skip
+    parser.add_argument("--sentences", choices=["on", "off"], default="on",
+                        help="on (default): a line's sentences are translated one by one and joined with its "
+                        "spacing; off: each line whole")  # fmt: skip
     parser.add_argument("--host", default="127.0.0.1", help="the address to listen on (0.0.0.0: every interface)")
     parser.add_argument("--port", type=int, default=5000, help="LibreTranslate's port by default")
     defaults = Settings()  # one place for the defaults: the options' and the in-process service's
@@ -388,45 +458,75 @@ def serve_command(argv: list[str]) -> int:
                         help="source auto: refuse text the language identifier gives another language with at least "
                         "this probability (0-1; 1.01 never refuses)")  # fmt: skip
     parser.add_argument("--request_timeout", type=float, default=defaults.request_timeout,
-                        help="seconds a request may wait (504)")  # fmt: skip
+                        help="seconds a request may wait (504; 503 while its model loads)")  # fmt: skip
     parser.add_argument("--drain_seconds", type=float, default=defaults.drain_seconds,
                         help="after SIGTERM, how long requests in flight may take to finish")  # fmt: skip
-    parser.add_argument("--api_keys", metavar="FILE", help="a file of API keys, one a line: a request without a "
-                        "key gets 400, with a wrong one 403 (default: no keys needed)")  # fmt: skip
+    parser.add_argument("--api_keys", metavar="FILE", help="a file of API keys, one a line, each optionally with "
+                        "its requests per minute and characters per request: a request without a key gets 400, with "
+                        "a wrong one 403 (default: no keys needed)")  # fmt: skip
     parser.add_argument("--cors_origins", default="", help="comma-separated origins allowed to call from a "
                         "browser (CORS; default: none)")  # fmt: skip
-    parser.add_argument("--source", help="the source language code (default: the model's training facts)")
-    parser.add_argument("--target", help="the target language code (default: the model's training facts)")
+    parser.add_argument("--source", help="the source language code, with one model (default: its training facts)")
+    parser.add_argument("--target", help="the target language code, with one model (default: its training facts)")
     _add_decoding_job_options(parser)
     args = parser.parse_args(argv)
     bound_memory()
-    keys = frozenset()
-    if args.api_keys:
-        path = Path(args.api_keys)
-        if not path.is_file():
-            raise FileNotFoundError(f"--api_keys {path}: no such file.")
-        keys = frozenset(line.strip() for line in path.read_text().splitlines() if line.strip())
-        if not keys:
-            raise ValueError(f"--api_keys {path} holds no key: one key a line.")
+    keys, key_limits = _api_keys(args.api_keys)
     given = {f.name: getattr(args, f.name) for f in dataclasses.fields(Settings) if f.name in vars(args)}
     settings = Settings(
         **{
             **given,
             "api_keys": keys,
+            "key_limits": key_limits,
+            "sentences": args.sentences == "on",
             "decoding": _decoding(args),
             "cors_origins": tuple(o.strip() for o in args.cors_origins.split(",") if o.strip()),
         }
     )
-    model, tokenizer, precision = _load(args, [args.model_dir])
-    from .tasks import task_of
+    served = _served_models(args)
+    tasks = dict(served)
 
-    routers, decode_batch, languages, routes = task_of(getattr(model, "config", None)).serving(args)
-    device = str(getattr(model, "device", "cpu"))
-    service = Service(model, tokenizer, settings, args.model_dir, device, precision.name, languages, decode_batch)
+    def load(model, metrics) -> Service:
+        loaded, tokenizer, precision = _load(args, [model.model_dir])
+        _, decode_batch, languages, _ = tasks[model].serving(args, model.model_dir)
+        catalog.device, catalog.precision = str(getattr(loaded, "device", "cpu")), precision.name
+        service = Service(loaded, tokenizer, settings, model.model_dir, catalog.device, precision.name, languages,
+                          decode_batch, metrics)  # fmt: skip
+        service.warm_up()
+        return service
+
+    catalog = Catalog([model for model, _ in served], settings, load, args.max_loaded)
+    catalog.device, catalog.precision = "-", args.precision
+    routers_of = list(dict.fromkeys(task.serving(args, model.model_dir)[0] for model, task in served))
+
+    def routers(catalog_, run, check_key):
+        return [router for routers_ in routers_of for router in routers_(catalog_, run, check_key)]
+
     start = time.monotonic()
-    service.warm_up()
-    print(f"warmed up in {time.monotonic() - start:.1f} s; serving {routes} on http://{args.host}:{args.port} (try "
-          "it: GET /; docs at /docs)", file=sys.stderr, flush=True)  # fmt: skip
-    serve(service, args.host, args.port, routers)
+    catalog.preload(_preloaded(catalog, args))
+    pairs = ", ".join(f"{m.pair} ({m.name})" for m, _ in served)
+    print(f"ready in {time.monotonic() - start:.1f} s; serving {pairs} on http://{args.host}:{args.port} (try it: "
+          "GET /; docs at /docs)", file=sys.stderr, flush=True)  # fmt: skip
+    serve(catalog, args.host, args.port, routers)
     print("stopped", file=sys.stderr, flush=True)
     return 0
+
+
+def _preloaded(catalog, args: argparse.Namespace) -> list:
+    """The models to load before serving: all without --max_loaded; else those --preload names (at most
+    --max_loaded)."""
+    if args.max_loaded is None:
+        return list(catalog.models)
+    if not args.preload:
+        return []
+    if args.preload == "all":
+        return list(catalog.models)[: args.max_loaded]
+    chosen = []
+    for name in (n.strip() for n in args.preload.split(",") if n.strip()):
+        model = next((m for m in catalog.models if name in (m.name, f"{m.source}-{m.target}", m.pair)), None)
+        if model is None:
+            raise ValueError(f"--preload {name}: no served model has that folder name or pair (e.g. en-de).")
+        chosen.append(model)
+    if len(chosen) > args.max_loaded:
+        raise ValueError(f"--preload names {len(chosen)} models but --max_loaded is {args.max_loaded}.")
+    return chosen

@@ -1,10 +1,11 @@
 """The HTTP API of `vaswani serve` (FastAPI): the routes its caller gives, with `GET /health`, `GET /metrics`
-(Prometheus) and one error handling for all. A translation model's are LibreTranslate's (libretranslate.py), so the
+(Prometheus) and one error handling for all. Translation models' are LibreTranslate's (libretranslate.py), so the
 apps written for it work unchanged, and our own (native.py: n-best, scores, per-request decoding, cross-attention,
 the page at `/`); a parser's are `POST /parse` (parsing_api.py). docs/serving.md shows them with curl.
 
-The app never asks what a model is: `create_app(service, routers)` takes a function of (service, run, check_key)
-giving the routers (a task's `serving` names them), and `run` serves any request's lines within the bounds.
+The app never asks what a model is: `create_app(catalog, routers)` takes a function of (catalog, run, check_key)
+giving the routers (the served tasks' `serving` name them), and `run` serves any request's lines along a route
+(catalog.py: direct, composed or the identity) within the bounds, a line's sentences decoded one by one.
 
 Every refusal is `{"error": message}`, naming the problem and its limit, with the status each API's clients expect
 (docs/serving.md, "Errors"); 429 and 503 carry Retry-After."""
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from functools import partial
 
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -21,23 +23,29 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import generate_latest
 from starlette.exceptions import HTTPException
 
-from .guard import ApiError, RequestGuard, api_of, disconnected
+from .catalog import Catalog, ModelLoading, Route
+from .guard import ApiError, KeyLimits, RequestGuard, api_of, disconnected
 from .libretranslate import libretranslate_router
 from .native import native_router
+from .sentences import by_sentences
 from .service import LineTooLong, Overloaded, Service, TranslationError
 
-Routers = Callable[..., list[APIRouter]]  # (service, run, check_key) -> the routes a model is served with
+Routers = Callable[..., list[APIRouter]]  # (catalog, run, check_key) -> the routes the models are served with
 
 
-def translation_routers(service: Service, run, check_key) -> list[APIRouter]:
-    """A translation model's routes: LibreTranslate's API and the native one (with the page)."""
-    return [libretranslate_router(service, run, check_key), native_router(service, run, check_key)]
+def translation_routers(catalog: Catalog, run, check_key) -> list[APIRouter]:
+    """Translation models' routes: LibreTranslate's API and the native one (with the page)."""
+    return [libretranslate_router(catalog, run, check_key), native_router(catalog, run, check_key)]
 
 
-def create_app(service: Service, routers: Routers | None = None) -> FastAPI:
-    """The app serving `service` with the routes `routers(service, run, check_key)` gives (default: a translation
-    model's), beside /health and /metrics."""
+def create_app(catalog: Catalog | Service, routers: Routers | None = None) -> FastAPI:
+    """The app serving the catalog's models with the routes `routers(catalog, run, check_key)` gives (default:
+    translation models'), beside /health and /metrics. A `Service` alone is served as a catalog of one model."""
+    if isinstance(catalog, Service):
+        catalog = Catalog.of(catalog, routed=routers in (None, translation_routers))
+    service = catalog  # the server's state: settings, metrics, readiness, draining
     settings = service.settings
+    limits = KeyLimits(settings.key_limits)
     app = FastAPI(title="vaswani serve", description=__doc__.split("\n\n")[0], version="1", docs_url="/docs",
                   openapi_url="/openapi.json")  # fmt: skip
     # the guard first, CORS outside it: a refusal while draining or of a body too large carries CORS headers too
@@ -68,11 +76,12 @@ def create_app(service: Service, routers: Routers | None = None) -> FastAPI:
         return refuse(ApiError(err.status_code, message, str(err.status_code), dict(err.headers or {})),
                       request.url.path)  # fmt: skip
 
-    def check_key(given: str | None, authorization: str | None) -> None:
+    def check_key(given: str | None, authorization: str | None) -> int | None:
         """No keys configured: every request passes. Else LibreTranslate's rule: a missing key is 400, a wrong one
-        403; the key may also come as 'Authorization: Bearer KEY'."""
+        403; the key may also come as 'Authorization: Bearer KEY'. A key's requests per minute are counted here (429
+        with Retry-After past them); its characters per request (None: the server's) are returned for `run`."""
         if not settings.api_keys:
-            return
+            return None
         bearer = authorization[7:].strip() if authorization and authorization.startswith("Bearer ") else None
         key = given or bearer
         if not key:
@@ -80,13 +89,15 @@ def create_app(service: Service, routers: Routers | None = None) -> FastAPI:
             raise ApiError(400, "Please contact the server operator to obtain an API key", "no_key")
         if key not in settings.api_keys:
             raise ApiError(403, "Invalid API key", "forbidden")
+        return limits.admit(key)
 
     async def run(lines_per_text: list[list[str]], options: dict, request: Request, api: str,
-                  chars: int | None = None, noun: str = "translation",
-                  doing: str = "translating") -> list[list]:  # fmt: skip
-        """Decode a request's texts (each a list of lines) with the service's batch function, within the bounds,
+                  chars: int | None = None, noun: str = "translation", doing: str = "translating",
+                  route: Route | None = None, char_limit: int | None = None) -> list[list]:  # fmt: skip
+        """Decode a request's texts (each a list of lines) along `route` (None: the parser), within the bounds,
         statuses as `api`'s clients expect them. `chars`: the request's characters as its client sent them,
-        where its lines are not its text (a parse's escaped words); `noun` and `doing` name the work in errors."""
+        where its lines are not its text (a parse's escaped words); `noun` and `doing` name the work in errors;
+        `char_limit`: the key's characters per request, where it has its own."""
         libre = api == "libretranslate"
         if not service.ready:
             raise ApiError(503, "the model is still loading: retry in a moment", "not_ready", {"Retry-After": "5"})
@@ -96,13 +107,23 @@ def create_app(service: Service, routers: Routers | None = None) -> FastAPI:
                            f"at most {settings.max_lines} a request (--max_lines): send it in parts",
                            "too_long")  # fmt: skip
         chars = sum(len(line) for text in lines_per_text for line in text) if chars is None else chars
-        if chars > settings.max_chars:
+        most, option = (char_limit, "this key's limit") if char_limit is not None else (settings.max_chars,
+                                                                                          "--max_chars")  # fmt: skip
+        if chars > most:
             raise ApiError(400 if libre else 413, f"Invalid request: request ({chars}) exceeds text limit "
-                           f"({settings.max_chars}): send it in parts (--max_chars)", "too_long")  # fmt: skip
+                           f"({most}): send it in parts ({option})", "too_long")  # fmt: skip
         start = time.monotonic()
         flat = [line for text in lines_per_text for line in text]
+        deadline, left = start + settings.request_timeout, lambda: disconnected(request)
         try:
-            done = await service.decode(flat, options, lambda: disconnected(request))
+            if route is None:
+                done = await service.parser().decode(flat, options, left)
+            else:
+                decode = partial(service.decode, route, left=left, deadline=deadline)
+                sentences = settings.sentences and bool(route.models)
+                done = await (by_sentences(decode, flat, options, route.source) if sentences else decode(flat, options))
+        except ModelLoading as err:
+            raise ApiError(503, str(err), "loading", {"Retry-After": str(err.retry_after)}) from None
         except Overloaded as err:
             headers = {"Retry-After": str(err.retry_after)}
             raise (ApiError(429, f"Slowdown: {err}", "overloaded", headers) if libre
@@ -130,13 +151,15 @@ def create_app(service: Service, routers: Routers | None = None) -> FastAPI:
     @app.get("/health", summary="ready or not, and what is served")
     async def health() -> JSONResponse:
         state = "stopping" if service.draining else "ready" if service.ready else "loading"
+        first = service.models[0]
         body = {
             "status": state,
-            "model": service.model_dir,
-            "languages": [service.source, service.target],
+            "model": first.model_dir,
+            "languages": list(service.default_pair()),
+            "models": service.describe(),
             "device": service.device,
             "precision": service.precision,
-            "queue": service.batcher.depth,
+            "queue": service.depth,
         }
         return JSONResponse(body, status_code=200 if state == "ready" else 503)
 
@@ -144,7 +167,7 @@ def create_app(service: Service, routers: Routers | None = None) -> FastAPI:
     async def metrics(request: Request) -> PlainTextResponse:
         if not settings.open_metrics:
             check_key(request.query_params.get("api_key"), request.headers.get("authorization"))
-        service.metrics.queue.set(service.batcher.depth)
+        service.metrics.queue.set(service.depth)
         return PlainTextResponse(generate_latest(service.metrics.registry).decode(),
                                  media_type="text/plain; version=0.0.4")  # fmt: skip
 

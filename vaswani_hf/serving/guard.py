@@ -12,7 +12,9 @@ behind which a client that leaves is never seen) that refuses work the server mu
 from __future__ import annotations
 
 import json
+import math
 import time
+from collections import deque
 from typing import Any
 
 from starlette.requests import Request
@@ -30,6 +32,30 @@ def api_of(path: str) -> str:
     if path == "/" or path.startswith(LIBRETRANSLATE_PATHS):
         return "libretranslate"
     return "other"
+
+
+class KeyLimits:
+    """Per-key limits, as LibreTranslate's keys have them: requests per minute (a sliding minute; 429 with
+    Retry-After past it) and characters per request (`run` checks them). `limits`: key -> (requests per minute,
+    characters per request), either None for the server's."""
+
+    def __init__(self, limits: dict[str, tuple[int | None, int | None]]) -> None:
+        self.limits = limits
+        self.seen: dict[str, deque[float]] = {}
+
+    def admit(self, key: str) -> int | None:
+        """Count one request of `key`; its characters per request (None: the server's --max_chars)."""
+        per_minute, chars = self.limits.get(key, (None, None))
+        if per_minute is not None:
+            now, times = time.monotonic(), self.seen.setdefault(key, deque())
+            while times and now - times[0] >= 60:
+                times.popleft()
+            if len(times) >= per_minute:
+                wait = max(1, math.ceil(60 - (now - times[0])))
+                raise ApiError(429, f"Slowdown: this key may send {per_minute} requests a minute: retry in {wait} s",
+                               "key_rate", {"Retry-After": str(wait)})  # fmt: skip
+            times.append(now)
+        return chars
 
 
 class ApiError(Exception):

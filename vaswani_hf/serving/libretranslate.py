@@ -21,11 +21,12 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.datastructures import UploadFile
 
+from .catalog import Catalog, NoRoute, Route
 from .guard import ApiError
 from .language_id import detect
 from .markup import Document
 from .native import alternative, lines_of
-from .service import LANGUAGE_NAMES, Service
+from .service import LANGUAGE_NAMES
 
 FILE_FORMATS = {".txt": "text/plain; charset=utf-8", ".html": "text/html; charset=utf-8",
                 ".htm": "text/html; charset=utf-8"}  # fmt: skip
@@ -44,43 +45,52 @@ def languages_of(fields: dict) -> tuple[str, str]:
     return fields["source"].strip().lower(), fields["target"].strip().lower()
 
 
-def libretranslate_router(service: Service, run, check_key) -> APIRouter:
-    """The routes; `run` translates a request's texts within the bounds, `check_key` checks its key."""
-    settings, router = service.settings, APIRouter()
+def libretranslate_router(catalog: Catalog, run, check_key) -> APIRouter:
+    """The routes; `run` translates a request's texts along a route within the bounds, `check_key` checks its key.
+    Every served pair answers, and pairs composed through a pivot, and each language to itself (catalog.py)."""
+    settings, router = catalog.settings, APIRouter()
     files: OrderedDict[str, tuple[float, bytes]] = OrderedDict()  # download name -> (when, content)
 
     def name_of(code: str) -> str:
         return LANGUAGE_NAMES.get(code, code)
 
-    def pair(source: str, target: str) -> None:
-        """LibreTranslate's refusals of a language or a pair this model does not translate."""
-        for code in (source, target):
-            if code not in (service.source, service.target):
-                raise ApiError(400, f"{code} is not supported", "language")
-        if (source, target) != (service.source, service.target):
-            raise ApiError(400, f"{name_of(target)} ({target}) is not available as a target language from "
-                           f"{name_of(source)} ({source})", "language")  # fmt: skip
+    def route_of(source: str, target: str) -> Route:
+        """LibreTranslate's refusals of a language or a pair no model (nor two) translates."""
+        try:
+            return catalog.route(source, target)
+        except NoRoute as err:
+            raise ApiError(400, str(err), "language") from None
 
-    def detected(texts: list[str]) -> dict:
-        """`source: auto`: the language of the texts (one detection for all, as LibreTranslate makes), refused
-        when the identifier is sure, on enough text, that it is not the model's source."""
+    def detected(texts: list[str], target: str) -> tuple[dict, str]:
+        """`source: auto`: the language of the texts (one detection for all, as LibreTranslate makes), as reported,
+        and the source to translate from: the likeliest served source that reaches `target` (where the identifier
+        is guessing, the first model's, or the first that reaches it). Refused when the identifier is sure, on
+        enough text, that it is a language no model reads to `target`."""
         text = "\n".join(texts)
-        best = detect(text, service.source)[0]
+        reaching = [code for code in catalog.sources() if (code, target) in catalog.routes and code != target]
+        default = catalog.default_pair()[0]
+        ranked = detect(text, default if default in reaching else (reaching or [default])[0])
+        best = ranked[0]
+        served = next((r for r in ranked if r["language"] in reaching), None)
         sure = best["confidence"] >= settings.detect_threshold * 100 and len(text.strip()) >= settings.detect_min_chars
-        if sure and best["language"] != service.source:
+        if sure and best["language"] not in reaching:
             code = best["language"]
             raise ApiError(400, f"Invalid request: the text is {name_of(code)} ({code}, confidence "
-                           f"{best['confidence']:g}), but this server translates {name_of(service.source)} "
-                           f"({service.source}) to {name_of(service.target)} ({service.target})",
-                           "language")  # fmt: skip
-        return best
+                           f"{best['confidence']:g}), but this server translates to {name_of(target)} ({target}) "
+                           f"only from {', '.join(reaching) or 'no language'}", "language")  # fmt: skip
+        if served is not None:
+            return served, served["language"]
+        if not reaching:
+            route_of(best["language"], target)  # LibreTranslate's refusal of the pair
+        return best, default if default in reaching else reaching[0]
 
-    async def translated(texts: list[str], html: bool, options: dict, request: Request) -> tuple[list[str], list]:
+    async def translated(texts: list[str], html: bool, options: dict, request: Request, route: Route,
+                         char_limit: int | None) -> tuple[list[str], list]:  # fmt: skip
         """Each text's translation, line by line, or for html its text nodes' with the markup kept; and the lines'
         results (their n-best)."""
         documents = [Document(text) for text in texts] if html else []
         lines = [document.texts() for document in documents] if html else [lines_of(text) for text in texts]
-        results = await run(lines, options, request, "libretranslate")
+        results = await run(lines, options, request, "libretranslate", route=route, char_limit=char_limit)
         best = [[t.nbest[0][0] for t in text] for text in results]
         if html:
             return [document.render(b) for document, b in zip(documents, best, strict=True)], results
@@ -89,7 +99,7 @@ def libretranslate_router(service: Service, run, check_key) -> APIRouter:
     @router.post("/translate", summary="LibreTranslate's translate: JSON, a form or the query string")
     async def translate(request: Request) -> JSONResponse:
         fields = await read_fields(request)
-        check_key(fields.get("api_key"), request.headers.get("authorization"))
+        char_limit = check_key(fields.get("api_key"), request.headers.get("authorization"))
         q = fields.get("q")
         if not q:
             raise missing("q")
@@ -111,11 +121,11 @@ def libretranslate_router(service: Service, run, check_key) -> APIRouter:
         if len(texts) > settings.batch_limit:
             raise ApiError(400, f"Invalid request: request ({len(texts)}) exceeds text limit ({settings.batch_limit})"
                            " (--batch_limit texts a request)", "too_long")  # fmt: skip
-        found = detected(texts) if source == "auto" else None
-        pair(service.source if found else source, target)
+        found, source = detected(texts, target) if source == "auto" else (None, source)
+        route = route_of(source, target)
         html = form == "html"  # as LibreTranslate: no alternatives for html
         texts_out, results = await translated(texts, html, {"nbest": count + 1} if count and not html else {},
-                                              request)  # fmt: skip
+                                              request, route, char_limit)  # fmt: skip
         alternatives = [[] if html else distinct([alternative(lines, k) for k in range(1, count + 1)], best)
                         for lines, best in zip(results, texts_out, strict=True)]  # fmt: skip
         single = isinstance(q, str)
@@ -129,23 +139,25 @@ def libretranslate_router(service: Service, run, check_key) -> APIRouter:
     @router.post("/detect", summary="LibreTranslate's detect: the text's likeliest languages, best first")
     async def detect_language(request: Request) -> list[dict]:
         fields = await read_fields(request)
-        check_key(fields.get("api_key"), request.headers.get("authorization"))
+        most = check_key(fields.get("api_key"), request.headers.get("authorization")) or settings.max_chars
         q = fields.get("q")
         if not q:
             raise missing("q")
         text = "\n".join(q) if isinstance(q, list) else str(q)
-        if len(text) > settings.max_chars:
-            raise ApiError(400, f"Invalid request: request ({len(text)}) exceeds text limit ({settings.max_chars})",
+        if len(text) > most:
+            raise ApiError(400, f"Invalid request: request ({len(text)}) exceeds text limit ({most})",
                            "too_long")  # fmt: skip
-        return detect(text, service.source)
+        return detect(text, catalog.default_pair()[0])
 
-    @router.get("/languages", summary="LibreTranslate's languages: the model's pair")
+    @router.get("/languages", summary="LibreTranslate's languages: each source with every target it reaches")
     async def languages() -> list[dict]:
-        return [{"code": service.source, "name": name_of(service.source), "targets": [service.target]},
-                {"code": service.target, "name": name_of(service.target), "targets": []}]  # fmt: skip
+        # the targets: each model's, those composed through a pivot, and the language itself (LibreTranslate's)
+        return [{"code": code, "name": name_of(code), "targets": catalog.targets_of(code)}
+                for code in catalog.sources()]  # fmt: skip
 
     @router.get("/frontend/settings", summary="LibreTranslate's settings for its web page and apps")
     async def frontend_settings() -> dict:
+        source, target = catalog.default_pair()
         return {
             "charLimit": settings.max_chars,
             "frontendTimeout": 500,
@@ -155,8 +167,8 @@ def libretranslate_router(service: Service, run, check_key) -> APIRouter:
             "filesTranslation": True,
             "supportedFilesFormat": list(FILE_FORMATS),
             "language": {
-                "source": {"code": service.source, "name": name_of(service.source)},
-                "target": {"code": service.target, "name": name_of(service.target)},
+                "source": {"code": source, "name": name_of(source)},
+                "target": {"code": target, "name": name_of(target)},
             },  # fmt: skip
         }
 
@@ -171,7 +183,7 @@ def libretranslate_router(service: Service, run, check_key) -> APIRouter:
     @router.post("/translate_file", summary="LibreTranslate's file translation: .txt and .html")
     async def translate_file(request: Request) -> dict:
         fields = await read_fields(request)
-        check_key(fields.get("api_key"), request.headers.get("authorization"))
+        char_limit = check_key(fields.get("api_key"), request.headers.get("authorization"))
         upload = (await request.form()).get("file")  # the form read once: Starlette keeps it
         if not isinstance(upload, UploadFile) or not upload.filename:
             raise missing("file")
@@ -186,8 +198,8 @@ def libretranslate_router(service: Service, run, check_key) -> APIRouter:
         except UnicodeDecodeError as err:
             raise ApiError(400, f"Invalid request: the file is not UTF-8 text ({err.reason} at byte {err.start})",
                            "invalid") from None  # fmt: skip
-        pair(service.source if source == "auto" else source, target)
-        (out,), _ = await translated([text], suffix != ".txt", {}, request)
+        route = route_of(detected([text], target)[1] if source == "auto" else source, target)
+        (out,), _ = await translated([text], suffix != ".txt", {}, request, route, char_limit)
         stored = f"{uuid.uuid4().hex}.{PurePath(name).stem}_{target}{suffix}"
         now = time.time()
         for old in [k for k, (when, _) in files.items() if now - when > KEPT_SECONDS]:

@@ -1,12 +1,14 @@
 """Our own API beside LibreTranslate's: `POST /v1/translate` (n-best with scores, per-request decoding within the
-server's bounds, the cross-attention of the best translation), `GET /v1/model` (what is served) and `GET /`, the
-page to try the model in a browser (page.html, shipped with the package: no build step, nothing from a CDN).
+server's bounds, the cross-attention of the best translation, the route taken: direct or composed through a pivot),
+`GET /v1/models` and `GET /v1/model?source=&target=` (what is served) and `GET /`, the page to try the models in a
+browser (page.html, shipped with the package: no build step, nothing from a CDN).
 
 Its statuses are its own (docs/serving.md): 422 for a missing or invalid field, 413 for too much text, 403 without a
 valid key, 503 with Retry-After when the queue is full or the server is stopping, 504 past --request_timeout."""
 
 from __future__ import annotations
 
+import json
 from importlib import resources
 from pathlib import Path
 from typing import Annotated
@@ -15,8 +17,9 @@ from fastapi import APIRouter, Header, Request
 from fastapi.responses import HTMLResponse
 from pydantic import BaseModel, Field
 
+from .catalog import Catalog, NoRoute, Route, ServedModel
 from .guard import ApiError
-from .service import LANGUAGE_NAMES, Service, saved_facts
+from .service import LANGUAGE_NAMES, saved_facts
 
 
 class NativeRequest(BaseModel):
@@ -24,6 +27,8 @@ class NativeRequest(BaseModel):
 
     texts: list[str] = Field(description="the texts to translate; a text with several lines is translated line by "
                              "line, and its lines come back in order, empty lines kept")  # fmt: skip
+    source: str | None = Field(default=None, description="the source language (default: the first model's)")
+    target: str | None = Field(default=None, description="the target language (default: the first model's)")
     beam_size: int | None = Field(default=None, ge=1, description="beam width (default: the server's; at most "
                                   "--max_beam)")  # fmt: skip
     length_penalty: float | None = Field(default=None, ge=0.0, le=2.0, allow_inf_nan=False,
@@ -44,6 +49,7 @@ class NativeTranslation(BaseModel):
 class NativeResponse(BaseModel):
     translations: list[NativeTranslation]
     model: str
+    route: dict = Field(description="source, target, pivot (None: direct), the models in order, composed or not")
 
 
 def check_search_bounds(settings, beam_size: int | None, nbest: int | None) -> None:
@@ -55,22 +61,34 @@ def check_search_bounds(settings, beam_size: int | None, nbest: int | None) -> N
                            f"({option})", "invalid")  # fmt: skip
 
 
-def native_router(service: Service, run, check_key) -> APIRouter:
-    """The routes; `run` translates a request's texts within the bounds, `check_key` checks its key."""
-    settings, router = service.settings, APIRouter()
+def native_router(catalog: Catalog, run, check_key) -> APIRouter:
+    """The routes; `run` translates a request's texts along a route within the bounds, `check_key` checks its key."""
+    settings, router = catalog.settings, APIRouter()
+
+    def route_of(source: str | None, target: str | None) -> Route:
+        default = catalog.default_pair()
+        try:
+            return catalog.route((source or default[0]).strip().lower(), (target or default[1]).strip().lower())
+        except NoRoute as err:
+            raise ApiError(422, f"invalid request: {err}", "language") from None
 
     @router.post("/v1/translate", response_model=NativeResponse, summary="Translate texts, with n-best and scores")
     async def native_translate(asked: NativeRequest, request: Request,
                                authorization: Annotated[str | None, Header()] = None) -> NativeResponse:  # fmt: skip
-        check_key(None, authorization)
+        char_limit = check_key(None, authorization)
         check_search_bounds(settings, asked.beam_size, asked.nbest)
+        route = route_of(asked.source, asked.target)
         options = {k: v for k, v in (("beam_size", asked.beam_size), ("length_penalty", asked.length_penalty))
                    if v is not None}  # fmt: skip
         if asked.nbest > 1:
             options["nbest"] = asked.nbest
         if asked.attention:
+            if len(route.models) != 1:
+                raise ApiError(422, f"invalid request: attention is one model's, and {route.source}->{route.target} "
+                               f"is {'composed' if route.models else 'the identity'}", "invalid")  # fmt: skip
             options["attention"] = True
-        results = await run([lines_of(text) for text in asked.texts], options, request, "native")
+        results = await run([lines_of(text) for text in asked.texts], options, request, "native", route=route,
+                            char_limit=char_limit)  # fmt: skip
         translations = []
         for lines in results:
             best = "\n".join(t.nbest[0][0] for t in lines)
@@ -81,13 +99,21 @@ def native_router(service: Service, run, check_key) -> APIRouter:
                          for k in range(min(len(t.nbest) for t in lines) if lines else 0)]  # fmt: skip
             attention = [t.attention for t in lines] if asked.attention else None
             translations.append(NativeTranslation(text=best, score=score, nbest=nbest, attention=attention))
-        return NativeResponse(translations=translations, model=service.model_dir)
+        names = " + ".join(model.model_dir for model in route.models) or "identity"
+        return NativeResponse(translations=translations, model=names, route=route.describe())
 
-    @router.get("/v1/model", summary="What is served: the pair, the model's size, its scores, the server's limits")
-    async def model_facts() -> dict:
-        return describe(service)
+    @router.get("/v1/model", summary="What is served for a pair (default: the first model's): the model's size, "
+                "its scores, the server's limits")  # fmt: skip
+    async def model_facts(source: str | None = None, target: str | None = None) -> dict:
+        route = route_of(source, target)
+        return {**describe(catalog, route.models[0] if route.models else catalog.models[0]), **route.describe()}
 
-    @router.get("/", response_class=HTMLResponse, summary="A page to try the model in a browser")
+    @router.get("/v1/models", summary="Every model served and every pair the server answers")
+    async def models_facts() -> dict:
+        return {"models": [describe(catalog, model) for model in catalog.models],
+                "pairs": [route.describe() for route in catalog.routes.values()]}  # fmt: skip
+
+    @router.get("/", response_class=HTMLResponse, summary="A page to try the models in a browser")
     async def page() -> HTMLResponse:
         return HTMLResponse(PAGE)
 
@@ -97,31 +123,37 @@ def native_router(service: Service, run, check_key) -> APIRouter:
 PAGE = resources.files(__package__).joinpath("page.html").read_text(encoding="utf-8")
 
 
-def describe(service: Service) -> dict:
-    """The pair, the model's size and scores (its training facts), and the limits a client must keep to."""
-    settings = service.settings
-    config = getattr(service.model, "config", None)  # an ONNX runner (--engine) has neither config nor parameters
-    parameters = getattr(service.model, "parameters", None)
-    facts = saved_facts(service.model_dir)
+def describe(catalog: Catalog, model: ServedModel) -> dict:
+    """A model's pair, size and scores (its config and training facts, read without loading it), and the limits a
+    client must keep to."""
+    settings = catalog.settings
+    facts = saved_facts(model.model_dir)
     evaluation = facts.get("evaluation") or {}
+    try:
+        config = json.loads((Path(model.model_dir) / "config.json").read_text())
+    except (OSError, ValueError):  # an ONNX folder holds its config elsewhere
+        config = {}
+    service = catalog.loaded.get(model)
+    parameters = getattr(getattr(service, "model", None), "parameters", None)
     return {
-        "model": Path(service.model_dir).name or service.model_dir,
-        "source": service.source,
-        "target": service.target,
-        "source_name": LANGUAGE_NAMES.get(service.source, service.source),
-        "target_name": LANGUAGE_NAMES.get(service.target, service.target),
+        "model": model.name,
+        "source": model.source,
+        "target": model.target,
+        "source_name": LANGUAGE_NAMES.get(model.source, model.source),
+        "target_name": LANGUAGE_NAMES.get(model.target, model.target),
         "parameters": sum(p.numel() for p in parameters())
         if parameters
-        else (facts.get("model") or {}).get("parameters"),
-        "size": {name: getattr(config, name, None) for name in ("d_model", "encoder_layers", "decoder_layers")}
-        | {"heads": getattr(config, "encoder_attention_heads", None)},
+        else (facts.get("model") or {}).get("parameters"),  # fmt: skip
+        "size": {name: config.get(name) for name in ("d_model", "encoder_layers", "decoder_layers")}
+        | {"heads": config.get("encoder_attention_heads")},
         "scores": {k: v for k, v in evaluation.items() if isinstance(v, int | float) and not isinstance(v, bool)},
+        "loaded": service is not None,
         "char_limit": settings.max_chars,
         "key_required": bool(settings.api_keys),
         "max_nbest": settings.max_nbest,
         "max_beam": settings.max_beam,
-        "device": service.device,
-        "precision": service.precision,
+        "device": catalog.device,
+        "precision": catalog.precision,
         "endpoint": "v1/translate",  # where the page sends what is typed (a parser's routes say /parse)
     }
 

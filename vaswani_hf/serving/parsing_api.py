@@ -18,6 +18,7 @@ from pydantic import BaseModel, Field
 
 from ..parsing.linearization import linearize
 from ..parsing.parser import INSTALL, TREE_SEARCHES, ParseResult, bracketed, parse_lines, require_parser, words_of
+from .catalog import Catalog, ServedModel
 from .guard import ApiError
 from .native import PAGE, check_search_bounds, describe
 from .service import DECODING_OPTIONS, Service
@@ -84,10 +85,11 @@ class ParseResponse(BaseModel):
     model: str
 
 
-def parse_router(service: Service, run, check_key) -> APIRouter:
+def parse_router(catalog: Catalog, run, check_key) -> APIRouter:
     """`POST /parse`, `GET /v1/model` and the page; `run` decodes a request's lines within the bounds, `check_key`
     checks its key."""
-    settings, router = service.settings, APIRouter()
+    settings, router = catalog.settings, APIRouter()
+    parser = next(model for model in catalog.models if not model.routed)
 
     @router.post("/parse", response_model=ParseResponse, summary="Parse sentences into constituency trees")
     async def parse(asked: ParseRequest, request: Request,
@@ -120,11 +122,11 @@ def parse_router(service: Service, run, check_key) -> APIRouter:
                           for tree, score, repaired in parsed.nbest]  # fmt: skip
             nbest = candidates if asked.nbest > 1 else None
             answers.append(ParseAnswer(**candidates[0].model_dump(), nbest=nbest))
-        return ParseResponse(parses=answers, model=service.model_dir)
+        return ParseResponse(parses=answers, model=parser.model_dir)
 
     @router.get("/v1/model", summary="What is served: the parser's size, its scores, the server's limits")
     async def model_facts() -> dict:
-        return {**describe(service), "endpoint": "parse"}  # the page parses and draws trees at this endpoint
+        return {**describe(catalog, parser), "endpoint": "parse"}  # the page parses and draws trees at this endpoint
 
     @router.get("/", response_class=HTMLResponse, summary="A page to try the parser in a browser: it draws the tree")
     async def page() -> HTMLResponse:
@@ -133,11 +135,11 @@ def parse_router(service: Service, run, check_key) -> APIRouter:
     return router
 
 
-def refusing_translation_router(service: Service, run, check_key) -> APIRouter:
+def refusing_translation_router(parser: ServedModel) -> APIRouter:
     """A translator's routes, each answering 400 with what to call instead: a LibreTranslate app pointed at a
     parser learns why nothing is translated, rather than meeting a 404."""
     router = APIRouter()
-    message = (f"this server parses: {service.model_dir} is a constituency parser, not a translation model. POST "
+    message = (f"this server parses: {parser.model_dir} is a constituency parser, not a translation model. POST "
                '/parse with {"sentences": ["The dog barked ."]} for trees (docs/serving.md, "Parsing")')  # fmt: skip
 
     async def refuse() -> None:
@@ -148,6 +150,10 @@ def refusing_translation_router(service: Service, run, check_key) -> APIRouter:
     return router
 
 
-def parsing_routers(service: Service, run, check_key) -> list[APIRouter]:
-    """A parse model's routes (a task's `serving` names them)."""
-    return [parse_router(service, run, check_key), refusing_translation_router(service, run, check_key)]
+def parsing_routers(catalog: Catalog, run, check_key) -> list[APIRouter]:
+    """A parse model's routes (a task's `serving` names them): where no translator is served beside it, the
+    translation routes answer what to call instead."""
+    routers = [parse_router(catalog, run, check_key)]
+    if not catalog.translators:
+        routers.append(refusing_translation_router(next(m for m in catalog.models if not m.routed)))
+    return routers

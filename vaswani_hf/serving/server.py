@@ -12,7 +12,7 @@ import time
 import uvicorn
 
 from .app import Routers, create_app
-from .service import Service
+from .catalog import Catalog
 
 
 def bound_memory() -> None:
@@ -34,20 +34,20 @@ def bound_memory() -> None:
     libc.mallopt(m_trim_threshold, 128 * 1024)
 
 
-def serve(service: Service, host: str, port: int, routers: Routers | None = None) -> None:
-    """Serve `service` with `routers` (`create_app`'s) on host:port until a signal; then drain, stop the model
-    worker and return."""
-    config = uvicorn.Config(create_app(service, routers), host=host, port=port, log_level="warning",
-                            timeout_graceful_shutdown=max(int(service.settings.drain_seconds), 1))  # fmt: skip
-    DrainingServer(config, service).run()
-    service.batcher.stop()
+def serve(catalog: Catalog, host: str, port: int, routers: Routers | None = None) -> None:
+    """Serve the catalog's models with `routers` (`create_app`'s) on host:port until a signal; then drain, stop the
+    models' workers and return."""
+    config = uvicorn.Config(create_app(catalog, routers), host=host, port=port, log_level="warning",
+                            timeout_graceful_shutdown=max(int(catalog.settings.drain_seconds), 1))  # fmt: skip
+    DrainingServer(config, catalog).run()
+    catalog.stop()
 
 
 class DrainingServer:
     """uvicorn's server, whose first SIGTERM/SIGINT drains: the app answers new requests 503 while those in flight
     finish (at most --drain_seconds), then uvicorn shuts down. A second signal stops at once."""
 
-    def __init__(self, config: uvicorn.Config, service: Service) -> None:
+    def __init__(self, config: uvicorn.Config, service: Catalog) -> None:
         service_ref = service
 
         class Server(uvicorn.Server):

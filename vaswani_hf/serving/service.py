@@ -1,5 +1,5 @@
-"""What `vaswani serve` serves: one loaded model behind the dynamic batcher, its language pair, its metrics, and
-the server's state (ready, draining, requests in flight)."""
+"""One model `vaswani serve` serves: the loaded model behind its dynamic batcher, its language pair, and the
+metrics it reports into (the server's, catalog.py: many models behind one URL)."""
 
 from __future__ import annotations
 
@@ -64,6 +64,8 @@ class Settings:
     request_timeout: float = 60.0
     drain_seconds: float = 30.0
     api_keys: frozenset[str] = frozenset()
+    key_limits: dict = field(default_factory=dict)  # key -> (requests a minute, characters a request), from --api_keys
+    sentences: bool = True  # a line's sentences decoded one by one (sentences.py); --sentences off: lines whole
     cors_origins: tuple[str, ...] = ()
     long_lines: str = "cut"
     decoding: dict = field(default_factory=dict)  # the command's --beam-size etc., as generate() keywords
@@ -104,6 +106,7 @@ class Metrics:
         self.latency = Histogram("vaswani_request_seconds", "seconds from a request to its answer", ["api"],
                                  registry=r)  # fmt: skip
         self.output_tokens = Counter("vaswani_output_tokens", "target tokens produced (rate(): tokens/s)", registry=r)
+        self.loaded_models = Gauge("vaswani_loaded_models", "models in memory (--max_loaded)", registry=r)
 
     def batch(self, stats: BatchStats) -> None:
         self.batch_lines.observe(stats.lines)
@@ -123,12 +126,13 @@ class Service:
 
     def __init__(self, model, tokenizer, settings: Settings, model_dir: str, device: str, precision: str,
                  languages: tuple[str, str],
-                 decode_batch: Callable[[Service, list[str], dict], list] | None = None) -> None:  # fmt: skip
+                 decode_batch: Callable[[Service, list[str], dict], list] | None = None,
+                 metrics: Metrics | None = None) -> None:  # fmt: skip
         self.model, self.tokenizer, self.settings = model, tokenizer, settings
         self.model_dir, self.device, self.precision = model_dir, device, precision
         self.source, self.target = languages
         self.decode_batch = partial(decode_batch, self) if decode_batch else self.translate_batch
-        self.metrics = Metrics()
+        self.metrics = metrics or Metrics()  # a server's models share one registry
         self.ready = self.draining = False
         self.in_flight = 0
         self.limit = source_limit(model, tokenizer)

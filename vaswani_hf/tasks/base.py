@@ -31,6 +31,7 @@ class Task:
     card_metric_description: ClassVar[str] = "Cased, detokenized corpus BLEU and chrF (sacreBLEU)"
     card_names_data: ClassVar[bool] = False  # the card's first line names the data set, not the run's description
     card_decodes_trees: ClassVar[bool] = False  # the card says how the output becomes a tree (the template's text)
+    serves_pairs: ClassVar[bool] = True  # `vaswani serve` routes requests to it by source and target (a parser: no)
 
     # --- which models are this task's ----------------------------------------------------------------------------
     def owns(self, config) -> bool:
@@ -109,8 +110,8 @@ class Task:
         return [x for x in (src, tgt) if x]
 
     # --- serving ---------------------------------------------------------------------------------------------------
-    def serving(self, args) -> tuple[Callable, Callable | None, tuple[str, str], str]:
-        """What `vaswani serve` (its parsed options `args`) serves the task's model with: its routers (a function
-        `(service, run, check_key) -> [APIRouter]`, `create_app`'s), its batch function (`Service`'s; None:
-        translating), its languages, and what the start-up line calls its routes."""
+    def serving(self, args, model_dir: str) -> tuple[Callable, Callable | None, tuple[str, str], str]:
+        """What `vaswani serve` (its parsed options `args`) serves the task's model in `model_dir` with: its routers
+        (a function `(catalog, run, check_key) -> [APIRouter]`, `create_app`'s), its batch function (`Service`'s;
+        None: translating), its languages, and what the start-up line calls its routes."""
         raise NotImplementedError

@@ -48,6 +48,7 @@ class ParsingTask(Task):
     hub_tag = "constituency-parsing"
     hub_metrics = ("evalb",)
     card_metric_description = "EVALB's figures (COLLINS.prm)"
+    serves_pairs = False  # served at POST /parse, loaded at start and kept
     card_names_data = card_decodes_trees = True
 
     def owns(self, config) -> bool:
@@ -191,7 +192,7 @@ class ParsingTask(Task):
                           **result.as_dict(), "repaired": repaired, "lines_cut": len(report.cut)}))  # fmt: skip
         return 0
 
-    def serving(self, args) -> tuple:
+    def serving(self, args, model_dir: str) -> tuple:
         from ..parsing.parser import check_choices
         from ..serving.parsing_api import parse_batch, parsing_routers
 

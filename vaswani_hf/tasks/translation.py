@@ -56,10 +56,10 @@ class TranslationTask(Task):
                   "and sometimes fluent but wrong output.")  # fmt: skip
         return name, use, limits
 
-    def serving(self, args) -> tuple:
+    def serving(self, args, model_dir: str) -> tuple:
         from ..serving.app import translation_routers
         from ..serving.service import model_languages
 
-        languages = model_languages(args.model_dir, args.source, args.target)
+        languages = model_languages(model_dir, args.source, args.target)
         routes = f"{languages[0]}->{languages[1]} (LibreTranslate: POST /translate; POST /v1/translate)"
         return translation_routers, None, languages, routes
