@@ -10,7 +10,8 @@ import sys
 import time
 from pathlib import Path
 
-DATA = Path(sys.argv[1] if len(sys.argv) > 1 else Path(__file__).resolve().parents[2] / "shared/data/wmt14_newstest2014")
+SHARED = Path(__file__).resolve().parents[2] / "shared/data/wmt14_newstest2014"
+DATA = Path(sys.argv[1]) if len(sys.argv) > 1 else SHARED
 FILES = {"en": "newstest2014.en-de.en", "de": "newstest2014.en-de.de", "fr": "newstest2014.en-fr.fr"}
 
 

@@ -38,7 +38,8 @@ class Server:
             options = (*options, "--precision", "fp32")
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.process = subprocess.Popen([sys.executable, "-m", "vaswani_hf.cli", "serve", str(model), "--port",
+        models = [str(m) for m in model] if isinstance(model, list | tuple) else [str(model)]  # one or several
+        self.process = subprocess.Popen([sys.executable, "-m", "vaswani_hf.cli", "serve", *models, "--port",
                                          str(self.port), *options], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                         text=True)  # fmt: skip
         deadline = time.time() + 180

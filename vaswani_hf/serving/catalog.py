@@ -2,8 +2,8 @@
 the routes between languages, and the models in memory.
 
 A route is direct (one model), composed through a pivot language both sides share (two models: the first model's
-n candidates, the second's n for each, scores summed, the best n kept, as argos-translate composes), or the
-identity (every served language translates to itself: the text comes back as it is). Where several pivots exist,
+best translated by the second, as translating twice gives it; n-best: the first model's n candidates, the second's
+n for each, scores summed, the best kept, as argos-translate composes), or the identity (every served language translates to itself: the text comes back as it is). Where several pivots exist,
 the one whose weaker model scored best on its held-out data (its training facts' BLEU) is taken.
 
 Models load when first asked for and, past `--max_loaded`, the least recently used one that no request is using is
@@ -275,8 +275,10 @@ class Catalog:
             for _, score in translation.nbest:
                 pool += [(text, (score or 0.0) + (later or 0.0)) for text, later in final[at].nbest]
                 at += 1
-            pool.sort(key=lambda candidate: -candidate[1])  # stable: ties keep the searches' order
-            composed.append(Translation(pool[:n], tokens=final[at - 1].tokens))
+            # the best is the chain's (each model's best: what translating twice gives, whether or not others are
+            # asked for); the others by their summed scores, as argos-translate ranks them
+            chain, others = pool[0], sorted(pool[1:], key=lambda candidate: -candidate[1])  # stable on ties
+            composed.append(Translation([chain, *others][:n], tokens=final[at - len(translation.nbest)].tokens))
         return composed
 
     async def _decode_with(self, model: ServedModel, lines: list[str], options: dict, left, deadline: float):

@@ -75,9 +75,10 @@ def libretranslate_router(catalog: Catalog, run, check_key) -> APIRouter:
         sure = best["confidence"] >= settings.detect_threshold * 100 and len(text.strip()) >= settings.detect_min_chars
         if sure and best["language"] not in reaching:
             code = best["language"]
+            sources = " or ".join(f"{name_of(c)} ({c})" for c in reaching) or "no language"
             raise ApiError(400, f"Invalid request: the text is {name_of(code)} ({code}, confidence "
-                           f"{best['confidence']:g}), but this server translates to {name_of(target)} ({target}) "
-                           f"only from {', '.join(reaching) or 'no language'}", "language")  # fmt: skip
+                           f"{best['confidence']:g}), but this server translates {sources} to {name_of(target)} "
+                           f"({target})", "language")  # fmt: skip
         if served is not None:
             return served, served["language"]
         if not reaching:
