@@ -142,7 +142,8 @@ def test_languages_list_each_source_s_direct_composed_and_identity_targets(serve
     assert sorted((m["source"], m["target"]) for m in models["models"]) == sorted(DIRECT)
     composed = [p for p in models["pairs"] if p["composed"]]
     assert composed == [{"source": "de", "target": "fr", "pivot": "en", "models": ["de-en", "en-fr"],
-                         "composed": True}]  # fmt: skip
+                         "composed": True, "source_name": "German", "target_name": "French",
+                         "pivot_name": "English"}]  # fmt: skip
     health = httpx.get(f"{server.url}/health").json()
     assert health["status"] == "ready" and all(m["loaded"] for m in health["models"]) and len(health["models"]) == 3
 

@@ -134,7 +134,8 @@ def test_the_page_shows_the_model_and_one_request_after_typing_gives_the_api_s_t
     time.sleep(0.6)  # long enough for a second debounced request to start, if there were one
     sent = requests(browser)
     assert len(sent) == 1, [r["body"] for r in sent]
-    assert sent[0]["body"] == {"texts": [text], "nbest": min(4, info["max_nbest"]), "scores": True, "attention": True}
+    assert sent[0]["body"] == {"texts": [text], "nbest": min(4, info["max_nbest"]), "scores": True, "attention": True,
+                               "source": "en", "target": "de"}  # fmt: skip
 
     # the alternatives: the other candidates of the answer the page got, with their scores, none repeating the best
     # (a direct request may differ here: a barely trained model's candidates tie, and batches break ties apart)
@@ -307,3 +308,32 @@ def test_a_server_with_keys_asks_for_one_and_shows_its_403(model, browser, tmp_p
     finally:
         browser.execute_script("sessionStorage.clear()")
         assert keyed.stop()[0] == 0
+
+
+def test_a_server_of_several_models_offers_its_pairs_and_translates_the_chosen_one(model, browser, tmp_path):
+    """Two models (en->de, and a copy serving de->en): the page lists en->de, de->en and nothing composed (no
+    third language); choosing de->en fetches that model's facts, and typing sends the chosen pair."""
+    import json
+
+    copy = tmp_path / "de-en"
+    shutil.copytree(model, copy, ignore=shutil.ignore_patterns("checkpoint-*"))
+    facts = json.loads((copy / "training_facts.json").read_text())
+    (copy / "training_facts.json").write_text(json.dumps({**facts, "data": {**facts["data"], "src": "de",
+                                                                             "tgt": "en"}}))  # fmt: skip
+    running = Server([model, copy])
+    try:
+        open_page(browser, running)
+        WebDriverWait(browser, 20).until(lambda d: d.find_element(By.ID, "pair-field").is_displayed())
+        options = [o.text for o in browser.find_elements(By.CSS_SELECTOR, "#pair-choice option")]
+        assert options == ["English → German", "German → English"]
+        browser.find_element(By.CSS_SELECTOR, "#pair-choice option[value='1']").click()
+        WebDriverWait(browser, 20).until(lambda d: text_of(d, "pair") == "German → English")
+        assert text_of(browser, "model-name") == "de-en"
+        browser.execute_script(RECORD_REQUESTS)
+        browser.find_element(By.ID, "source").send_keys(LINES[0])
+        expected = running.post("/v1/translate", json={"texts": [LINES[0]], "source": "de", "target": "en"})
+        wait_for_translation(browser, expected.json()["translations"][0]["text"])
+        assert requests(browser)[-1]["body"]["source"] == "de" and requests(browser)[-1]["body"]["target"] == "en"
+        assert not severe(browser)
+    finally:
+        assert running.stop()[0] == 0

@@ -2,9 +2,10 @@
 the routes between languages, and the models in memory.
 
 A route is direct (one model), composed through a pivot language both sides share (two models: the first model's
-best translated by the second, as translating twice gives it; n-best: the first model's n candidates, the second's
-n for each, scores summed, the best kept, as argos-translate composes), or the identity (every served language translates to itself: the text comes back as it is). Where several pivots exist,
-the one whose weaker model scored best on its held-out data (its training facts' BLEU) is taken.
+best translated by the second, as translating twice gives it; n-best: the first model's n candidates, the
+second's n for each, scores summed, the best kept, as argos-translate composes), or the identity (every served
+language translates to itself: the text comes back as it is). Where several pivots exist, the one whose weaker
+model scored best on its held-out data (its training facts' BLEU) is taken.
 
 Models load when first asked for and, past `--max_loaded`, the least recently used one that no request is using is
 unloaded (LibreTranslate loads every model it meets and never unloads one: its users saw memory grow until the

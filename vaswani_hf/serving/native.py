@@ -106,12 +106,21 @@ def native_router(catalog: Catalog, run, check_key) -> APIRouter:
                 "its scores, the server's limits")  # fmt: skip
     async def model_facts(source: str | None = None, target: str | None = None) -> dict:
         route = route_of(source, target)
-        return {**describe(catalog, route.models[0] if route.models else catalog.models[0]), **route.describe()}
+        facts = describe(catalog, route.models[0] if route.models else catalog.models[0])
+        names = {"source_name": LANGUAGE_NAMES.get(route.source, route.source),
+                 "target_name": LANGUAGE_NAMES.get(route.target, route.target)}  # fmt: skip
+        if len(route.models) != 1:  # composed (or the identity): the route's models, not the first one's
+            facts["model"] = " + ".join(m.name for m in route.models) or "identity"
+        return {**facts, **route.describe(), **names}
 
     @router.get("/v1/models", summary="Every model served and every pair the server answers")
     async def models_facts() -> dict:
+        def named(route: Route) -> dict:
+            codes = {"source": route.source, "target": route.target, "pivot": route.pivot}
+            return {**route.describe(), **{f"{k}_name": LANGUAGE_NAMES.get(c, c) for k, c in codes.items() if c}}
+
         return {"models": [describe(catalog, model) for model in catalog.models],
-                "pairs": [route.describe() for route in catalog.routes.values()]}  # fmt: skip
+                "pairs": [named(route) for route in catalog.routes.values()]}  # fmt: skip
 
     @router.get("/", response_class=HTMLResponse, summary="A page to try the models in a browser")
     async def page() -> HTMLResponse:
