@@ -8,7 +8,10 @@ length-penalised log-probabilities under the model, by forced decoding).
 
 Reports sentences/s, target tokens/s, p50/p95/p99 latency as the clients saw it and p50/p99 as the server did (its
 Server-Timing header: without this process's own time on a shared machine), lines per batch, the slowest batch, and
-the server's RSS after a warm-up and at the end. The built-in test split's English lines are the default input."""
+the server's RSS after a warm-up and at the end. The built-in test split's English lines are the default input.
+
+`--many` runs benchmarks/serve_many.py instead: one server of several models (mixed load, a composed pair,
+--max_loaded 1 against 2), against one holding a model alone."""
 
 from __future__ import annotations
 
@@ -243,4 +246,10 @@ def publish(report: list[str], out: Path | None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    if "--many" in sys.argv:  # two models under mixed load, a composed pair, --max_loaded: serve_many.py
+        sys.argv.remove("--many")
+        from serve_many import main as many
+
+        many()
+    else:
+        main()

@@ -1,0 +1,177 @@
+"""`vaswani serve` with two models under mixed load, against a server holding one model alone; the cost of a composed
+pair; the memory with --max_loaded 1 against 2. Real server processes on loopback ports, closed-loop clients (each
+sends its next request when the last is answered), a bounded number of requests and seconds.
+
+    python benchmarks/serve_load.py --many MODEL_DIR [--seconds 20] [--clients 8]   (or benchmarks/serve_many.py)
+
+MODEL_DIR is a trained model (the README's `vaswani train` makes one); the benchmark copies it into two folders
+serving en->de and de->en (the same weights: the figures measure the server, not the models) and a third, en->fr,
+for the composed pair de->fr. Prints a Markdown table for docs/serving-performance.md, with the CPU named.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from vaswani_hf.data.number_words import builtin_splits  # noqa: E402
+
+LINES = [source for source, _ in builtin_splits()["test"][:400]]
+
+
+def cpu() -> str:
+    name = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                 if line.startswith("model name")), platform.processor())  # fmt: skip
+    flags = next((line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags")), "")
+    kept = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if f" {f}" in flags]
+    return f"{name}, {os.cpu_count()} cores ({', '.join(kept)})"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    def __init__(self, folders: list[Path], *options: str) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.process = subprocess.Popen([sys.executable, "-m", "vaswani_hf.cli", "serve", *map(str, folders),
+                                         "--port", str(self.port), "--precision", "fp32", *options],
+                                        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
+        deadline = time.time() + 300
+        while time.time() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(self.process.communicate()[1][-2000:])
+            try:
+                if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            time.sleep(0.2)
+        raise RuntimeError("the server did not get ready")
+
+    def peak_rss_mb(self) -> float:
+        status = Path(f"/proc/{self.process.pid}/status").read_text()
+        return int(next(line.split()[1] for line in status.splitlines() if line.startswith("VmHWM"))) / 1024
+
+    def stop(self) -> None:
+        self.process.send_signal(signal.SIGTERM)
+        self.process.communicate(timeout=60)
+
+
+def load(server: Server, pairs: list[tuple[str, str]], clients: int, seconds: float) -> dict:
+    """Closed-loop clients, client i on pairs[i % len(pairs)]: lines answered per pair, per second."""
+    done = {pair: 0 for pair in pairs}
+    latencies = {pair: [] for pair in pairs}
+    lock, stop = threading.Lock(), time.monotonic() + seconds
+
+    def client(index: int) -> None:
+        pair = pairs[index % len(pairs)]
+        with httpx.Client(timeout=120) as http:
+            at = index
+            while time.monotonic() < stop:
+                line = LINES[at % len(LINES)]
+                at += clients
+                start = time.monotonic()
+                answer = http.post(f"{server.url}/translate", json={"q": line, "source": pair[0], "target": pair[1]})
+                answer.raise_for_status()
+                with lock:
+                    done[pair] += 1
+                    latencies[pair].append(time.monotonic() - start)
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(clients)]
+    start = time.monotonic()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    elapsed = time.monotonic() - start
+    return {pair: {"lines_per_s": done[pair] / elapsed,
+                   "median_ms": 1000 * sorted(latencies[pair])[len(latencies[pair]) // 2] if latencies[pair] else None}
+            for pair in pairs}  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("model_dir")
+    parser.add_argument("--seconds", type=float, default=20)
+    parser.add_argument("--clients", type=int, default=8)
+    args = parser.parse_args()
+    root = Path(tempfile.mkdtemp(prefix="serve-load-"))
+    folders = {}
+    for source, target in (("en", "de"), ("de", "en"), ("en", "fr")):
+        folder = root / f"{source}-{target}"
+        shutil.copytree(args.model_dir, folder, ignore=shutil.ignore_patterns("checkpoint-*"))
+        facts_file = folder / "training_facts.json"
+        facts = json.loads(facts_file.read_text()) if facts_file.is_file() else {}
+        facts["data"] = {**facts.get("data", {}), "src": source, "tgt": target}
+        facts_file.write_text(json.dumps(facts))
+        folders[(source, target)] = folder
+    en_de, de_en = ("en", "de"), ("de", "en")
+    rows = []
+    try:
+        alone = Server([folders[en_de]])
+        solo = load(alone, [en_de], args.clients, args.seconds)[en_de]
+        alone.stop()
+        two = Server([folders[en_de], folders[de_en]])
+        mixed = load(two, [en_de, de_en], args.clients, args.seconds)
+        half = load(two, [en_de], args.clients // 2, args.seconds)[en_de]
+        two.stop()
+        alone = Server([folders[en_de]])
+        solo_half = load(alone, [en_de], args.clients // 2, args.seconds)[en_de]
+        alone.stop()
+        total = sum(m["lines_per_s"] for m in mixed.values())
+        rows.append(("one model alone, en->de", f"{solo['lines_per_s']:.1f}", f"{solo['median_ms']:.0f}", "1.00"))
+        for pair, figures in mixed.items():
+            rows.append((f"two models, mixed load: {pair[0]}->{pair[1]}", f"{figures['lines_per_s']:.1f}",
+                         f"{figures['median_ms']:.0f}", ""))  # fmt: skip
+        rows.append(("two models, mixed load: both", f"{total:.1f}", "", f"{total / solo['lines_per_s']:.2f}"))
+        rows.append((f"one model alone, {args.clients // 2} clients", f"{solo_half['lines_per_s']:.1f}",
+                     f"{solo_half['median_ms']:.0f}", "1.00"))  # fmt: skip
+        rows.append((f"two models, {args.clients // 2} clients on en->de only", f"{half['lines_per_s']:.1f}",
+                     f"{half['median_ms']:.0f}", f"{half['lines_per_s'] / solo_half['lines_per_s']:.2f}"))  # fmt: skip
+        three = Server(list(folders.values()))
+        direct = load(three, [de_en], args.clients, args.seconds)[de_en]
+        composed = load(three, [("de", "fr")], args.clients, args.seconds)[("de", "fr")]
+        three.stop()
+        rows.append(("direct de->en", f"{direct['lines_per_s']:.1f}", f"{direct['median_ms']:.0f}", "1.00"))
+        ratio = composed["lines_per_s"] / direct["lines_per_s"]
+        rows.append(("composed de->fr (de->en, en->fr)", f"{composed['lines_per_s']:.1f}",
+                     f"{composed['median_ms']:.0f}", f"{ratio:.2f}"))  # fmt: skip
+        memory = []
+        for most in (1, 2):
+            server = Server([folders[en_de], folders[de_en]], "--max_loaded", str(most))
+            load(server, [en_de, de_en], args.clients, args.seconds)
+            memory.append((most, server.peak_rss_mb()))
+            server.stop()
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    print(f"CPU: {cpu()}; {args.clients} closed-loop clients, {args.seconds:g} s a run, one line a request\n")
+    print("| server, load | lines/s | median latency, ms | ratio |")
+    print("|---|---|---|---|")
+    for row in rows:
+        print("| " + " | ".join(row) + " |")
+    print("\n| --max_loaded | peak RSS of the server, MB (mixed load on two models) |")
+    print("|---|---|")
+    for most, rss in memory:
+        print(f"| {most} | {rss:.0f} |")
+
+
+if __name__ == "__main__":
+    main()
