@@ -279,9 +279,13 @@ def test_sigterm_refuses_new_requests_finishes_those_in_flight_and_exits_0(model
 def test_a_model_folder_without_its_languages_is_refused_by_name(model, tmp_path):
     import shutil
 
+    from vaswani_hf.serving.service import model_languages
+
     copy = tmp_path / "model"
     shutil.copytree(model, copy)
     (copy / "training_facts.json").unlink()
+    assert model_languages(str(copy), None, None) == ("en", "de")  # its card's language list
+    (copy / "README.md").unlink()
     result = vaswani("serve", str(copy), "--port", str(free_port()))
     assert result.returncode == 2 and "give --source and --target" in result.stderr
 

@@ -233,3 +233,51 @@ def test_a_parser_and_a_translator_for_one_route_are_refused():
 
     with pytest.raises(ValueError, match="translator and parser both serve en->en"):
         check_models([ServedModel("translator", "en", "en"), ServedModel("parser", "en", "en", routed=False)])
+    with pytest.raises(ValueError, match="one and two are both parsers"):
+        check_models([ServedModel("one", "en", "en", routed=False), ServedModel("two", "de", "de", routed=False)])
+
+
+def test_loads_are_one_at_a_time_and_never_past_max_loaded_under_concurrent_requests():
+    """Catalog alone, with a loader that takes time: 40 concurrent requests for three models, at most one in
+    memory. Before the fix two loads ran at once (one per model), which also broke Transformers' loading."""
+    import asyncio
+    import threading
+    import time
+    import types
+
+    from vaswani_hf.serving.catalog import Catalog, ServedModel
+    from vaswani_hf.serving.service import Settings, Translation
+
+    models = [ServedModel(f"m{i}", "en", target) for i, target in enumerate(("de", "fr", "es"))]
+    loading, most, loads = [0], [0], []
+    guard = threading.Lock()
+
+    def load(model, metrics):
+        with guard:
+            loading[0] += 1
+            most[0] = max(most[0], loading[0] + len(catalog.loaded))
+        time.sleep(0.02)
+        with guard:
+            loading[0] -= 1
+        loads.append(model.target)
+
+        async def decode(lines, options, left):
+            await asyncio.sleep(0.005)
+            return [Translation([(f"{model.target}:{line}", 0.0)]) for line in lines]
+
+        return types.SimpleNamespace(decode=decode, batcher=types.SimpleNamespace(stop=lambda: None, depth=0))
+
+    catalog = Catalog(models, Settings(), load, max_loaded=1)
+
+    async def ask(i):
+        target = ("de", "fr", "es")[i % 3]
+        route = catalog.route("en", target)
+        result = await catalog.decode(route, [str(i)], {}, left=lambda: asyncio.sleep(3600),
+                                      deadline=time.monotonic() + 60)  # fmt: skip
+        return result[0].nbest[0][0] == f"{target}:{i}"
+
+    async def main():
+        return await asyncio.gather(*(ask(i) for i in range(40)))
+
+    assert all(asyncio.run(main()))
+    assert most[0] == 1 and len(catalog.loaded) == 1 and set(loads) == {"de", "fr", "es"}

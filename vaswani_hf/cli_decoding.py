@@ -491,7 +491,7 @@ def serve_command(argv: list[str]) -> int:
         _, decode_batch, languages, _ = tasks[model].serving(args, model.model_dir)
         catalog.device, catalog.precision = str(getattr(loaded, "device", "cpu")), precision.name
         service = Service(loaded, tokenizer, settings, model.model_dir, catalog.device, precision.name, languages,
-                          decode_batch, metrics)  # fmt: skip
+                          decode_batch, metrics, catalog.device_lock)  # fmt: skip
         service.warm_up()
         return service
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -127,11 +128,13 @@ class Service:
     def __init__(self, model, tokenizer, settings: Settings, model_dir: str, device: str, precision: str,
                  languages: tuple[str, str],
                  decode_batch: Callable[[Service, list[str], dict], list] | None = None,
-                 metrics: Metrics | None = None) -> None:  # fmt: skip
+                 metrics: Metrics | None = None, device_lock: threading.Lock | None = None) -> None:  # fmt: skip
         self.model, self.tokenizer, self.settings = model, tokenizer, settings
         self.model_dir, self.device, self.precision = model_dir, device, precision
         self.source, self.target = languages
         self.decode_batch = partial(decode_batch, self) if decode_batch else self.translate_batch
+        if device_lock is not None:  # the server's models take turns on the device: one batch at a time, each
+            self.decode_batch = partial(_holding, device_lock, self.decode_batch)  # model's queue filling meanwhile
         self.metrics = metrics or Metrics()  # a server's models share one registry
         self.ready = self.draining = False
         self.in_flight = 0
@@ -222,6 +225,11 @@ class Service:
         return left
 
 
+def _holding(lock: threading.Lock, decode_batch: Callable, *args):
+    with lock:
+        return decode_batch(*args)
+
+
 def cross_attention(model, tokenizer, source: str, translation: str) -> dict:
     """How each token of `translation` attended to the tokens of `source` when the model wrote it: the last decoder
     layer's encoder-decoder attention averaged over its heads, by forced decoding (rows: the target tokens, each
@@ -247,13 +255,32 @@ def _result(line: Line):
 
 
 def model_languages(model_dir: str, source: str | None, target: str | None) -> tuple[str, str]:
-    """The pair a model translates: as given, else from its training facts (`vaswani train` writes them)."""
+    """The pair a model translates: as given, else from its training facts (`vaswani train` and `vaswani convert`
+    write them), else from its model card's `language` list of two (source first, as Hub translation cards list
+    them)."""
     known = saved_facts(model_dir).get("data") or {}
-    source, target = source or known.get("src"), target or known.get("tgt")
+    card = card_languages(model_dir)
+    source, target = source or known.get("src") or card[0], target or known.get("tgt") or card[1]
     if not source or not target:
         raise ValueError(f"{model_dir} does not say which languages it translates (no src/tgt in its "
-                         "training_facts.json): give --source and --target, e.g. --source en --target de.")  # fmt: skip
+                         "training_facts.json, no two languages in its README.md card): give --source and --target, "
+                         "e.g. --source en --target de (with one model), or write them in its training_facts.json."
+                         )  # fmt: skip
     return source, target
+
+
+def card_languages(model_dir: str) -> tuple[str | None, str | None]:
+    """The model card's (README.md's metadata) two languages, or (None, None)."""
+    path = Path(model_dir) / "README.md"
+    if not path.is_file():
+        return None, None
+    from huggingface_hub import ModelCard
+
+    try:
+        languages = ModelCard.load(path).data.language
+    except Exception:  # a card that does not parse says nothing
+        return None, None
+    return tuple(languages) if isinstance(languages, list) and len(languages) == 2 else (None, None)
 
 
 def saved_facts(model_dir: str) -> dict:
