@@ -67,9 +67,10 @@ class Server:
             time.sleep(0.2)
         raise RuntimeError("the server did not get ready")
 
-    def peak_rss_mb(self) -> float:
+    def rss_mb(self, field: str = "VmHWM") -> float:
+        """The server's peak (VmHWM) or present (VmRSS) resident memory."""
         status = Path(f"/proc/{self.process.pid}/status").read_text()
-        return int(next(line.split()[1] for line in status.splitlines() if line.startswith("VmHWM"))) / 1024
+        return int(next(line.split()[1] for line in status.splitlines() if line.startswith(field))) / 1024
 
     def stop(self) -> None:
         self.process.send_signal(signal.SIGTERM)
@@ -124,11 +125,47 @@ def base_size(folder: Path, out: Path) -> Path:
     return out
 
 
+def throughput(folders: dict, args: argparse.Namespace) -> list[tuple]:
+    """The table's rows: one model alone against two under mixed load, an idle second model, a composed pair."""
+    en_de, de_en = ("en", "de"), ("de", "en")
+    rows = []
+    alone = Server([folders[en_de]])
+    solo = load(alone, [en_de], args.clients, args.seconds)[en_de]
+    alone.stop()
+    two = Server([folders[en_de], folders[de_en]])
+    mixed = load(two, [en_de, de_en], args.clients, args.seconds)
+    half = load(two, [en_de], args.clients // 2, args.seconds)[en_de]
+    two.stop()
+    alone = Server([folders[en_de]])
+    solo_half = load(alone, [en_de], args.clients // 2, args.seconds)[en_de]
+    alone.stop()
+    total = sum(m["lines_per_s"] for m in mixed.values())
+    rows.append(("one model alone, en->de", f"{solo['lines_per_s']:.1f}", f"{solo['median_ms']:.0f}", "1.00"))
+    for pair, figures in mixed.items():
+        rows.append((f"two models, mixed load: {pair[0]}->{pair[1]}", f"{figures['lines_per_s']:.1f}",
+                     f"{figures['median_ms']:.0f}", ""))  # fmt: skip
+    rows.append(("two models, mixed load: both", f"{total:.1f}", "", f"{total / solo['lines_per_s']:.2f}"))
+    rows.append((f"one model alone, {args.clients // 2} clients", f"{solo_half['lines_per_s']:.1f}",
+                 f"{solo_half['median_ms']:.0f}", "1.00"))  # fmt: skip
+    rows.append((f"two models, {args.clients // 2} clients on en->de only", f"{half['lines_per_s']:.1f}",
+                 f"{half['median_ms']:.0f}", f"{half['lines_per_s'] / solo_half['lines_per_s']:.2f}"))  # fmt: skip
+    three = Server(list(folders.values()))
+    direct = load(three, [de_en], args.clients, args.seconds)[de_en]
+    composed = load(three, [("de", "fr")], args.clients, args.seconds)[("de", "fr")]
+    three.stop()
+    rows.append(("direct de->en", f"{direct['lines_per_s']:.1f}", f"{direct['median_ms']:.0f}", "1.00"))
+    ratio = composed["lines_per_s"] / direct["lines_per_s"]
+    rows.append(("composed de->fr (de->en, en->fr)", f"{composed['lines_per_s']:.1f}",
+                 f"{composed['median_ms']:.0f}", f"{ratio:.2f}"))  # fmt: skip
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("model_dir")
     parser.add_argument("--seconds", type=float, default=20)
     parser.add_argument("--clients", type=int, default=8)
+    parser.add_argument("--memory_only", action="store_true", help="only the --max_loaded runs")
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="serve-load-"))
     folders = {}
@@ -143,40 +180,15 @@ def main() -> None:
     en_de, de_en = ("en", "de"), ("de", "en")
     rows = []
     try:
-        alone = Server([folders[en_de]])
-        solo = load(alone, [en_de], args.clients, args.seconds)[en_de]
-        alone.stop()
-        two = Server([folders[en_de], folders[de_en]])
-        mixed = load(two, [en_de, de_en], args.clients, args.seconds)
-        half = load(two, [en_de], args.clients // 2, args.seconds)[en_de]
-        two.stop()
-        alone = Server([folders[en_de]])
-        solo_half = load(alone, [en_de], args.clients // 2, args.seconds)[en_de]
-        alone.stop()
-        total = sum(m["lines_per_s"] for m in mixed.values())
-        rows.append(("one model alone, en->de", f"{solo['lines_per_s']:.1f}", f"{solo['median_ms']:.0f}", "1.00"))
-        for pair, figures in mixed.items():
-            rows.append((f"two models, mixed load: {pair[0]}->{pair[1]}", f"{figures['lines_per_s']:.1f}",
-                         f"{figures['median_ms']:.0f}", ""))  # fmt: skip
-        rows.append(("two models, mixed load: both", f"{total:.1f}", "", f"{total / solo['lines_per_s']:.2f}"))
-        rows.append((f"one model alone, {args.clients // 2} clients", f"{solo_half['lines_per_s']:.1f}",
-                     f"{solo_half['median_ms']:.0f}", "1.00"))  # fmt: skip
-        rows.append((f"two models, {args.clients // 2} clients on en->de only", f"{half['lines_per_s']:.1f}",
-                     f"{half['median_ms']:.0f}", f"{half['lines_per_s'] / solo_half['lines_per_s']:.2f}"))  # fmt: skip
-        three = Server(list(folders.values()))
-        direct = load(three, [de_en], args.clients, args.seconds)[de_en]
-        composed = load(three, [("de", "fr")], args.clients, args.seconds)[("de", "fr")]
-        three.stop()
-        rows.append(("direct de->en", f"{direct['lines_per_s']:.1f}", f"{direct['median_ms']:.0f}", "1.00"))
-        ratio = composed["lines_per_s"] / direct["lines_per_s"]
-        rows.append(("composed de->fr (de->en, en->fr)", f"{composed['lines_per_s']:.1f}",
-                     f"{composed['median_ms']:.0f}", f"{ratio:.2f}"))  # fmt: skip
+        if not args.memory_only:
+            rows = throughput(folders, args)
         memory = []
         big = [base_size(folders[pair], root / f"base-{pair[0]}-{pair[1]}") for pair in (en_de, de_en)]
         for most in (1, 2):
             server = Server(big, "--max_loaded", str(most))
             figures = load(server, [en_de, de_en], args.clients, args.seconds)
-            memory.append((most, server.peak_rss_mb(), sum(f["lines_per_s"] for f in figures.values())))
+            rate = sum(f["lines_per_s"] for f in figures.values())
+            memory.append((most, server.rss_mb("VmHWM"), server.rss_mb("VmRSS"), rate))
             server.stop()
     finally:
         shutil.rmtree(root, ignore_errors=True)
@@ -185,10 +197,13 @@ def main() -> None:
     print("|---|---|---|---|")
     for row in rows:
         print("| " + " | ".join(row) + " |")
-    print("\n| --max_loaded (two base-size models, 65M parameters each, random weights) | peak RSS, MB | lines/s |")
-    print("|---|---|---|")
-    for most, rss, rate in memory:
-        print(f"| {most} | {rss:.0f} | {rate:.2f} |")
+    print(
+        "\n| --max_loaded (two base-size models, 65M parameters each, random weights) | peak RSS, MB | RSS at the end,"
+        " MB | lines/s |"
+    )
+    print("|---|---|---|---|")
+    for most, peak, end, rate in memory:
+        print(f"| {most} | {peak:.0f} | {end:.0f} | {rate:.2f} |")
 
 
 if __name__ == "__main__":
