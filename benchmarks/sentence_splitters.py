@@ -2,7 +2,9 @@
 
 newstest2014 holds one sentence a line (a few lines hold two). Consecutive lines are joined with one space into
 paragraphs of 3 (as a user's text reaches the server), and each splitter must give the lines back: a paragraph is
-right when its sentences are exactly its lines. Also: sentences/s on one core. Run:
+right when its sentences are exactly its lines. Also: sentences/s on one core. Run in a virtual environment of its
+own (pysbd installs a top-level package named `benchmarks`, which then shadows this folder for the tests):
+    pip install sentencex pysbd sentence-splitter
     python benchmarks/sentence_splitters.py [../shared/data/wmt14_newstest2014]
 """
 

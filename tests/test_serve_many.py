@@ -281,3 +281,16 @@ def test_loads_are_one_at_a_time_and_never_past_max_loaded_under_concurrent_requ
 
     assert all(asyncio.run(main()))
     assert most[0] == 1 and len(catalog.loaded) == 1 and set(loads) == {"de", "fr", "es"}
+
+
+def test_the_pivot_is_the_one_whose_weaker_model_scored_best():
+    from vaswani_hf.serving.catalog import ServedModel, plan_routes
+
+    models = [ServedModel("de-en", "de", "en", score=30.0), ServedModel("en-fr", "en", "fr", score=20.0),
+              ServedModel("de-es", "de", "es", score=40.0), ServedModel("es-fr", "es", "fr", score=25.0)]  # fmt: skip
+    routes = plan_routes(models)
+    assert routes[("de", "fr")].pivot == "es"  # min(40, 25) = 25 beats min(30, 20) = 20
+    assert [m.name for m in routes[("de", "fr")].models] == ["de-es", "es-fr"]
+    assert routes[("fr", "fr")].models == () and ("fr", "de") not in routes
+    unscored = plan_routes([ServedModel("de-en", "de", "en"), ServedModel("en-fr", "en", "fr")])
+    assert unscored[("de", "fr")].pivot == "en"
