@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import socket
 import statistics
 import subprocess
 import sys
@@ -29,12 +28,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).parent))
 from compare_marian import machine  # noqa: E402
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from serve_process import start  # noqa: E402 (serve_overload takes start from here too)
 
 
 def rss_mib(pid: int) -> float:
@@ -42,25 +36,6 @@ def rss_mib(pid: int) -> float:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) / 1024
     return float("nan")
-
-
-def start(model: str, *options: str) -> tuple[subprocess.Popen, str]:
-    port = free_port()
-    process = subprocess.Popen([sys.executable, "-m", "vaswani_hf.cli", "serve", model, "--port", str(port),
-                                "--max_chars", "100000", "--request_timeout", "3600", *options],
-                               stderr=subprocess.DEVNULL)  # fmt: skip
-    # the timeout is long: with batching off, 32 clients queue behind one-line batches (a base-size model's
-    # run to the source + 50 limit took longer than the default 60 s)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 300
-    while time.time() < deadline:
-        try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                return process, url
-        except httpx.TransportError:
-            time.sleep(0.2)
-    process.kill()
-    raise SystemExit("the server did not get ready in 300 s")
 
 
 async def replay(url: str, lines: list[str], clients: int, requests: int) -> tuple[list[float], list[float],

@@ -17,8 +17,6 @@ import os
 import platform
 import shutil
 import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import threading
@@ -28,6 +26,9 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).parent))
+from serve_process import start  # noqa: E402
+
 from vaswani_hf.data.number_words import builtin_splits  # noqa: E402
 
 LINES = [source for source, _ in builtin_splits()["test"][:400]]
@@ -41,31 +42,11 @@ def cpu() -> str:
     return f"{name}, {os.cpu_count()} cores ({', '.join(kept)})"
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class Server:
+    """`vaswani serve` of these folders (serve_load.start), in fp32."""
+
     def __init__(self, folders: list[Path], *options: str) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log = tempfile.NamedTemporaryFile("w+", prefix="serve-", suffix=".log", delete=False)  # noqa: SIM115
-        self.process = subprocess.Popen([sys.executable, "-m", "vaswani_hf.cli", "serve", *map(str, folders),
-                                         "--port", str(self.port), "--precision", "fp32", *options],
-                                        stdout=subprocess.DEVNULL, stderr=self.log, text=True)  # fmt: skip
-        deadline = time.time() + 300
-        while time.time() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(Path(self.log.name).read_text()[-2000:])
-            try:
-                if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            time.sleep(0.2)
-        raise RuntimeError("the server did not get ready")
+        self.process, self.url = start([str(f) for f in folders], "--precision", "fp32", *options)
 
     def rss_mb(self, field: str = "VmHWM") -> float:
         """The server's peak (VmHWM) or present (VmRSS) resident memory."""
