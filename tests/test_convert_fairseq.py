@@ -472,3 +472,13 @@ def test_tokenized_bleu_is_multi_bleu_of_moses_tokens_with_compounds_split(archi
                      "--metric", "tokenized_bleu:de", "--num-beams", "1", "--precision", "fp32")  # fmt: skip
     assert result.returncode == 0, result.stderr[-2000:]
     assert "tokenized_bleu" in result.stdout + result.stderr
+
+
+def test_a_folder_that_holds_something_is_never_written_into(archives, tmp_path):
+    taken = tmp_path / "taken"
+    taken.mkdir()
+    (taken / "notes.txt").write_text("mine")
+    for fmt, source in (("fairseq", archives.root / "2018"), ("marian", archives.root / "2018")):
+        result = vaswani("convert", fmt, str(source), str(taken))
+        assert result.returncode == 2 and f"{taken}: exists and is not empty; give a new folder." in result.stderr
+    assert [p.name for p in taken.iterdir()] == ["notes.txt"] and (taken / "notes.txt").read_text() == "mine"

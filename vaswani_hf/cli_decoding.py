@@ -496,7 +496,7 @@ def serve_command(argv: list[str]) -> int:
         return service
 
     catalog = Catalog([model for model, _ in served], settings, load, args.max_loaded)
-    catalog.device, catalog.precision = "-", args.precision
+    catalog.precision = args.precision  # until a model loads and says what it resolved to
     routers_of = list(dict.fromkeys(task.serving(args, model.model_dir)[0] for model, task in served))
 
     def routers(catalog_, run, check_key):

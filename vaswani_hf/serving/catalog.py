@@ -108,10 +108,10 @@ def plan_routes(models: list[ServedModel]) -> dict[tuple[str, str], Route]:
         routes.setdefault((code, code), Route(code, code, ()))
 
     def strength(pair: tuple[ServedModel, ServedModel]) -> tuple:
+        # the weaker model's score (a pair with an unscored model ranks after every scored one); then English, the
+        # usual pivot; then the code, so the choice never depends on the order the models were given
         scores = [m.score for m in pair]
-        weakest = min((s for s in scores if s is not None), default=-math.inf) if all(
-            s is not None for s in scores) else -math.inf  # fmt: skip
-        return (weakest, pair[0].target == "en", pair[0].target)
+        return (min(scores) if None not in scores else -math.inf, pair[0].target == "en", pair[0].target)
 
     for (source, pivot), first in direct.items():
         for (middle, target), second in direct.items():
@@ -133,10 +133,11 @@ def release_memory() -> None:
 
 
 class Catalog:
-    """The models served, their routes, the ones in memory, and the server's state (see the module's docstring);
-    `device` and `precision` say where and how the models run; `device_lock` is for `load` to give each service,
-    so that the models take turns on the device.
-    `load(model, metrics)` builds a model's warmed `Service` (in a worker thread when a request asks for it)."""
+    """The models served, their routes, the ones in memory, and the server's state (see the module's docstring).
+
+    `load(model, metrics)` builds a model's warmed `Service` (in a worker thread when a request asks for it), giving
+    it `device_lock`, so that the models take turns on the device; `device` and `precision` say where and how the
+    models run (`load` sets them)."""
 
     def __init__(self, models: list[ServedModel], settings: Settings, load: Callable[[ServedModel, Metrics], Service],
                  max_loaded: int | None = None) -> None:  # fmt: skip
@@ -155,6 +156,7 @@ class Catalog:
         # and batch less (measured on 2 cores, two models under mixed load: 0.67 of one model's lines/s)
         self.device_lock = threading.Lock()
         self.load_lock = threading.Lock()
+        self.device, self.precision = "-", "-"
 
     @classmethod
     def of(cls, service: Service, routed: bool = True) -> Catalog:

@@ -19,8 +19,6 @@ import argparse
 import json
 import pickle
 import re
-import shutil
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -29,6 +27,7 @@ import torch
 from ...model.configuration_vaswani import VaswaniConfig
 from ...model.modeling_vaswani import VaswaniForConditionalGeneration
 from ...model.search_vaswani import FAIRSEQ_GENERATION_DEFAULTS
+from .folder import check_free, write_folder, write_languages
 from .marian import vaswani_state_dict_from_bart_layout
 
 FAIRSEQ_SPECIALS = ("<s>", "<pad>", "</s>", "<unk>")  # fairseq's Dictionary: bos, pad, eos, unk
@@ -339,28 +338,6 @@ def _languages(src_dir: Path, settings: dict, source_lang: str | None, target_la
     return source_lang, target_lang
 
 
-def staged_output(out_dir: Path) -> Path:
-    """A fresh folder beside `out_dir`, renamed to it once everything is written (nothing half done is left)."""
-    if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
-        raise FairseqArchiveError(f"{out_dir}: exists and is not empty; give a new folder.")
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    return Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
-
-
-def write_languages(folder: Path, source_lang: str, target_lang: str, converted_from: dict) -> None:
-    """The pair, where `vaswani serve` and the model card read a model's languages (`training_facts.json`), and
-    where the weights came from."""
-    facts = {"data": {"src": source_lang, "tgt": target_lang}, "converted_from": converted_from}
-    (folder / "training_facts.json").write_text(json.dumps(facts, indent=2) + "\n")
-
-
-def publish(staging: Path, out_dir: Path) -> Path:
-    if out_dir.exists():
-        out_dir.rmdir()  # empty (checked before staging)
-    staging.rename(out_dir)
-    return out_dir
-
-
 def convert_fairseq_checkpoint(
     src_dir: str | Path,
     out_dir: str | Path,
@@ -383,6 +360,7 @@ def convert_fairseq_checkpoint(
     from ...data.moses_bpe import MosesBPETokenizer
 
     src_dir, out_dir = Path(src_dir), Path(out_dir)
+    check_free(out_dir)
     if not src_dir.is_dir():
         raise FairseqArchiveError(f"{src_dir}: no such folder; give the extracted fairseq archive's folder.")
     path = find_checkpoint(src_dir, checkpoint)
@@ -405,12 +383,11 @@ def convert_fairseq_checkpoint(
     def moses(setting: str, given: bool | None) -> bool:  # the checkpoint's word first, then the flag, then fairseq's
         return not settings[setting] if settings.get(setting) is not None else (True if given is None else given)
 
-    staging = staged_output(out_dir)
-    try:
-        model.save_pretrained(staging)
-        (staging / "vocab.json").write_text(json.dumps({s: i for i, s in enumerate(symbols)}, ensure_ascii=False))
+    def fill(folder: Path) -> None:
+        model.save_pretrained(folder)
+        (folder / "vocab.json").write_text(json.dumps({s: i for i, s in enumerate(symbols)}, ensure_ascii=False))
         tokenizer = MosesBPETokenizer(
-            vocab_file=str(staging / "vocab.json"),
+            vocab_file=str(folder / "vocab.json"),
             codes_file=str(codes),
             source_lang=source_lang,
             target_lang=target_lang,
@@ -419,13 +396,11 @@ def convert_fairseq_checkpoint(
             normalize_punctuation=normalize_punctuation,
             model_max_length=settings.get("max_source_positions", 1024),
         )
-        tokenizer.save_pretrained(staging)
+        tokenizer.save_pretrained(folder)
         origin = {"format": "fairseq", "checkpoint": path.name, "arch": settings.get("arch") or settings.get("_name")}
-        write_languages(staging, source_lang, target_lang, origin)
-        return publish(staging, out_dir)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
+        write_languages(folder, source_lang, target_lang, origin)
+
+    return write_folder(out_dir, fill)
 
 
 __all__ = [

@@ -14,14 +14,8 @@ import shutil
 from pathlib import Path
 
 from ...model.modeling_vaswani import VaswaniForConditionalGeneration
-from .fairseq import (
-    FairseqArchiveError,
-    publish,
-    set_decoding,
-    staged_output,
-    vaswani_from_fairseq_layout,
-    write_languages,
-)
+from .fairseq import FairseqArchiveError, set_decoding, vaswani_from_fairseq_layout
+from .folder import check_free, write_folder, write_languages
 
 TOKENIZER_FILES = ("vocab-src.json", "vocab-tgt.json", "merges.txt", "tokenizer_config.json", "special_tokens_map.json")
 
@@ -82,18 +76,17 @@ def convert_fsmt_checkpoint(src_dir: str | Path, out_dir: str | Path, paper_deco
     from transformers import FSMTForConditionalGeneration
 
     src_dir, out_dir = Path(src_dir), Path(out_dir)
+    check_free(out_dir)
     if not (src_dir / "config.json").is_file():
         raise FairseqArchiveError(f"{src_dir} has no config.json: give the folder of a saved FSMT model.")
     fsmt = FSMTForConditionalGeneration.from_pretrained(src_dir)
     model = fsmt_to_vaswani(fsmt, paper_decoding=paper_decoding)
-    staging = staged_output(out_dir)
-    try:
-        model.save_pretrained(staging)
-        write_languages(staging, *fsmt.config.langs, {"format": "fsmt", "folder": src_dir.name})
+
+    def fill(folder: Path) -> None:
+        model.save_pretrained(folder)
+        write_languages(folder, *fsmt.config.langs, {"format": "fsmt", "folder": src_dir.name})
         for name in TOKENIZER_FILES:
             if (src_dir / name).is_file():
-                shutil.copy2(src_dir / name, staging / name)
-        return publish(staging, out_dir)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
+                shutil.copy2(src_dir / name, folder / name)
+
+    return write_folder(out_dir, fill)

@@ -16,6 +16,7 @@ import torch
 
 from ...model.configuration_vaswani import VaswaniConfig
 from ...model.modeling_vaswani import VaswaniForConditionalGeneration
+from .folder import check_free, write_folder
 
 TOKENIZER_FILES = (
     "source.spm",
@@ -124,12 +125,16 @@ def convert_marian_checkpoint(src_dir: str | Path, dst_dir: str | Path, paper_de
     from transformers import MarianMTModel
 
     src_dir, dst_dir = Path(src_dir), Path(dst_dir)
+    check_free(dst_dir)
     if not (src_dir / "config.json").is_file():
         raise FileNotFoundError(f"{src_dir} has no config.json: give the directory of a saved MarianMTModel.")
     marian = MarianMTModel.from_pretrained(src_dir)
     model = marian_to_vaswani(marian, paper_decoding=paper_decoding)
-    model.save_pretrained(dst_dir)
-    for name in TOKENIZER_FILES:
-        if (src_dir / name).is_file():
-            shutil.copy2(src_dir / name, dst_dir / name)
-    return dst_dir
+
+    def fill(folder: Path) -> None:
+        model.save_pretrained(folder)
+        for name in TOKENIZER_FILES:
+            if (src_dir / name).is_file():
+                shutil.copy2(src_dir / name, folder / name)
+
+    return write_folder(dst_dir, fill)
