@@ -238,7 +238,7 @@ def vaswani_from_fairseq_layout(
     return model.eval()
 
 
-def set_decoding(model: VaswaniForConditionalGeneration, settings: dict, paper_decoding: bool) -> None:
+def set_decoding(model: VaswaniForConditionalGeneration, paper_decoding: bool) -> None:
     """fairseq's decoding (beam 5, score / length, 200 tokens) unless `paper_decoding` keeps the paper's (beam 4, GNMT
     penalty 0.6, source + 50); either way as fairseq's search: `<pad>` never chosen, `</s>` forced at the limit."""
     generation = model.generation_config
@@ -378,7 +378,7 @@ def convert_fairseq_checkpoint(
     symbols = fairseq_vocabulary(src_dir, settings, rows, source_lang, target_lang)
     check_codes_match(codes, src_dir / f"dict.{source_lang}.txt", symbols)
     model = vaswani_from_fairseq_layout(settings, weights, where=str(path))
-    set_decoding(model, settings, paper_decoding)
+    set_decoding(model, paper_decoding)
 
     def moses(setting: str, given: bool | None) -> bool:  # the checkpoint's word first, then the flag, then fairseq's
         return not settings[setting] if settings.get(setting) is not None else (True if given is None else given)

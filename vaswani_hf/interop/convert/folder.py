@@ -38,6 +38,13 @@ def publish(staging: Path, out_dir: Path) -> Path:
     return out_dir
 
 
+def copy_files(src_dir: Path, folder: Path, names: tuple[str, ...]) -> None:
+    """The peer's files of these names that `src_dir` holds (its tokenizer's), copied into `folder`."""
+    for name in names:
+        if (src_dir / name).is_file():
+            shutil.copy2(src_dir / name, folder / name)
+
+
 def write_folder(out_dir: str | Path, fill: Callable[[Path], None]) -> Path:
     """`fill(folder)` writes the converted model into a staging folder, which becomes `out_dir` when it returns."""
     out_dir = Path(out_dir)

@@ -9,13 +9,12 @@ with FSMT's config read as fairseq's arguments. Its tokenizer (Moses + BPE, `FSM
 
 from __future__ import annotations
 
-import copy
-import shutil
 from pathlib import Path
 
 from ...model.modeling_vaswani import VaswaniForConditionalGeneration
 from .fairseq import FairseqArchiveError, set_decoding, vaswani_from_fairseq_layout
-from .folder import check_free, write_folder, write_languages
+from .folder import check_free, copy_files, write_folder, write_languages
+from .marian import decode_as_peer
 
 TOKENIZER_FILES = ("vocab-src.json", "vocab-tgt.json", "merges.txt", "tokenizer_config.json", "special_tokens_map.json")
 
@@ -61,12 +60,10 @@ def fsmt_to_vaswani(fsmt_model, paper_decoding: bool = False) -> VaswaniForCondi
         )
     state = {k.removeprefix("model."): v for k, v in fsmt_model.state_dict().items() if "embed_positions" not in k}
     model = vaswani_from_fairseq_layout(fsmt_settings(config), state, where="FSMT model")
-    set_decoding(model, {}, paper_decoding=True)
-    if not paper_decoding:
-        model.generation_config = copy.deepcopy(fsmt_model.generation_config)
-        model.generation_config.length_penalty_type = "hf"
-        model.generation_config.max_length_offset = None
-        model.generation_config._from_model_config = False
+    if paper_decoding:
+        set_decoding(model, paper_decoding=True)
+    else:
+        decode_as_peer(model, fsmt_model.generation_config)
     return model.to(fsmt_model.dtype).eval()  # FSMT's dtype, as the Marian converter keeps Marian's
 
 
@@ -85,8 +82,6 @@ def convert_fsmt_checkpoint(src_dir: str | Path, out_dir: str | Path, paper_deco
     def fill(folder: Path) -> None:
         model.save_pretrained(folder)
         write_languages(folder, *fsmt.config.langs, {"format": "fsmt", "folder": src_dir.name})
-        for name in TOKENIZER_FILES:
-            if (src_dir / name).is_file():
-                shutil.copy2(src_dir / name, folder / name)
+        copy_files(src_dir, folder, TOKENIZER_FILES)
 
     return write_folder(out_dir, fill)

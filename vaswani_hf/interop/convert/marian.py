@@ -9,14 +9,13 @@ logits; only Marian features outside the paper (separate encoder/decoder vocabul
 from __future__ import annotations
 
 import copy
-import shutil
 from pathlib import Path
 
 import torch
 
 from ...model.configuration_vaswani import VaswaniConfig
 from ...model.modeling_vaswani import VaswaniForConditionalGeneration
-from .folder import check_free, write_folder
+from .folder import check_free, copy_files, write_folder
 
 TOKENIZER_FILES = (
     "source.spm",
@@ -91,6 +90,15 @@ def vaswani_state_dict_from_bart_layout(marian_state: dict[str, torch.Tensor]) -
     return state
 
 
+def decode_as_peer(model: VaswaniForConditionalGeneration, generation_config) -> None:
+    """The converted model decodes as the peer did: the peer's generation config, with Transformers' length penalty
+    and no source + offset limit, so the same `generate()` call gives the peer's output."""
+    model.generation_config = copy.deepcopy(generation_config)
+    model.generation_config.length_penalty_type = "hf"
+    model.generation_config.max_length_offset = None
+    model.generation_config._from_model_config = False  # keep these settings on save and reload
+
+
 def marian_to_vaswani(marian_model, paper_decoding: bool = False) -> VaswaniForConditionalGeneration:
     """A `VaswaniForConditionalGeneration` with the weights of a `MarianMTModel` (in its dtype, eval mode).
 
@@ -112,9 +120,7 @@ def marian_to_vaswani(marian_model, paper_decoding: bool = False) -> VaswaniForC
             if getattr(marian_generation, name, None) is not None:
                 setattr(model.generation_config, name, getattr(marian_generation, name))
     else:
-        model.generation_config = copy.deepcopy(marian_generation)
-        model.generation_config.length_penalty_type = "hf"
-        model.generation_config.max_length_offset = None
+        decode_as_peer(model, marian_generation)
     model.generation_config._from_model_config = False  # keep these settings on save and reload
     return model.eval()
 
@@ -133,8 +139,6 @@ def convert_marian_checkpoint(src_dir: str | Path, dst_dir: str | Path, paper_de
 
     def fill(folder: Path) -> None:
         model.save_pretrained(folder)
-        for name in TOKENIZER_FILES:
-            if (src_dir / name).is_file():
-                shutil.copy2(src_dir / name, folder / name)
+        copy_files(src_dir, folder, TOKENIZER_FILES)
 
     return write_folder(dst_dir, fill)
