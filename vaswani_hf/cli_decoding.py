@@ -359,7 +359,7 @@ SERVE_BOUNDS = {
 
 def _served_models(args: argparse.Namespace):
     """The folders to serve (MODEL_DIR ..., or every model in --models FOLDER), each checked and described without
-    loading it: (ServedModel, its task) a folder."""
+    loading it: a ServedModel a folder, and what its task serves it with (routers, batch function) by model."""
     from transformers import AutoConfig
 
     from .serving.catalog import ServedModel
@@ -381,16 +381,17 @@ def _served_models(args: argparse.Namespace):
     if len(folders) > 1 and (args.source or args.target):
         raise ValueError("--source and --target name one model's pair: with several models, each says its own "
                          "(training_facts.json)")  # fmt: skip
-    served = []
+    served, serving = [], {}
     for folder in folders:
         if is_local(folder) and args.engine != "onnxruntime":
             check_model_folder(folder)
         task = task_of(AutoConfig.from_pretrained(folder))
-        _, _, languages, _ = task.serving(args, folder)
+        routers, decode_batch, languages = task.serving(args, folder)
         bleu = (saved_facts(folder).get("evaluation") or {}).get("bleu")
-        score = bleu if isinstance(bleu, int | float) else None
-        served.append((ServedModel(folder, *languages, task.serves_pairs, score), task))
-    return served
+        model = ServedModel(folder, *languages, task.serves_pairs, bleu if isinstance(bleu, int | float) else None)
+        served.append(model)
+        serving[model] = routers, decode_batch
+    return served, serving
 
 
 def _api_keys(path_name: str | None) -> tuple[frozenset, dict]:
@@ -483,28 +484,26 @@ def serve_command(argv: list[str]) -> int:
             "cors_origins": tuple(o.strip() for o in args.cors_origins.split(",") if o.strip()),
         }
     )
-    served = _served_models(args)
-    tasks = dict(served)
+    served, serving = _served_models(args)
 
     def load(model, metrics) -> Service:
         loaded, tokenizer, precision = _load(args, [model.model_dir])
-        _, decode_batch, languages, _ = tasks[model].serving(args, model.model_dir)
         catalog.device, catalog.precision = str(getattr(loaded, "device", "cpu")), precision.name
-        service = Service(loaded, tokenizer, settings, model.model_dir, catalog.device, precision.name, languages,
-                          decode_batch, metrics, catalog.device_lock)  # fmt: skip
+        service = Service(loaded, tokenizer, settings, model.model_dir, catalog.device, precision.name,
+                          (model.source, model.target), serving[model][1], metrics, catalog.device_lock)  # fmt: skip
         service.warm_up()
         return service
 
-    catalog = Catalog([model for model, _ in served], settings, load, args.max_loaded)
+    catalog = Catalog(served, settings, load, args.max_loaded)
     catalog.precision = args.precision  # until a model loads and says what it resolved to
-    routers_of = list(dict.fromkeys(task.serving(args, model.model_dir)[0] for model, task in served))
+    routers_of = list(dict.fromkeys(routers for routers, _ in serving.values()))
 
     def routers(catalog_, run, check_key):
         return [router for routers_ in routers_of for router in routers_(catalog_, run, check_key)]
 
     start = time.monotonic()
     catalog.preload(_preloaded(catalog, args))
-    pairs = ", ".join(f"{m.pair} ({m.name})" for m, _ in served)
+    pairs = ", ".join(f"{m.pair} ({m.name})" for m in served)
     print(f"ready in {time.monotonic() - start:.1f} s; serving {pairs} on http://{args.host}:{args.port} (try it: "
           "GET /; docs at /docs)", file=sys.stderr, flush=True)  # fmt: skip
     serve(catalog, args.host, args.port, routers)

@@ -136,8 +136,7 @@ class Service:
         if device_lock is not None:  # the server's models take turns on the device: one batch at a time, each
             self.decode_batch = partial(_holding, device_lock, self.decode_batch)  # model's queue filling meanwhile
         self.metrics = metrics or Metrics()  # a server's models share one registry
-        self.ready = self.draining = False
-        self.in_flight = 0
+        self.ready = False  # warmed up (the server's own state is its catalog's)
         self.limit = source_limit(model, tokenizer)
         self.lines_per_second = 0.0  # the worker's pace, for Retry-After
         self.batcher = DynamicBatcher(self.decode_batch, self.count_tokens, settings.max_batch_tokens,

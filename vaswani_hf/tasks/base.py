@@ -110,8 +110,8 @@ class Task:
         return [x for x in (src, tgt) if x]
 
     # --- serving ---------------------------------------------------------------------------------------------------
-    def serving(self, args, model_dir: str) -> tuple[Callable, Callable | None, tuple[str, str], str]:
+    def serving(self, args, model_dir: str) -> tuple[Callable, Callable | None, tuple[str, str]]:
         """What `vaswani serve` (its parsed options `args`) serves the task's model in `model_dir` with: its routers
         (a function `(catalog, run, check_key) -> [APIRouter]`, `create_app`'s), its batch function (`Service`'s;
-        None: translating), its languages, and what the start-up line calls its routes."""
+        None: translating) and its languages."""
         raise NotImplementedError

@@ -198,7 +198,7 @@ class ParsingTask(Task):
 
         check_choices("constrained", args.long_lines, ("--tree_search", "--long-lines"))  # `split` would rejoin trees
         language = args.source or "en"  # a parser reads and writes one language (its trees' words)
-        return parsing_routers, parse_batch, (language, language), "a parser (POST /parse)"
+        return parsing_routers, parse_batch, (language, language)
 
     def card_use(self, data_args, builtin: bool, train_pairs: int) -> tuple[str, str, str]:
         source = (data_args.treebank or {}).get("source") or data_args.data  # --data names the cache's pairs now

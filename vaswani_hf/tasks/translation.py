@@ -60,6 +60,4 @@ class TranslationTask(Task):
         from ..serving.app import translation_routers
         from ..serving.service import model_languages
 
-        languages = model_languages(model_dir, args.source, args.target)
-        routes = f"{languages[0]}->{languages[1]} (LibreTranslate: POST /translate; POST /v1/translate)"
-        return translation_routers, None, languages, routes
+        return translation_routers, None, model_languages(model_dir, args.source, args.target)
