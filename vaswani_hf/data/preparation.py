@@ -17,6 +17,7 @@ An evaluation split keeps every pair, an empty side included (a test set is scor
 
 from __future__ import annotations
 
+import errno
 import json
 import multiprocessing
 import os
@@ -55,6 +56,7 @@ DEFAULT_BPE_SAMPLE = 1_000_000  # pairs the BPE learns from by default (docs/dec
 # disk a preparation needs while it runs, per byte of training text: the temporary Arrow text (about 1.0) and the
 # token shards (0.5 to 0.6 at 32,000-37,000 entries, uint16)
 DISK_PER_TEXT_BYTE = 1.7
+GZIP_RATIO = 4  # text bytes per byte of a gzipped file, to check the free space
 
 
 def default_workers() -> int:
@@ -79,12 +81,46 @@ def prepare(request: PreparationRequest, output_dir: str | Path | None = None, w
     key when none is given. What is there with the same key is reused; the rest is built under the lock."""
     key, inputs = request.key()
     final = Path(output_dir) if output_dir is not None else cache_dir() / key
+    try:
+        return _prepare(request, key, inputs, final, output_dir is not None, workers, quiet, eval_splits)
+    except OSError as err:
+        said = _writing_error(err, final, output_dir is not None)
+        if said is None:
+            raise
+        raise said from None
+
+
+def _writing_error(err: OSError, final: Path, given: bool) -> OSError | None:
+    """A read-only folder or a full disk, said with the path and the fix (the system's message names neither the
+    folder nor what to do, and Arrow's names no path); None for any other error, which is raised as it is."""
+    where = "--output_dir DIR" if given else "VASWANI_PREPARED_CACHE=DIR"
+    if err.errno in (errno.EROFS, errno.EACCES, errno.EPERM) and err.filename is not None:
+        path = Path(os.path.abspath(err.filename))
+        final = Path(os.path.abspath(final))
+        ours = (
+            path == final
+            or final in path.parents
+            or path in final.parents
+            or (path.parent == final.parent and path.name.startswith(f".{final.name}."))
+        )  # its lock and staging folders
+        if ours:
+            return OSError(f"cannot write in {path if path in final.parents else final.parent} ({err.strerror}): "
+                           f"prepare into a folder you can write to ({where}).")  # fmt: skip
+    if err.errno in (errno.ENOSPC, errno.EDQUOT) or "No space left on device" in str(err):
+        return OSError(f"the disk holding {final.parent} is full (No space left on device, while preparing "
+                       f"{final}; what was written is removed): free some space, or prepare on another disk "
+                       f"({where}).")  # fmt: skip
+    return None
+
+
+def _prepare(request: PreparationRequest, key: str, inputs: dict, final: Path, given: bool, workers: int | None,
+             quiet: bool, eval_splits: Sequence[str]) -> PreparedData:  # fmt: skip
     built = False
     with locked(final, lambda message: say(message, quiet)):
         if PreparedData.is_prepared(final):
             found = PreparedData(final)
             if found.manifest.get("key") != key:
-                if output_dir is None:
+                if not given:
                     raise RuntimeError(f"{final} holds a preparation with another key: clear the cache.")
                 raise ValueError(f"{final} holds data prepared from other files or options: give another "
                                  "--output_dir, or delete it.")  # fmt: skip
@@ -108,7 +144,9 @@ def prepare(request: PreparationRequest, output_dir: str | Path | None = None, w
 def _build_training(request: PreparationRequest, inputs: dict, key: str, final: Path, workers: int,
                     quiet: bool) -> None:  # fmt: skip
     """Read, learn the vocabulary and tokenize the training split in a staging folder, then move it into place."""
-    text_bytes = sum(f.get("size", 0) for f in inputs["files"])
+    # a gzipped file holds about 3 to 4 times its size of text
+    text_bytes = sum(f.get("size", 0) * (GZIP_RATIO if f.get("path", "").endswith(".gz") else 1)
+                     for f in inputs["files"])  # fmt: skip
     check_free_space(final.parent, int(text_bytes * DISK_PER_TEXT_BYTE), f"{request.data} {request.train_split}")
     staging = staging_folder(final)
     clock = [time.perf_counter()]

@@ -81,10 +81,14 @@ def content_hashes(paths: list[Path], read: bool = True) -> list[str | None]:
         if _stamp(paths[i]) == stamps[i]:  # not written to while we read: remember it
             memo[str(paths[i])] = {"stamp": stamps[i], "sha256": known[i]}
     memo_path = cache_dir() / HASHES
-    memo_path.parent.mkdir(parents=True, exist_ok=True)
     staging = memo_path.with_name(f".{HASHES}.{uuid.uuid4().hex[:8]}")
-    staging.write_text(json.dumps(memo))
-    os.replace(staging, memo_path)  # a concurrent writer's entry may be lost: that file is then hashed again
+    try:
+        memo_path.parent.mkdir(parents=True, exist_ok=True)
+        staging.write_text(json.dumps(memo))
+        os.replace(staging, memo_path)  # a concurrent writer's entry may be lost: that file is then hashed again
+    except OSError:  # a cache that cannot be written to (read-only, full): the files are hashed again next time
+        with contextlib.suppress(OSError):
+            staging.unlink(missing_ok=True)
     return known
 
 

@@ -4,13 +4,16 @@
 Every reader streams: it yields Arrow tables of a bounded number of lines (`source`, `target`, and `line`, the
 number of the pair's line in its file), so a WMT-sized corpus never sits in memory as Python objects. Lines end at
 "\\n" only (as Moses and fairseq read them), and each side is stripped. A malformed file is an error that names the
-file and the line, at any size, never silently shorter data. A UTF-8 byte-order mark at the start of a file is
-dropped. `DropEmptyPairs` drops pairs with an empty side and logs how many; `keep_empty=True`, for scoring a test
-set, keeps them, so each hypothesis stays beside its reference.
-`load_split` gives a small split as a Python list of pairs."""
+file, the line and the fix, at any size, never silently shorter or rewritten data. A UTF-8 byte-order mark at the
+start of a file is dropped; one inside it (files joined with `cat`) is removed and counted. A file may be gzipped
+(`train.en.gz`). What a reader changes (a mark removed, a JSON null read as an empty side, a line break inside a
+JSON value replaced by a space, a TSV header skipped) is counted and said once per file (`_Notes`).
+`DropEmptyPairs` drops pairs with an empty side and logs how many; `keep_empty=True`, for scoring a test set, keeps
+them, so each hypothesis stays beside its reference. `load_split` gives a small split as a Python list of pairs."""
 
 from __future__ import annotations
 
+import gzip
 import io
 import json
 import logging
@@ -28,42 +31,116 @@ Pairs = list[tuple[str, str]]
 CHUNK_LINES = 1 << 17  # lines read at a time: a few tens of MB of text
 
 
-def _pairs(sources, targets, lines: int | list[int] | pa.Array) -> pa.Table:
+BOM = b"\xef\xbb\xbf"  # U+FEFF in UTF-8
+
+
+class _Notes:
+    """What a reader changed in one file, counted, with the first line where it did; said once, at the end."""
+
+    SAID = {
+        "bom": "removed {count:,} byte-order marks (U+FEFF) inside the file, the first on line {line} (files joined "
+               "with `cat` keep each one's mark)",
+        "null": "{count:,} null values read as empty sentences, the first on line {line} (in a training split such a "
+                "pair is dropped and counted)",
+        "break": "{count:,} values held a line break (\\n or \\r), each replaced by a space, the first on line {line}",
+        "header": "line {line} is a header naming the languages: skipped",
+        "quoted": "every field of the first {count:,} lines is in double quotes, as a spreadsheet's export writes "
+                  "them: they are read as written, quotes included; export the file without quoting if the quotes "
+                  "are not part of the sentences",
+    }  # fmt: skip
+
+    def __init__(self, where: Path | str) -> None:
+        self.where, self.counts, self.lines = where, {}, {}
+
+    def add(self, kind: str, count: int, line: int) -> None:
+        if count:
+            self.counts[kind] = self.counts.get(kind, 0) + count
+            self.lines[kind] = min(self.lines.get(kind, line), line)
+
+    def say(self) -> None:
+        for kind, count in self.counts.items():
+            logger.warning("%s: %s", self.where, self.SAID[kind].format(count=count, line=self.lines[kind]))
+
+
+def _first(mask: pa.Array | pa.ChunkedArray, numbers: pa.Array) -> int:
+    return numbers[pc.index(mask, True).as_py()].as_py()
+
+
+def _pairs(sources, targets, lines: int | list[int] | pa.Array, notes: _Notes | None = None,
+           values: bool = False) -> pa.Table:  # fmt: skip
     """What every reader yields: both sides (lists of str, or Arrow text) as stripped large strings, and each
-    pair's line number (`lines`: the numbers, or the first one of consecutive lines)."""
+    pair's line number (`lines`: the numbers, or the first one of consecutive lines). A null side (JSON's null) is
+    an empty one, counted in `notes`. `values`: the sides are JSON or dataset values, which may hold a byte-order
+    mark or a line break a text line cannot: the marks are removed, each line break replaced by a space, counted."""
     text = pa.large_string()
-    sides = [pc.utf8_trim_whitespace(pc.cast(side, text) if isinstance(side, pa.Array | pa.ChunkedArray)
-                                     else pa.array(side, text)) for side in (sources, targets)]  # fmt: skip
-    if isinstance(lines, int):
-        lines = range(lines, lines + len(sides[0]))
-    return pa.table([*sides, pa.array(lines, pa.int64())], names=["source", "target", "line"])
+    count = len(sources)
+    numbers = pa.array(range(lines, lines + count) if isinstance(lines, int) else lines, pa.int64())
+    sides = []
+    for side in (sources, targets):
+        side = pc.cast(side, text) if isinstance(side, pa.Array | pa.ChunkedArray) else pa.array(side, text)
+        if side.null_count and notes is not None:
+            notes.add("null", side.null_count, _first(pc.is_null(side), numbers))
+        side = side.fill_null("") if side.null_count else side
+        if values:
+            marked = pc.match_substring(side, "\ufeff")
+            if pc.any(marked).as_py():
+                notes.add("bom", pc.sum(pc.count_substring(side, "\ufeff")).as_py(), _first(marked, numbers))
+                side = pc.replace_substring(side, "\ufeff", "")
+        side = pc.utf8_trim_whitespace(side)
+        if values:
+            broken = pc.match_substring_regex(side, "[\r\n]")
+            if pc.any(broken).as_py():
+                notes.add("break", pc.sum(broken).as_py(), _first(broken, numbers))
+                side = pc.replace_substring_regex(side, "\\s*[\r\n]\\s*", " ")
+        sides.append(side)
+    return pa.table([*sides, numbers], names=["source", "target", "line"])
 
 
-def _decoded_lines(path: Path, raw: list[bytes], first_line: int) -> list[str]:
-    """`raw` lines (each ending with b"\\n" but maybe the last) as text; bad UTF-8 names its line."""
-    data = b"".join(raw)
+def _decoded_lines(path: Path, data: bytes, first_line: int, notes: _Notes) -> list[str]:
+    """`data`, whole lines (each ending with b"\\n" but maybe the last), as text; bad UTF-8 and a carriage return
+    that is not part of a line end name their line; byte-order marks inside the file are removed and counted."""
+    if b"\r" in data and data.count(b"\r") - data.count(b"\r\n") - data.endswith(b"\r"):
+        at = data.index(b"\r", 0, len(data) - 1)
+        while data[at + 1 : at + 2] == b"\n":
+            at = data.index(b"\r", at + 1, len(data) - 1)
+        line = first_line + data.count(b"\n", 0, at)
+        if data.count(b"\r") > 2 * data.count(b"\n"):
+            raise ValueError(f"{path}: its lines end with a carriage return alone (CR, old Mac line ends), which "
+                             "this reader does not split at (lines end at \\n): convert the file, e.g. "
+                             f"`tr '\\r' '\\n' < {path.name} > {path.name}.unix`.")  # fmt: skip
+        raise ValueError(f"{path}: line {line} holds a carriage return (CR) that does not end the line; other "
+                         "tools read it as a line end, which misaligns parallel text: replace it with a space (`tr "
+                         f"'\\r' ' ' < {path.name} > {path.name}.fixed` does so for each CR).")  # fmt: skip
+    if BOM in data:
+        notes.add("bom", data.count(BOM), first_line + data.count(b"\n", 0, data.index(BOM)))
+        data = data.replace(BOM, b"")
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as err:
         line = first_line + data[: err.start].count(b"\n")
         raise ValueError(f"{path}: line {line} is not valid UTF-8; convert the file to UTF-8.") from None
-    return text.removesuffix("\n").split("\n") if raw else []
+    return text.removesuffix("\n").split("\n") if data else []
 
 
-def _line_chunks(path: Path, chunk_lines: int) -> Iterator[tuple[int, list[str]]]:
-    with open(path, "rb") as file:
+def _open(path: Path):
+    """A file's bytes: a gzipped one (`.gz`) decompressed as it is read."""
+    return gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")
+
+
+def _line_chunks(path: Path, chunk_lines: int, notes: _Notes) -> Iterator[tuple[int, list[str]]]:
+    with _open(path) as file:
         first = 1
         while raw := list(islice(file, chunk_lines)):
             if first == 1:  # a UTF-8 byte-order mark (Windows editors write one) is no part of the first sentence
-                raw[0] = raw[0].removeprefix(b"\xef\xbb\xbf")
-            yield first, _decoded_lines(path, raw, first)
+                raw[0] = raw[0].removeprefix(BOM)
+            yield first, _decoded_lines(path, b"".join(raw), first, notes)
             first += len(raw)
 
 
 def _count_lines(path: Path) -> int:
     """Lines in a file, the last one counted whether or not it ends with a newline."""
     count, last = 0, b"\n"
-    with open(path, "rb") as file:
+    with _open(path) as file:
         for block in iter(lambda: file.read(1 << 24), b""):
             count, last = count + block.count(b"\n"), block[-1:]
     return count + (last != b"\n")
@@ -71,44 +148,102 @@ def _count_lines(path: Path) -> int:
 
 def parallel_chunks(data_dir: str | Path, split: str, src: str, tgt: str,
                     chunk_lines: int = CHUNK_LINES) -> Iterator[pa.Table]:  # fmt: skip
-    """Aligned pairs from `{split}.{src}` and `{split}.{tgt}`: the line counts must agree."""
-    paths = [Path(data_dir) / f"{split}.{lang}" for lang in (src, tgt)]
+    """Aligned pairs from `{split}.{src}` and `{split}.{tgt}` (or their `.gz`): the line counts must agree."""
+    paths = [_either(Path(data_dir) / f"{split}.{lang}") for lang in (src, tgt)]
     for path in paths:
         if not path.is_file():
             raise FileNotFoundError(
                 f"{path} not found: --data must hold {split}.{src} and {split}.{tgt} (one sentence a line)."
             )
-    for source, target in zip_longest(*(_line_chunks(path, chunk_lines) for path in paths)):
+    notes = [_Notes(path) for path in paths]
+    chunks = (_line_chunks(path, chunk_lines, note) for path, note in zip(paths, notes, strict=True))
+    for source, target in zip_longest(*chunks):
         if source is None or target is None or len(source[1]) != len(target[1]):
             break
         yield _pairs(source[1], target[1], source[0])
     else:
+        for note in notes:
+            note.say()
         return
     counts = [_count_lines(path) for path in paths]
     raise ValueError(f"{paths[0]} has {counts[0]} lines but {paths[1]} has {counts[1]}: parallel files must be "
                      "aligned.")  # fmt: skip
 
 
-def tsv_chunks(path: str | Path, chunk_lines: int = CHUNK_LINES) -> Iterator[pa.Table]:
-    """`source<TAB>target` lines; blank lines are skipped. No quoting rules: a tab inside a sentence is an error,
-    not a silent shift."""
+QUOTE = '"'
+# a field as a spreadsheet or pandas quotes it (csv.QUOTE_MINIMAL): in quotes, a quote inside it doubled
+ESCAPED_FIELD = r'(^|\t)"([^"\t]|"")*""([^"\t]|"")*"(\t|$)'
+QUOTING_FIX = ("this reader takes no quoting (fields are read as written, and a tab always separates them): write "
+               "the file without quoting and without tabs inside sentences (pandas: to_csv(path, sep='\\t', "
+               "index=False, quoting=csv.QUOTE_NONE) after replacing the tabs)")  # fmt: skip
+
+
+def tsv_chunks(path: str | Path, chunk_lines: int = CHUNK_LINES, src: str | None = None,
+               tgt: str | None = None) -> Iterator[pa.Table]:  # fmt: skip
+    """`source<TAB>target` lines; blank lines are skipped, and a first line naming the languages (`src<TAB>tgt`, as
+    pandas and spreadsheets write a header) is skipped and said. No quoting rules: a tab inside a sentence is an
+    error, not a silent shift, and a field quoted as a spreadsheet quotes it is refused as such."""
     path = Path(path)
-    for first, lines in _line_chunks(path, chunk_lines):
+    notes = _Notes(path)
+    for first, lines in _line_chunks(path, chunk_lines, notes):
         lines = pa.array(lines, pa.large_string())
         numbers = pa.array(range(first, first + len(lines)), pa.int64())
         blank = pc.equal(pc.utf8_length(pc.utf8_trim_whitespace(lines)), 0)
         lines, numbers = lines.filter(pc.invert(blank)), numbers.filter(pc.invert(blank))
+        if first == 1 and len(lines) and src is not None:
+            lines, numbers = _skip_header(path, lines, numbers, src, tgt, notes)
         fields = pc.split_pattern(lines, "\t")
         counts = pc.list_value_length(fields)
         bad = pc.not_equal(counts, 2)
         if pc.any(bad).as_py():
             at = pc.index(bad, True).as_py()
+            quoting = f"; it holds quotes, and {QUOTING_FIX}" if QUOTE in lines[at].as_py() else ""
             raise ValueError(f"{path}: line {numbers[at]} has {counts[at]} tab-separated fields, not "
-                             "source<TAB>target.")  # fmt: skip
-        yield _pairs(pc.list_element(fields, 0), pc.list_element(fields, 1), numbers)
+                             f"source<TAB>target{quoting}.")  # fmt: skip
+        doubled = pc.match_substring(lines, '""')
+        if pc.any(doubled).as_py():
+            escaped = pc.and_(doubled, pc.match_substring_regex(lines, ESCAPED_FIELD))
+            if pc.any(escaped).as_py():
+                at = pc.index(escaped, True).as_py()
+                raise ValueError(f"{path}: line {numbers[at]} holds a field in quotes with its quotes doubled inside, "
+                                 f"as spreadsheets and pandas quote a field: {QUOTING_FIX}.")  # fmt: skip
+        sources, targets = pc.list_element(fields, 0), pc.list_element(fields, 1)
+        if first == 1 and len(lines):
+            wrapped = [pc.and_(pc.starts_with(side, QUOTE), pc.ends_with(side, QUOTE)) for side in (sources, targets)]
+            if pc.all(pc.and_(*wrapped)).as_py() and pc.min(pc.utf8_length(sources)).as_py() > 1:
+                notes.add("quoted", len(lines), numbers[0].as_py())
+        yield _pairs(sources, targets, numbers)
+    notes.say()
 
 
-def _pair_from_record(record: dict, src: str, tgt: str, where: str) -> tuple[str, str]:
+def _skip_header(path: Path, lines: pa.Array, numbers: pa.Array, src: str, tgt: str,
+                 notes: _Notes) -> tuple[pa.Array, pa.Array]:  # fmt: skip
+    """The lines without a first one naming the languages (a header); one naming them the other way round is
+    refused, since the columns would be read as each other's language."""
+    names = [name.strip().strip(QUOTE).strip().lower() for name in lines[0].as_py().split("\t")]
+    if names == [src.lower(), tgt.lower()]:
+        notes.add("header", 1, numbers[0].as_py())
+        return lines.slice(1), numbers.slice(1)
+    if names == [tgt.lower(), src.lower()]:
+        raise ValueError(f"{path}: line {numbers[0]} is a header naming {tgt}<TAB>{src}: the first column is {tgt}, "
+                         f"but it is read as --src {src}; swap the columns (e.g. `awk -F'\\t' -v OFS='\\t' "
+                         "'{print $2, $1}'`), or --src and --tgt.")  # fmt: skip
+    return lines, numbers
+
+
+def _value(fields: dict, lang: str, where: str) -> str | None:
+    """A JSON value as written: a string, or None (null: an empty side); any other value is refused."""
+    value = fields[lang]
+    if value is None or isinstance(value, str):
+        return value
+    kind = {bool: "a boolean", int: "a number", float: "a number", list: "a list", dict: "an object"}[type(value)]
+    shown = json.dumps(value, ensure_ascii=False)
+    shown = shown if len(shown) <= 40 else shown[:37] + "..."
+    raise ValueError(f"{where}: the {lang!r} value is {kind} ({shown}), not a string: write each sentence as a JSON "
+                     f"string, in quotes (\"{lang}\": \"...\").")  # fmt: skip
+
+
+def _pair_from_record(record: dict, src: str, tgt: str, where: str) -> tuple[str | None, str | None]:
     fields = record.get("translation", record) if isinstance(record, dict) else record
     if not isinstance(fields, dict) or src not in fields or tgt not in fields:
         keys = sorted(fields) if isinstance(fields, dict) else type(fields).__name__
@@ -116,49 +251,73 @@ def _pair_from_record(record: dict, src: str, tgt: str, where: str) -> tuple[str
             f"{where}: no {src!r} and {tgt!r} fields (found {keys}); expected {{{src!r}: ..., {tgt!r}: ...}} or "
             f"{{'translation': {{{src!r}: ..., {tgt!r}: ...}}}}. Check --src/--tgt."
         )
-    return str(fields[src]), str(fields[tgt])
+    return _value(fields, src, where), _value(fields, tgt, where)
 
 
-def _records_in_python(path: Path, lines: list[str], first: int, src: str, tgt: str) -> pa.Table:
-    """The slow reader, for a chunk Arrow's JSON reader refused: it names the line at fault."""
-    sources, targets, numbers = [], [], []
-    for number, line in enumerate(lines, first):
-        if not line.strip():
-            continue
+def _records_in_python(path: Path, lines: list[str], numbers: list[int], src: str, tgt: str,
+                       notes: _Notes) -> pa.Table:  # fmt: skip
+    """The slow reader, for a chunk Arrow's JSON reader refused or could not read as written: it names the line
+    at fault."""
+    sources, targets = [], []
+    for number, line in zip(numbers, lines, strict=True):
         try:
             record = json.loads(line)
         except json.JSONDecodeError as err:
+            if err.msg == "Extra data":
+                raise ValueError(f"{path}: line {number} holds more than one JSON value (column {err.colno}): JSON "
+                                 "Lines takes one object a line; put each on its own line.") from None  # fmt: skip
             raise ValueError(f"{path}: line {number} is not valid JSON ({err.msg}).") from None
         source, target = _pair_from_record(record, src, tgt, f"{path}: line {number}")
-        sources.append(source), targets.append(target), numbers.append(number)
-    return _pairs(sources, targets, numbers)
+        sources.append(source), targets.append(target)
+    return _pairs(sources, targets, numbers, notes, values=True)
+
+
+def _records_in_arrow(lines: list[str], count: int, src: str, tgt: str) -> list[pa.ChunkedArray] | None:
+    """Both sides of a chunk's records read by Arrow's JSON reader, every field read as a string; None where the
+    slow reader must decide (a value that is not a string, a null or missing field, a line of two objects, bad
+    JSON). The schema is explicit: inferred, a column of dates would be read as timestamps and written back in
+    another spelling, and one of numbers in a spelling that depends on its neighbours."""
+    schema = pa.schema([("translation", pa.struct([(src, pa.string()), (tgt, pa.string())])),
+                        (src, pa.string()), (tgt, pa.string())])  # fmt: skip
+    options = pa_json.ParseOptions(explicit_schema=schema, unexpected_field_behavior="ignore")
+    try:
+        table = pa_json.read_json(io.BytesIO("\n".join(lines).encode()), parse_options=options)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
+        return None
+    if len(table) != count:  # two objects on a line, or a blank line Arrow skipped
+        return None
+    nested = table.column("translation")
+    if nested.null_count == 0:
+        nested = nested.combine_chunks()
+        sides = [nested.field(src), nested.field(tgt)]
+    elif nested.null_count == len(table):
+        sides = [table.column(src), table.column(tgt)]
+    else:
+        return None
+    return None if any(side.null_count for side in sides) else sides
 
 
 def jsonl_chunks(path: str | Path, src: str, tgt: str, chunk_lines: int = CHUNK_LINES) -> Iterator[pa.Table]:
-    """One JSON object a line: `{"translation": {"en": ..., "de": ...}}` (run_translation's format) or flat.
-    Arrow's JSON reader parses each chunk; a chunk it refuses (bad JSON, a missing field, mixed types) is read
-    again line by line, which names the line at fault or reads what Arrow would not."""
+    """One JSON object a line: `{"translation": {"en": ..., "de": ...}}` (run_translation's format) or flat;
+    blank lines are skipped. Values are taken as written: a string (stripped; a line break inside it replaced by a
+    space, counted), or null, read as an empty side (counted); any other value is refused, naming the line and the
+    field. Arrow's JSON reader parses each chunk; a chunk it refuses or cannot read as written is read again line
+    by line, which names the line at fault or reads what Arrow would not."""
     path = Path(path)
-    for first, lines in _line_chunks(path, chunk_lines):
-        if "" in lines or any(map(str.isspace, lines)):  # keep line numbers exact: the slow reader skips blanks
-            yield _records_in_python(path, lines, first, src, tgt)
-            continue
-        try:
-            table = pa_json.read_json(io.BytesIO("\n".join(lines).encode()))
-            sides = table.column("translation").combine_chunks() if "translation" in table.column_names else table
-            columns = [_text(sides.field(n) if "translation" in table.column_names else sides.column(n))
-                       for n in (src, tgt)]  # fmt: skip
-        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError, KeyError):
-            yield _records_in_python(path, lines, first, src, tgt)
-            continue
-        yield _pairs(*columns, first)
-
-
-def _text(column: pa.Array | pa.ChunkedArray) -> pa.Array | pa.ChunkedArray:
-    """A JSON field read by Arrow, refused unless every value is a scalar (the slow reader then decides)."""
-    if pa.types.is_struct(column.type) or pa.types.is_list(column.type) or column.null_count:
-        raise pa.ArrowInvalid("not a text field")
-    return column
+    notes = _Notes(path)
+    for first, lines in _line_chunks(path, chunk_lines, notes):
+        texts = pa.array(lines, pa.large_string())
+        numbers = pa.array(range(first, first + len(lines)), pa.int64())
+        kept = pc.invert(pc.equal(pc.utf8_length(pc.utf8_trim_whitespace(texts)), 0))
+        if not pc.all(kept).as_py():  # keep line numbers exact: blank lines are not records
+            texts, numbers = texts.filter(kept), numbers.filter(kept)
+            lines = texts.to_pylist()
+        sides = _records_in_arrow(lines, len(lines), src, tgt)
+        if sides is None:
+            yield _records_in_python(path, lines, numbers.to_pylist(), src, tgt, notes)
+        else:
+            yield _pairs(*sides, numbers, notes, values=True)
+    notes.say()
 
 
 def hub_chunks(name: str, config: str | None, split: str, src: str, tgt: str,
@@ -177,30 +336,50 @@ def hub_chunks(name: str, config: str | None, split: str, src: str, tgt: str,
             f"dataset {name!r} split {split!r} has columns {dataset.column_names}, but neither 'translation' nor "
             f"{src!r} and {tgt!r}. Check --src/--tgt."
         )
-    first = 1
+    first, notes = 1, _Notes(f"dataset {name!r} split {split!r}")
     for table in dataset.with_format("arrow").iter(batch_size=chunk_lines):
         sides = table.column("translation").combine_chunks() if translation else table
         missing = [lang for lang in (src, tgt) if lang not in [f.name for f in sides.type]] if translation else []
         if missing:
             _pair_from_record(sides[0].as_py(), src, tgt, f"dataset {name!r} split {split!r}")
-        yield _pairs(*(sides.field(n) if translation else sides.column(n) for n in (src, tgt)), first)
+        columns = [sides.field(n) if translation else sides.column(n) for n in (src, tgt)]
+        for lang, column in zip((src, tgt), columns, strict=True):
+            if not (pa.types.is_string(column.type) or pa.types.is_large_string(column.type)
+                    or pa.types.is_null(column.type)):  # fmt: skip
+                raise ValueError(f"dataset {name!r} split {split!r}: the {lang!r} field holds {column.type}, not "
+                                 "text: give a dataset whose sentences are strings.")  # fmt: skip
+        yield _pairs(*columns, first, notes, values=True)
         first += len(table)
+    notes.say()
+
+
+def _either(path: Path) -> Path:
+    """`path`, or its gzipped form (`train.en.gz`) where only that is there."""
+    gzipped = path.with_name(path.name + ".gz")
+    return gzipped if not path.is_file() and gzipped.is_file() else path
 
 
 def split_files(folder: Path, split: str, src: str, tgt: str) -> list[Path]:
-    """The files that hold `split` in `folder` (the first format found), or [] when none does."""
+    """The files that hold `split` in `folder` (the first format found, each file maybe gzipped), or [] when none
+    does."""
     for candidates in ([f"{split}.{src}", f"{split}.{tgt}"], [f"{split}.tsv"], [f"{split}.jsonl"]):
-        if any((folder / name).is_file() for name in candidates):
-            return [folder / name for name in candidates]
+        paths = [_either(folder / name) for name in candidates]
+        if any(path.is_file() for path in paths):
+            return paths
     return []
+
+
+def _format(path: Path) -> str:
+    """A data file's format suffix, past a `.gz`: "tsv", "jsonl" or a language."""
+    return Path(path.name.removesuffix(".gz")).suffix.lstrip(".")
 
 
 def folder_splits(folder: Path, src: str, tgt: str) -> list[str]:
     """Every split a data folder holds, in any of the three formats."""
     names = set()
     for path in folder.iterdir():
-        stem, suffix = path.stem, path.suffix.lstrip(".")
-        if path.is_file() and suffix in (src, tgt, "tsv", "jsonl") and split_files(folder, stem, src, tgt):
+        stem = Path(path.name.removesuffix(".gz")).stem
+        if path.is_file() and _format(path) in (src, tgt, "tsv", "jsonl") and split_files(folder, stem, src, tgt):
             names.add(stem)
     return sorted(names)
 
@@ -208,7 +387,8 @@ def folder_splits(folder: Path, src: str, tgt: str) -> list[str]:
 def split_chunks(data: str, split: str, src: str, tgt: str, dataset_config: str | None = None,
                  hub: bool = False, chunk_lines: int = CHUNK_LINES) -> Iterator[pa.Table]:  # fmt: skip
     """One split from `data`, as Arrow tables of at most `chunk_lines` pairs: a Hub dataset name when `hub`, else
-    a folder holding `{split}.{src}` + `{split}.{tgt}`, `{split}.tsv` or `{split}.jsonl` (first found)."""
+    a folder holding `{split}.{src}` + `{split}.{tgt}`, `{split}.tsv` or `{split}.jsonl` (first found; each may
+    be gzipped, `train.en.gz`)."""
     if hub:
         return hub_chunks(data, dataset_config, split, src, tgt, chunk_lines)
     folder = Path(data)
@@ -220,9 +400,9 @@ def split_chunks(data: str, split: str, src: str, tgt: str, dataset_config: str 
             f"{folder} holds no {split}.{src} + {split}.{tgt}, {split}.tsv or {split}.jsonl: check --data and the "
             f"split name (found: {', '.join(sorted(p.name for p in folder.iterdir())[:10]) or 'nothing'})."
         )
-    if files[0].suffix == ".tsv":
-        return tsv_chunks(files[0], chunk_lines)
-    if files[0].suffix == ".jsonl":
+    if _format(files[0]) == "tsv":
+        return tsv_chunks(files[0], chunk_lines, src, tgt)
+    if _format(files[0]) == "jsonl":
         return jsonl_chunks(files[0], src, tgt, chunk_lines)
     return parallel_chunks(folder, split, src, tgt, chunk_lines)
 

@@ -26,7 +26,7 @@ from transformers import (
 from transformers.trainer_utils import TrainOutput
 
 from ..data.preparation import DEFAULT_BPE_SAMPLE, prepare, say
-from ..data.prepared import InMemoryData, PreparedData, TokenizedData, token_lengths
+from ..data.prepared import InMemoryData, PreparedData, TokenizedData, list_lengths, token_lengths
 from ..data.prepared_cache import PreparationRequest, cache_dir, load_tokenizer, tokenizer_hash
 from ..data.readers import Pairs, load_split
 from ..data.tokenization import BPEDropoutPairs, train_shared_bpe
@@ -174,22 +174,58 @@ def tokenize_pairs(
     return evaluation_set(data, "pairs") if keep_text else data.tokens("pairs")
 
 
-def evaluation_set(data: TokenizedData, split: str, max_samples: int | None = None, by_length: bool = False) -> Dataset:
+def evaluation_set(data: TokenizedData, split: str, max_samples: int | None = None, by_length: bool = False,
+                   max_length: int | None = None) -> Dataset:  # fmt: skip
     """A split's first `max_samples` pairs, tokenized, with each reference and source as written (`target_text`,
     `source_text`, over whose words a parse model's trees are built, and `row`, its place in the split): BLEU is
     scored against the references as written, not as the vocabulary can spell them. Evaluation sets are never
     filtered (dropping test sentences would change the BLEU). `by_length`: longest source first, for less padding
-    in generation (BLEU does not depend on the order)."""
+    in generation (BLEU does not depend on the order). `max_length`: a side longer than this many tokens is cut to
+    it (its first tokens and </s>), counted and said: a line of a megabyte would otherwise ask the attention for
+    terabytes at the final evaluation, after the whole training."""
     tokens = data.tokens(split).data.table
     tokens = tokens.slice(0, len(tokens) if max_samples is None else max_samples)
     text = data.text(split).data.table.slice(0, len(tokens))  # evaluation splits are never filtered: row for row
     count = len(tokens)
+    if max_length:
+        cut = {name: truncated(tokens.column(name), max_length) for name in ("input_ids", "labels")}
+        longer = np.flatnonzero(cut["input_ids"][1] | cut["labels"][1])
+        if len(longer):
+            for name, (column, _) in cut.items():
+                tokens = tokens.set_column(tokens.schema.get_field_index(name), name, column)
+            logger.warning("%s: %d of %d evaluation pairs have a side longer than %d tokens, the first on line %d: "
+                           "cut to %d tokens for the model; their references are scored whole, as written", split,
+                           len(longer), count, max_length, text.column("line")[int(longer[0])].as_py(),
+                           max_length)  # fmt: skip
     order = np.arange(count)
     if by_length:
         order = np.argsort(-pc.utf8_length(text.column("source")).to_numpy(), kind="stable")
     tokens = tokens.take(order).append_column("target_text", text.column("target").take(order))
     tokens = tokens.append_column("source_text", text.column("source").take(order))
     return Dataset(tokens.append_column("row", pa.array(order)))  # the example's row in the split (its gold tree)
+
+
+def truncated(column: pa.ChunkedArray, limit: int) -> tuple[pa.Array, np.ndarray]:
+    """Each list of ids cut to `limit` (its first `limit - 1` ids and its last, </s>), in numpy over the Arrow
+    values; and which lists were cut."""
+    lengths = list_lengths(column)
+    cut = lengths > limit
+    if not cut.any():
+        return column, cut
+    values = pc.list_flatten(column).to_numpy(zero_copy_only=False)
+    starts = np.repeat(np.cumsum(lengths) - lengths, lengths)
+    place, length = np.arange(len(values)) - starts, np.repeat(lengths, lengths)
+    kept = values[(place < limit - 1) | (place == length - 1)]
+    offsets = np.concatenate([[0], np.cumsum(np.minimum(lengths, limit))]).astype(np.int32)
+    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(kept)).cast(column.type), cut
+
+
+def evaluation_length(model: VaswaniForConditionalGeneration, max_length: int | None) -> int:
+    """The longest side an evaluation pair may have: --max_length, as training pairs (the model's positions where
+    none is given, or where its learned positions are fewer)."""
+    positions = model.config.max_position_embeddings
+    limit = max_length or positions
+    return min(limit, positions) if model.config.position_embedding_type == "learned" else limit
 
 
 def build_model(
@@ -282,7 +318,8 @@ def build_trainer(
         train_set = BPEDropoutPairs(data.pairs(data_args.train_split), tokenizer, data_args.bpe_dropout)
     eval_set = None
     if data_args.eval_split in data.splits:
-        eval_set = evaluation_set(data, data_args.eval_split, data_args.max_eval_samples, by_length=True)
+        eval_set = evaluation_set(data, data_args.eval_split, data_args.max_eval_samples, by_length=True,
+                                  max_length=evaluation_length(model, data_args.max_length))  # fmt: skip
     trainer = VaswaniTrainer(
         model=model,
         args=training_args,
