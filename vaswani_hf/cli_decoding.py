@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -350,8 +351,9 @@ SERVE_BOUNDS = {
     "max_lines": "most lines a request, its texts together",
     "batch_limit": "most texts in a request's list (LibreTranslate's --batch-limit)",
     "max_body_bytes": "most bytes a request body, refused before it is read (files for /translate_file included)",
-    "max_queue_lines": "most lines waiting for a batch; past it a request is refused at once with Retry-After (429 "
-    "on LibreTranslate's API, 503 on the native one)",
+    "max_queue_lines": "most lines waiting, for a batch or for their model to load; past it a request is refused at "
+    "once with Retry-After (429 on LibreTranslate's API, 503 on the native one)",
+    "max_connections": "most connections and requests at once (uvicorn's limit_concurrency; 503 past it)",
     "max_beam": "the widest beam a request may ask for",
     "max_nbest": "most translations a request may ask for (n-best; alternatives + 1)",
 }
@@ -421,7 +423,7 @@ def serve_command(argv: list[str]) -> int:
     try:
         from .serving.catalog import Catalog
         from .serving.server import bound_memory, serve
-        from .serving.service import Service, Settings
+        from .serving.service import Service, Settings, check_model_files
     except ImportError as err:  # FastAPI, uvicorn, prometheus-client: the serve extra
         raise ImportError(f"vaswani serve needs the serve extra ({err.name} is missing): pip install "
                           "\"vaswani-hf[serve]\"") from None  # fmt: skip
@@ -452,6 +454,14 @@ def serve_command(argv: list[str]) -> int:
                         help="how long the oldest waiting line waits for others to share its batch")  # fmt: skip
     for name, text in SERVE_BOUNDS.items():
         parser.add_argument(f"--{name}", type=at_least_one, default=getattr(defaults, name), help=text)
+    parser.add_argument("--max_client_lines", type=at_least_one, default=None,
+                        help="most lines one client (its address) may have in flight; past it 429 (default: half of "
+                        "--max_queue_lines, at least --max_lines)")  # fmt: skip
+    parser.add_argument("--header_timeout", type=float, default=defaults.header_timeout,
+                        help="seconds a connection may take to send a request's headers (slow clients cut off)"
+                        )  # fmt: skip
+    parser.add_argument("--body_timeout", type=float, default=defaults.body_timeout,
+                        help="seconds a request may take to send its body (408 past it)")  # fmt: skip
     parser.add_argument("--open_metrics", action="store_true",
                         help="with --api_keys, serve /metrics without a key too (a scraper inside your "
                         "network)")  # fmt: skip
@@ -461,7 +471,8 @@ def serve_command(argv: list[str]) -> int:
     parser.add_argument("--request_timeout", type=float, default=defaults.request_timeout,
                         help="seconds a request may wait (504; 503 while its model loads)")  # fmt: skip
     parser.add_argument("--drain_seconds", type=float, default=defaults.drain_seconds,
-                        help="after SIGTERM, how long requests in flight may take to finish")  # fmt: skip
+                        help="after SIGTERM, how long requests in flight may take to finish; the whole stop takes "
+                        "at most 3 s more; a second signal stops at once")  # fmt: skip
     parser.add_argument("--api_keys", metavar="FILE", help="a file of API keys, one a line, each optionally with "
                         "its requests per minute and characters per request: a request without a key gets 400, with "
                         "a wrong one 403 (default: no keys needed)")  # fmt: skip
@@ -482,6 +493,7 @@ def serve_command(argv: list[str]) -> int:
             "sentences": args.sentences == "on",
             "decoding": _decoding(args),
             "cors_origins": tuple(o.strip() for o in args.cors_origins.split(",") if o.strip()),
+            "max_client_lines": args.max_client_lines or 0,
         }
     )
     served, serving = _served_models(args)
@@ -494,7 +506,7 @@ def serve_command(argv: list[str]) -> int:
         service.warm_up()
         return service
 
-    catalog = Catalog(served, settings, load, args.max_loaded)
+    catalog = Catalog(served, settings, load, args.max_loaded, check=lambda model: check_model_files(model.model_dir))
     catalog.precision = args.precision  # until a model loads and says what it resolved to
     routers_of = list(dict.fromkeys(routers for routers, _ in serving.values()))
 
@@ -502,13 +514,21 @@ def serve_command(argv: list[str]) -> int:
         return [router for routers_ in routers_of for router in routers_(catalog_, run, check_key)]
 
     start = time.monotonic()
-    catalog.preload(_preloaded(catalog, args))
     pairs = ", ".join(f"{m.pair} ({m.name})" for m in served)
-    print(f"ready in {time.monotonic() - start:.1f} s; serving {pairs} on http://{args.host}:{args.port} (try it: "
-          "GET /; docs at /docs)", file=sys.stderr, flush=True)  # fmt: skip
-    serve(catalog, args.host, args.port, routers)
+
+    def ready() -> None:
+        failed = "".join(f"; {m.name} failed to load: {catalog.failed[m].cause}" for m in served if m in catalog.failed)
+        print(f"ready in {time.monotonic() - start:.1f} s; serving {pairs} on http://{args.host}:{args.port} (try it: "
+              f"GET /; docs at /docs){failed}", file=sys.stderr, flush=True)  # fmt: skip
+
+    print(f"listening on http://{args.host}:{args.port}: /health says loading until the models are in",
+          file=sys.stderr, flush=True)  # fmt: skip
+    serve(catalog, args.host, args.port, routers, _preloaded(catalog, args), ready)
     print("stopped", file=sys.stderr, flush=True)
-    return 0
+    sys.stdout.flush()
+    # at once: the interpreter's teardown of torch and Transformers takes seconds (1.9 s measured), past the stop's
+    # bound, and nothing is left to write; a batch that outlived the stop ends with the process
+    os._exit(0)
 
 
 def _preloaded(catalog, args: argparse.Namespace) -> list:

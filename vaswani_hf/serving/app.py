@@ -12,6 +12,7 @@ Every refusal is `{"error": message}`, naming the problem and its limit, with th
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable
 from functools import partial
@@ -23,12 +24,13 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import generate_latest
 from starlette.exceptions import HTTPException
 
-from .catalog import Catalog, ModelLoading, Route
-from .guard import ApiError, KeyLimits, RequestGuard, api_of, disconnected
+from .catalog import Catalog, ModelFailed, ModelLoading, Route
+from .guard import ApiError, KeyLimits, RequestGuard, api_of, check_chars, check_lines, check_queue, disconnected
 from .libretranslate import libretranslate_router
 from .native import native_router
-from .sentences import by_sentences
+from .sentences import flatten, joined, split
 from .service import LineTooLong, Overloaded, Service, TranslationError
+from .shares import ClientShares
 
 Routers = Callable[..., list[APIRouter]]  # (catalog, run, check_key) -> the routes the models are served with
 
@@ -46,6 +48,7 @@ def create_app(catalog: Catalog | Service, routers: Routers | None = None) -> Fa
     service = catalog  # the server's state: settings, metrics, readiness, draining
     settings = service.settings
     limits = KeyLimits(settings.key_limits)
+    shares = ClientShares(settings.max_client_lines or max(settings.max_queue_lines // 2, settings.max_lines))
     app = FastAPI(title="vaswani serve", description=__doc__.split("\n\n")[0], version="1", docs_url="/docs",
                   openapi_url="/openapi.json")  # fmt: skip
     # the guard first, CORS outside it: a refusal while draining or of a body too large carries CORS headers too
@@ -101,29 +104,36 @@ def create_app(catalog: Catalog | Service, routers: Routers | None = None) -> Fa
         libre = api == "libretranslate"
         if not service.ready:
             raise ApiError(503, "the model is still loading: retry in a moment", "not_ready", {"Retry-After": "5"})
-        lines = sum(len(text) for text in lines_per_text)
-        if lines > settings.max_lines:
-            raise ApiError(400 if libre else 413, f"Invalid request: the text has {lines} lines; this server takes "
-                           f"at most {settings.max_lines} a request (--max_lines): send it in parts",
-                           "too_long")  # fmt: skip
+        check_lines(settings, libre, sum(len(text) for text in lines_per_text))
         chars = sum(len(line) for text in lines_per_text for line in text) if chars is None else chars
-        most, option = (char_limit, "this key's limit") if char_limit is not None else (settings.max_chars,
-                                                                                          "--max_chars")  # fmt: skip
-        if chars > most:
-            raise ApiError(400 if libre else 413, f"Invalid request: request ({chars}) exceeds text limit "
-                           f"({most}): send it in parts ({option})", "too_long")  # fmt: skip
-        start = time.monotonic()
+        check_chars(settings, libre, chars, char_limit)
         flat = [line for text in lines_per_text for line in text]
+        # the lines the model is sent (each line's sentences, split off the loop) are counted before anything is
+        # queued: over --max_lines, or more than the queue can ever hold (through a pivot, the second model is sent
+        # the first's candidates), the request is refused for good, never told to retry
+        pieces = None
+        if route is not None and route.models and settings.sentences:
+            pieces = await asyncio.to_thread(split, flat, route.source)
+        model_lines = sum(map(len, pieces)) if pieces is not None else len(flat)
+        check_lines(settings, libre, model_lines, "sentences, each a line for the model")
+        if route is None or route.models:
+            passes = max(2, options.get("nbest", 1)) if route is not None and len(route.models) > 1 else 1
+            check_queue(settings, libre, model_lines, passes)
+        start = time.monotonic()
         deadline, left = start + settings.request_timeout, lambda: disconnected(request)
+        client = request.client.host if request.client else "-"
         try:
-            if route is None:
-                done = await service.parser().decode(flat, options, left)
-            else:
-                decode = partial(service.decode, route, left=left, deadline=deadline)
-                sentences = settings.sentences and bool(route.models)
-                done = await (by_sentences(decode, flat, options, route.source) if sentences else decode(flat, options))
+            with shares.hold(client, len(flat), service.metrics.client_shed.inc):
+                if route is None:
+                    done = await service.parse(flat, options, left, deadline)
+                else:
+                    decode = partial(service.decode, route, left=left, deadline=deadline)
+                    done = (joined(await decode(flatten(pieces), options), pieces) if pieces is not None
+                            else await decode(flat, options))  # fmt: skip
         except ModelLoading as err:
             raise ApiError(503, str(err), "loading", {"Retry-After": str(err.retry_after)}) from None
+        except ModelFailed as err:
+            raise ApiError(503, str(err), "model_failed", {"Retry-After": str(err.retry_after)}) from None
         except Overloaded as err:
             headers = {"Retry-After": str(err.retry_after)}
             raise (ApiError(429, f"Slowdown: {err}", "overloaded", headers) if libre
@@ -150,7 +160,9 @@ def create_app(catalog: Catalog | Service, routers: Routers | None = None) -> Fa
 
     @app.get("/health", summary="ready or not, and what is served")
     async def health() -> JSONResponse:
-        state = "stopping" if service.draining else "ready" if service.ready else "loading"
+        failed = [m.name for m in service.models if m in service.failed]
+        state = ("stopping" if service.draining else "loading" if not service.ready
+                 else "degraded" if failed else "ready")  # fmt: skip
         first = service.models[0]
         body = {
             "status": state,
@@ -161,12 +173,17 @@ def create_app(catalog: Catalog | Service, routers: Routers | None = None) -> Fa
             "precision": service.precision,
             "queue": service.depth,
         }
-        return JSONResponse(body, status_code=200 if state == "ready" else 503)
+        if state == "loading":
+            body["progress"] = service.progress  # the preload's: models loaded of those to load, the one loading
+        if failed:
+            body["failed"] = failed
+        # degraded: some model failed to load (tried again with backoff; /v1/models says why) and the others serve
+        return JSONResponse(body, status_code=200 if state in ("ready", "degraded") else 503)
 
     @app.get("/metrics", summary="Prometheus metrics (with --api_keys, a key is needed unless --open_metrics)")
     async def metrics(request: Request) -> PlainTextResponse:
         if not settings.open_metrics:
-            check_key(request.query_params.get("api_key"), request.headers.get("authorization"))
+            check_key(None, request.headers.get("authorization"))  # a key in the query string: 400 (guard.py)
         service.metrics.queue.set(service.depth)
         return PlainTextResponse(generate_latest(service.metrics.registry).decode(),
                                  media_type="text/plain; version=0.0.4")  # fmt: skip

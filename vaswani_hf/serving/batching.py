@@ -18,6 +18,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass(eq=False)
@@ -91,11 +92,12 @@ class DynamicBatcher:
         for line in lines:
             line.abandoned = True
 
-    def stop(self) -> None:
+    def stop(self, timeout: float | None = 60) -> None:
+        """Stop the worker after the batch it has, waiting at most `timeout` seconds for it (None: until then)."""
         with self.condition:
             self.stopped = True
             self.condition.notify()
-        self.worker.join(timeout=60)
+        self.worker.join(timeout=timeout)
 
     def _next_batch(self) -> list[Line] | None:
         """Wait for lines, then for the oldest line's deadline or a full budget; take its batch."""
@@ -183,10 +185,32 @@ def _failure(err: Exception) -> RuntimeError:
 
 def _hand_back(line: Line, result, error: BaseException | None) -> None:
     """The line's result to its request's event loop (the worker must outlive a loop that is gone)."""
+    _hand_to(line.loop, line.future, result, error)
+
+
+def _hand_to(loop: asyncio.AbstractEventLoop, future: asyncio.Future, result, error: BaseException | None) -> None:
     try:
-        line.loop.call_soon_threadsafe(_settle, line.future, result, error)
-    except RuntimeError:  # the loop was closed: nobody waits for this line any more
+        loop.call_soon_threadsafe(_settle, future, result, error)
+    except RuntimeError:  # the loop was closed: nobody waits for this any more
         pass
+
+
+def in_daemon_thread(work: Callable[[], Any], name: str) -> asyncio.Future:
+    """`work()` in a daemon thread of its own, its result (or its exception) set on the returned future of the
+    running loop: loading or unloading a model never holds up the event loop, nor (a daemon) the process's exit
+    (asyncio.to_thread's executor threads are joined at exit: a load under way would delay a stop)."""
+    loop = asyncio.get_running_loop()
+    future = loop.create_future()
+
+    def run() -> None:
+        try:
+            result, error = work(), None
+        except BaseException as err:  # handed to the waiting coroutine, which decides
+            result, error = None, err
+        _hand_to(loop, future, result, error)
+
+    threading.Thread(target=run, name=name, daemon=True).start()
+    return future
 
 
 def _settle(future: asyncio.Future, result, error: BaseException | None) -> None:

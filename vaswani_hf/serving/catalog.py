@@ -7,9 +7,11 @@ second's n for each, scores summed, the best kept, as argos-translate composes),
 language translates to itself: the text comes back as it is). Where several pivots exist, the one whose weaker
 model scored best on its held-out data (its training facts' BLEU) is taken.
 
-Models load when first asked for and, past `--max_loaded`, the least recently used one that no request is using is
-unloaded (LibreTranslate loads every model it meets and never unloads one: its users saw memory grow until the
-process was killed). A request for a model being loaded waits for the load, within its time.
+Models load when first asked for and, past `--max_loaded`, take turns in memory (`Catalog`'s docstring says how:
+a request for a model not in memory waits in line, within its time, and no pair starves); a parser is a model like
+any other. LibreTranslate loads every model it meets and never unloads one: its users saw memory grow until the
+process was killed. A model that fails to load is reported (its requests get 503 naming it and the cause) and tried
+again with backoff, never per request; its files are checked before any model is unloaded for it.
 
 The catalog is also the server's state the app reads: its settings, metrics, readiness, draining and requests in
 flight, whichever model serves a request."""
@@ -27,7 +29,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from .service import LANGUAGE_NAMES, Metrics, Service, Settings, Translation
+from .batching import in_daemon_thread
+from .service import LANGUAGE_NAMES, Metrics, Overloaded, Service, Settings, Translation
 
 
 @dataclass(frozen=True)
@@ -132,24 +135,79 @@ def release_memory() -> None:
         pass
 
 
+@dataclass
+class LoadFailure:
+    """A model that failed to load (or whose files failed their check): why, how often in a row, and when it is
+    tried again (backoff doubling from 5 s to 5 minutes: a broken folder is not reloaded per request)."""
+
+    cause: str
+    attempts: int
+    retry_at: float  # time.monotonic()
+    checked: bool = False  # its files read again after the backoff: it loads in its turn
+
+    @property
+    def retry_in(self) -> int:
+        return max(1, math.ceil(self.retry_at - time.monotonic()))
+
+    def describe(self) -> dict:
+        return {"cause": self.cause, "attempts": self.attempts, "retry_in": self.retry_in}
+
+
+class ModelFailed(Exception):
+    """The model a request needs failed to load: the request is answered 503 naming the model and the cause."""
+
+    def __init__(self, model: ServedModel, failure: LoadFailure) -> None:
+        super().__init__(f"the model for {model.pair} ({model.name}) failed to load: {failure.cause}; it is tried "
+                         f"again in {failure.retry_in} s")  # fmt: skip
+        self.retry_after = failure.retry_in
+
+
+class Turn:
+    """The requests waiting for one model to be in memory (and their lines, counted in the queue): admitted
+    together when it is, in the order the models were first asked for."""
+
+    def __init__(self) -> None:
+        self.waiters: list[tuple[asyncio.Future, int]] = []  # (admitted or failed, the request's lines)
+
+    @property
+    def lines(self) -> int:
+        return sum(lines for future, lines in self.waiters if not future.done())
+
+
 class Catalog:
     """The models served, their routes, the ones in memory, and the server's state (see the module's docstring).
 
-    `load(model, metrics)` builds a model's warmed `Service` (in a worker thread when a request asks for it), giving
-    it `device_lock`, so that the models take turns on the device; `device` and `precision` say where and how the
-    models run (`load` sets them)."""
+    `load(model, metrics)` builds a model's warmed `Service` (in a thread of its own), giving it `device_lock`, so
+    that the models take turns on the device; `check(model)` (optional) reads its files without building it, so that
+    a broken folder is found before a good model is unloaded for it; `device` and `precision` say where and how the
+    models run (`load` sets them).
+
+    Taking turns, with --max_loaded: a request for a model in memory is served at once, unless the model is being
+    closed for a model waiting for room; else it waits in line (a `Turn` per model, first asked first served). The
+    first turn in line gets a slot: a free one, or one freed by closing a model (an idle one first, else the least
+    recently used): a closed model takes no new requests, finishes those it has, and is unloaded; then the waiting
+    model loads and all its waiting requests are admitted at once. Requests for the closed model that came meanwhile
+    wait in line behind it, so no pair starves, whatever the traffic. Loading, unloading and freeing memory run in
+    threads of their own; the event loop only moves requests between these states."""
 
     def __init__(self, models: list[ServedModel], settings: Settings, load: Callable[[ServedModel, Metrics], Service],
-                 max_loaded: int | None = None) -> None:  # fmt: skip
+                 max_loaded: int | None = None,
+                 check: Callable[[ServedModel], None] | None = None) -> None:  # fmt: skip
         check_models(models)
         self.models, self.settings, self.load, self.max_loaded = models, settings, load, max_loaded
+        self.check = check
         self.metrics = Metrics()
         self.routes = plan_routes(models)
         self.loaded: OrderedDict[ServedModel, Service] = OrderedDict()  # least recently used first
         self.loading: dict[ServedModel, asyncio.Future] = {}
+        self.unloading: dict[ServedModel, asyncio.Future] = {}  # still holding memory: their slots are not free
+        self.checking: dict[ServedModel, asyncio.Future] = {}
+        self.failed: dict[ServedModel, LoadFailure] = {}
+        self.turns: OrderedDict[ServedModel, Turn] = OrderedDict()  # the line, first asked first
+        self.closing: set[ServedModel] = set()  # loaded, taking no new requests: unloaded when the last one ends
         self.using: dict[ServedModel, int] = {}
-        self.pinned = {m for m in models if not m.routed}  # a parser stays loaded: its routes are its own
         self.ready = self.draining = False
+        self.progress = {"loaded": 0, "of": 0, "loading": None}  # the preload's, for /health
         self.in_flight = 0
         self.load_seconds = 10.0  # the last load's time, for Retry-After
         # one batch at a time on the device, whichever model's: two workers at once on the same cores split them
@@ -171,14 +229,16 @@ class Catalog:
     # --- what the app reads ------------------------------------------------------------------------------------
     @property
     def depth(self) -> int:
-        return sum(service.batcher.depth for service in self.loaded.values())
+        """Lines waiting: for a batch, and for their model to load."""
+        batched = sum(service.batcher.depth for service in [*self.loaded.values()])
+        return batched + sum(turn.lines for turn in self.turns.values())
 
     @property
     def translators(self) -> list[ServedModel]:
         return [m for m in self.models if m.routed]
 
-    def parser(self) -> Service | None:
-        return next((self.loaded[m] for m in self.pinned if m in self.loaded), None)
+    def parser_model(self) -> ServedModel | None:
+        return next((m for m in self.models if not m.routed), None)
 
     def sources(self) -> list[str]:
         """Every served language, in the order the models name them (the first model's source first)."""
@@ -201,12 +261,39 @@ class Catalog:
         first = (self.translators or self.models)[0]
         return first.source, first.target
 
-    # --- loading ---------------------------------------------------------------------------------------------------
-    def preload(self, models: list[ServedModel]) -> None:
-        """Load (and warm) these before the server says it is ready; the parser always."""
-        for model in [*self.pinned, *models]:
-            if model not in self.loaded:
-                self._loaded(model, self._load_now(model))
+    def state_of(self, model: ServedModel) -> str:
+        """loaded, loading, unloading, failed or unloaded."""
+        if model in self.loaded:
+            return "loaded"
+        for state, models in (("loading", self.loading), ("unloading", self.unloading), ("failed", self.failed)):
+            if model in models:
+                return state
+        return "unloaded"
+
+    # --- loading and unloading -----------------------------------------------------------------------------------
+    def check_files(self) -> None:
+        """Before serving: each model's files read (not built); a model that fails is reported, not served until
+        its folder is mended (checked again with backoff)."""
+        for model in self.models:
+            if self.check is not None:
+                try:
+                    self.check(model)
+                except Exception as err:
+                    self._failed(model, err)
+
+    async def preload(self, models: list[ServedModel]) -> None:
+        """Load (and warm) these, one by one, through the line as requests would (within --max_loaded), then say
+        the server is ready; a model that fails is reported and the others loaded."""
+        self.progress = {"loaded": 0, "of": len(models), "loading": None}
+        for model in models:
+            self.progress["loading"] = model.name
+            try:
+                await self.service(model, math.inf)
+                self.release(model)
+            except ModelFailed:
+                pass
+            self.progress["loaded"] += 1
+        self.progress["loading"] = None
         self.ready = True
 
     def _load_now(self, model: ServedModel) -> Service:
@@ -222,61 +309,161 @@ class Catalog:
         self.loaded[model] = service
         self.metrics.loaded_models.set(len(self.loaded))
 
-    def _evict(self) -> bool:
-        """Unload the least recently used model no request is using; False where every one is in use."""
-        for model in list(self.loaded):
-            if model not in self.pinned and not self.using.get(model):
-                service = self.loaded.pop(model)
-                service.batcher.stop()
-                del service
-                release_memory()
-                self.metrics.loaded_models.set(len(self.loaded))
-                return True
-        return False
+    def _failed(self, model: ServedModel, err: BaseException) -> None:
+        attempts = self.failed[model].attempts + 1 if model in self.failed else 1
+        cause = f"{type(err).__name__}: {err}".strip().splitlines()[0][:300]
+        self.failed[model] = LoadFailure(cause, attempts, time.monotonic() + min(300.0, 5.0 * 2 ** (attempts - 1)))
+        self.metrics.load_failures.inc()
 
-    async def service(self, model: ServedModel, deadline: float) -> Service:
-        """The model's service, loaded if needed (waiting for a load under way), marked in use until `release`:
-        from the moment it is asked for, so a model just loaded for a request is not unloaded before it is used.
-        Raises ModelLoading past `deadline` (time.monotonic())."""
-        self.using[model] = self.using.get(model, 0) + 1
+    async def service(self, model: ServedModel, deadline: float, lines: int = 0) -> Service:
+        """The model's service, marked in use until `release`: at once where it is in memory and open, else after
+        waiting in line for its turn (see the class's docstring). Raises ModelLoading past `deadline`
+        (time.monotonic()), ModelFailed where the model failed to load (until its backoff ends), Overloaded where
+        the `lines` would take the lines waiting past --max_queue_lines."""
+        failure = self.failed.get(model)
+        if failure is not None and model not in self.turns and failure.retry_at > time.monotonic():
+            raise ModelFailed(model, failure)
+        if model in self.loaded and model not in self.closing and model not in self.turns:
+            return self._admit(model)
+        if lines and self.depth + lines > self.settings.max_queue_lines:
+            self.metrics.shed.inc()
+            self.metrics.shed_lines.inc(lines)
+            raise Overloaded(self.depth, max(1, min(60, math.ceil(self.load_seconds))))
+        turn = self.turns.setdefault(model, Turn())
+        admitted = asyncio.get_running_loop().create_future()
+        turn.waiters.append((admitted, lines))
+        self._schedule()
+        left = deadline - time.monotonic()
         try:
-            while model not in self.loaded:
-                pending = self.loading.get(model)
-                if pending is None:
-                    full = self.max_loaded is not None and len(self.loaded) + len(self.loading) >= self.max_loaded
-                    if full and not self._evict():
-                        await self._wait(model, deadline, asyncio.sleep(0.05))  # every loaded model is in use
-                        continue
-                    pending = asyncio.ensure_future(asyncio.to_thread(self._load_now, model))
-                    self.loading[model] = pending
-                    pending.add_done_callback(lambda done, m=model: self._finish_load(m, done))
-                await self._wait(model, deadline, asyncio.shield(pending))
-        except BaseException:
-            self.release(model)
+            await asyncio.wait_for(asyncio.shield(admitted), None if math.isinf(left) else max(left, 0))
+        except BaseException as err:
+            if admitted.done() and not admitted.cancelled() and admitted.exception() is None:
+                self.release(model)  # admitted as the wait ended: the use is given back
+            admitted.cancel()
+            self._leave(model, admitted)
+            if isinstance(err, TimeoutError):
+                raise ModelLoading(model, max(1, min(60, math.ceil(self.load_seconds)))) from None
             raise
+        return self.loaded[model]
+
+    def _admit(self, model: ServedModel) -> Service:
+        self.using[model] = self.using.get(model, 0) + 1
         self.loaded.move_to_end(model)
         return self.loaded[model]
 
-    def _finish_load(self, model: ServedModel, done: asyncio.Future) -> None:
-        self.loading.pop(model, None)
-        if not done.cancelled() and done.exception() is None:
-            self._loaded(model, done.result())
-
-    async def _wait(self, model: ServedModel, deadline: float, awaitable) -> None:
-        left = deadline - time.monotonic()
-        try:
-            if left <= 0:
-                raise TimeoutError
-            await asyncio.wait_for(awaitable, left)
-        except TimeoutError:
-            raise ModelLoading(model, max(1, min(60, math.ceil(self.load_seconds)))) from None
+    def _leave(self, model: ServedModel, admitted: asyncio.Future) -> None:
+        turn = self.turns.get(model)
+        if turn is not None:
+            turn.waiters = [(f, n) for f, n in turn.waiters if f is not admitted and not f.done()]
+            if not turn.waiters:
+                del self.turns[model]
+        self._schedule()
 
     def release(self, model: ServedModel) -> None:
         self.using[model] -= 1
+        if not self.using[model] and (self.turns or model in self.closing):
+            self._schedule()
 
-    def stop(self) -> None:
-        for service in self.loaded.values():
-            service.batcher.stop()
+    def _schedule(self) -> None:
+        """Move the line on (see the class's docstring); called on every change of state, on the event loop."""
+        self.closing.clear()  # chosen again below: a model closed for a turn that left is open again
+        for model, turn in list(self.turns.items()):
+            turn.waiters = [(f, n) for f, n in turn.waiters if not f.done()]
+            if not turn.waiters:
+                del self.turns[model]
+                continue
+            if model in self.loaded and model not in self.closing:
+                del self.turns[model]
+                for admitted, _ in turn.waiters:
+                    self._admit(model)
+                    admitted.set_result(None)
+                continue
+            if model in self.loading or model in self.checking or model in self.unloading or model in self.loaded:
+                continue  # under way, or closed for an earlier turn: its own comes after that one's
+            failure = self.failed.get(model)
+            if failure is not None:
+                if failure.retry_at > time.monotonic():
+                    del self.turns[model]
+                    for admitted, _ in turn.waiters:
+                        admitted.set_exception(ModelFailed(model, failure))
+                    continue
+                if self.check is not None and not failure.checked:  # its files first, before any model is closed
+                    self._start(self.checking, model, lambda m=model: self.check(m), self._checked)
+                    continue
+            if self._room():
+                self._start(self.loading, model, lambda m=model: self._load_now(m), self._finish_load)
+                continue
+            victim = self._victim(before=model)
+            if victim is not None:
+                self.closing.add(victim)
+                if not self.using.get(victim):
+                    self._start_unload(victim)
+            break  # one slot at a time, in the line's order: later turns wait for theirs
+
+    def _room(self) -> bool:
+        held = len(self.loaded) + len(self.loading) + len(self.unloading)
+        return self.max_loaded is None or held < self.max_loaded
+
+    def _victim(self, before: ServedModel) -> ServedModel | None:
+        """The model to close for `before`'s turn: not wanted by a turn ahead of it; an idle one first, then the
+        least recently used."""
+        ahead = list(self.turns)[: list(self.turns).index(before)]
+        open_ = [m for m in self.loaded if m not in ahead]
+        idle = [m for m in open_ if not self.using.get(m)]
+        return (idle or open_ or [None])[0]
+
+    def _start(self, states: dict, model: ServedModel, work: Callable[[], object], done: Callable) -> None:
+        future = in_daemon_thread(work, f"vaswani-serve-{model.name}")
+        states[model] = future
+        future.add_done_callback(lambda finished, m=model: done(m, finished))
+
+    def _finish_load(self, model: ServedModel, done: asyncio.Future) -> None:
+        self.loading.pop(model, None)
+        if done.exception() is not None:
+            self._failed(model, done.exception())
+        else:
+            self.failed.pop(model, None)
+            self._loaded(model, done.result())
+            self.metrics.loads.inc()
+        self._schedule()
+
+    def _checked(self, model: ServedModel, done: asyncio.Future) -> None:
+        self.checking.pop(model, None)
+        if done.exception() is not None:
+            self._failed(model, done.exception())
+        else:
+            self.failed[model].checked = True
+        self._schedule()
+
+    def _start_unload(self, model: ServedModel) -> None:
+        """Unload in a thread of its own: its worker stopped (waiting for a batch under way: the slot stays
+        taken until the memory is free, so --max_loaded holds), the memory given back."""
+        service = self.loaded.pop(model)
+        self.closing.discard(model)
+        self.metrics.loaded_models.set(len(self.loaded))
+
+        def unload() -> None:
+            service.batcher.stop(timeout=None)
+            release_memory()
+
+        self._start(self.unloading, model, unload, self._finish_unload)
+
+    def _finish_unload(self, model: ServedModel, done: asyncio.Future) -> None:
+        self.unloading.pop(model, None)
+        if done.exception() is not None:  # only a bug fails an unload: counted, not hidden
+            self.metrics.errors.labels(kind="unload").inc()
+        self.metrics.unloads.inc()
+        self._schedule()
+
+    def stop(self, within: float = 5.0) -> None:
+        """Stop every worker: each finishes the batch it has, all together within `within` seconds (their threads
+        are daemons: a batch still running then ends with the process)."""
+        services = [*self.loaded.values()]
+        for service in services:
+            service.batcher.stop(timeout=0)
+        deadline = time.monotonic() + within
+        for service in services:
+            service.batcher.worker.join(timeout=max(0.0, deadline - time.monotonic()))
 
     # --- decoding a route ------------------------------------------------------------------------------------------
     async def decode(self, route: Route, lines: list[str], options: dict, left, deadline: float) -> list:
@@ -302,8 +489,12 @@ class Catalog:
             composed.append(Translation([chain, *others][:n], tokens=final[at - len(translation.nbest)].tokens))
         return composed
 
+    async def parse(self, lines: list[str], options: dict, left, deadline: float) -> list:
+        """The lines parsed by the parser, loaded in its turn like any model."""
+        return await self._decode_with(self.parser_model(), lines, options, left, deadline)
+
     async def _decode_with(self, model: ServedModel, lines: list[str], options: dict, left, deadline: float):
-        service = await self.service(model, deadline)
+        service = await self.service(model, deadline, len(lines))
         try:
             return await service.decode(lines, options, left)
         finally:
@@ -312,4 +503,6 @@ class Catalog:
     def describe(self) -> list[dict]:
         """Each model: its folder, pair, whether requests are routed to it by pair, and whether it is in memory."""
         return [{"model": m.name, "source": m.source, "target": m.target, "routed": m.routed,
-                 "loaded": m in self.loaded} for m in self.models]  # fmt: skip
+                 "loaded": m in self.loaded, "state": self.state_of(m),
+                 **({"failure": self.failed[m].describe()} if m in self.failed else {})}
+                for m in self.models]  # fmt: skip

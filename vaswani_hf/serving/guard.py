@@ -5,17 +5,23 @@ behind which a client that leaves is never seen) that refuses work the server mu
   middleware sits outside this one).
 - A body over --max_body_bytes is refused from its Content-Length, or as soon as a streamed body passes the bound,
   before any of it is parsed; a body within it is read whole, then handed to the route.
+- With --api_keys, a key in the query string (where proxies and access logs keep it) is refused with 400 naming
+  where to send it: the body (JSON or form) or 'Authorization: Bearer KEY'. Without keys none is a secret: any key is
+  taken and ignored, as LibreTranslate does (deep-translator sends its key in the query string).
 - After its body, a request's receive channel says `http.disconnect` the moment its client closes the connection:
   `disconnected(request)` waits for that, and the service drops the request's waiting lines.
 - Each answer carries the server's own time (W3C Server-Timing), which a client can tell from the network's."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
+import re
 import time
 from collections import deque
 from typing import Any
+from urllib.parse import parse_qsl
 
 from starlette.requests import Request
 
@@ -66,6 +72,66 @@ class ApiError(Exception):
         self.status, self.message, self.kind, self.headers = status, message, kind, headers or {}
 
 
+SURROGATE = re.compile("[\ud800-\udfff]")
+KEY_IN_QUERY = ("Invalid request: api_key in the query string, where proxies and access logs keep it: send the key "
+                "in the body (JSON or form field api_key) or as the header 'Authorization: Bearer KEY'")  # fmt: skip
+
+
+def shown(value: Any, most: int = 40) -> str:
+    """A client's value as an error message may quote it: printable, escaped where it is not (a lone surrogate
+    cannot be written in UTF-8), and cut to `most` characters."""
+    text = value if isinstance(value, str) else repr(value)
+    text = text[:most] + ("..." if len(text) > most else "")
+    return text.encode("ascii", "backslashreplace").decode("ascii") if not text.isprintable() else text
+
+
+def not_text(value: Any) -> bool:
+    """Whether a string (or a list or dict holding one, at any depth) is not Unicode text that UTF-8 can write:
+    a lone surrogate, as JSON's "\\ud800" gives one."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            if SURROGATE.search(item):
+                return True
+        elif isinstance(item, list):
+            stack.extend(item)
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+    return False
+
+
+def too_long(libre: bool, message: str) -> ApiError:
+    """A request over a bound: 400 to LibreTranslate's clients (as its server answers), 413 to the others."""
+    return ApiError(400 if libre else 413, f"Invalid request: {message}", "too_long")
+
+
+def check_chars(settings, libre: bool, chars: int, char_limit: int | None) -> None:
+    """A request's characters, counted as its client sent them (LibreTranslate counts len(q)), within the key's
+    limit or --max_chars: checked before anything reads the text (HTML parsing, language detection, the model)."""
+    most, option = (char_limit, "this key's limit") if char_limit is not None else (settings.max_chars, "--max_chars")
+    if chars > most:
+        raise too_long(libre, f"request ({chars}) exceeds text limit ({most}): send it in parts ({option})")
+
+
+def check_lines(settings, libre: bool, lines: int, what: str = "lines") -> None:
+    """A request's lines (or its model lines: its lines' sentences) within --max_lines."""
+    if lines > settings.max_lines:
+        raise too_long(libre, f"the text has {lines} {what}; this server takes at most {settings.max_lines} a "
+                       "request (--max_lines): send it in parts")  # fmt: skip
+
+
+def check_queue(settings, libre: bool, model_lines: int, passes: int) -> None:
+    """A request that can never fit in the queue (its model lines, `passes` times for a route through a pivot,
+    whose second model is sent the first's candidates) is refused for good, not with a Retry-After."""
+    if model_lines * passes > settings.max_queue_lines:
+        through = f" ({model_lines} x {passes}: its route goes through a pivot)" if passes > 1 else ""
+        raise too_long(libre, f"the request makes {model_lines * passes} lines for the model{through}, more than "
+                       f"the queue ever holds ({settings.max_queue_lines}, --max_queue_lines), so retrying cannot "
+                       "help: send it in parts")  # fmt: skip
+
+
 async def send_error(send, status: int, message: str, headers: dict[str, str] | None = None) -> None:
     """An error answered from the middleware, in the API's shape: `{"error": message}`."""
     body = json.dumps({"error": message}).encode()
@@ -97,14 +163,27 @@ class RequestGuard:
             metrics.requests.labels(api=api_of(path), status="503").inc()
             return await send_error(send, 503, "the server is stopping: send the request to another one",
                                     {"Retry-After": "5"})  # fmt: skip
+        if service.settings.api_keys and any(
+            name == "api_key" and value
+            for name, value in parse_qsl(scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True)
+        ):
+            metrics.errors.labels(kind="key_in_query").inc()
+            metrics.requests.labels(api=api_of(path), status="400").inc()
+            return await send_error(send, 400, KEY_IN_QUERY)
         limit = service.settings.max_body_bytes
         headers = dict(scope.get("headers") or [])
         declared = headers.get(b"content-length", b"0")
         body, more = b"", True
         if not declared.isdigit() or int(declared) <= limit:
             chunks, size = [], 0
+            body_deadline = time.monotonic() + service.settings.body_timeout
             while more:
-                message = await receive()
+                try:  # a client trickling its body (slowloris) holds a connection: bounded in time
+                    message = await asyncio.wait_for(receive(), max(0.0, body_deadline - time.monotonic()))
+                except TimeoutError:
+                    metrics.errors.labels(kind="slow_body").inc()
+                    message = f"the body took over {service.settings.body_timeout:g} s to arrive (--body_timeout)"
+                    return await send_error(send, 408, message, {"Connection": "close"})
                 if message["type"] != "http.request":
                     return  # the client left before its body was read
                 chunks.append(message.get("body", b""))

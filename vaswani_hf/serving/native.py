@@ -15,10 +15,10 @@ from typing import Annotated
 
 from fastapi import APIRouter, Header, Request
 from fastapi.responses import HTMLResponse
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 
 from .catalog import Catalog, NoRoute, Route, ServedModel
-from .guard import ApiError
+from .guard import ApiError, not_text
 from .service import LANGUAGE_NAMES, saved_facts
 
 
@@ -38,6 +38,11 @@ class NativeRequest(BaseModel):
     attention: bool = Field(default=False, description="give the cross-attention of each line's best translation "
                             "(the last decoder layer, averaged over its heads)")  # fmt: skip
 
+    @field_validator("texts", "source", "target")
+    @classmethod
+    def _text(cls, value):
+        return text_only(value)
+
 
 class NativeTranslation(BaseModel):
     text: str
@@ -50,6 +55,13 @@ class NativeResponse(BaseModel):
     translations: list[NativeTranslation]
     model: str
     route: dict = Field(description="source, target, pivot (None: direct), the models in order, composed or not")
+
+
+def text_only(value):
+    """A field's strings must be text UTF-8 can write: JSON's "\\ud800" (a lone surrogate) is refused (422)."""
+    if not_text(value):
+        raise ValueError("holds a lone surrogate (such as \\ud800), which is not text")
+    return value
 
 
 def check_search_bounds(settings, beam_size: int | None, nbest: int | None) -> None:
@@ -157,6 +169,8 @@ def describe(catalog: Catalog, model: ServedModel) -> dict:
         | {"heads": config.get("encoder_attention_heads")},
         "scores": {k: v for k, v in evaluation.items() if isinstance(v, int | float) and not isinstance(v, bool)},
         "loaded": service is not None,
+        "state": catalog.state_of(model),  # loaded, loading, unloading, failed (see "failure") or unloaded
+        **({"failure": catalog.failed[model].describe()} if model in catalog.failed else {}),
         "char_limit": settings.max_chars,
         "key_required": bool(settings.api_keys),
         "max_nbest": settings.max_nbest,

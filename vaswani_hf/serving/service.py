@@ -63,7 +63,7 @@ class Settings:
     max_wait_ms: float = 10.0
     max_chars: int = 5000
     request_timeout: float = 60.0
-    drain_seconds: float = 30.0
+    drain_seconds: float = 20.0  # after SIGTERM; the whole stop stays within 25 s (server.py)
     api_keys: frozenset[str] = frozenset()
     key_limits: dict = field(default_factory=dict)  # key -> (requests a minute, characters a request), from --api_keys
     sentences: bool = True  # a line's sentences decoded one by one (sentences.py); --sentences off: lines whole
@@ -75,6 +75,10 @@ class Settings:
     max_lines: int = 200  # lines a request, over all its texts
     batch_limit: int = 64  # texts in a list (LibreTranslate's --batch-limit)
     max_queue_lines: int = 2048  # lines waiting for a batch; past it requests are refused with Retry-After
+    max_client_lines: int = 0  # lines one client may have in flight (0: half the queue, at least one request's)
+    max_connections: int = 1000  # connections and requests at once (uvicorn's limit_concurrency: 503 past it)
+    header_timeout: float = 10.0  # seconds a connection may take to send a request's headers
+    body_timeout: float = 30.0  # seconds a request may take to send its body
     max_beam: int = 16
     max_nbest: int = 8
     open_metrics: bool = False  # /metrics without a key even when --api_keys is given
@@ -108,6 +112,12 @@ class Metrics:
                                  registry=r)  # fmt: skip
         self.output_tokens = Counter("vaswani_output_tokens", "target tokens produced (rate(): tokens/s)", registry=r)
         self.loaded_models = Gauge("vaswani_loaded_models", "models in memory (--max_loaded)", registry=r)
+        self.loads = Counter("vaswani_model_loads", "models loaded (and warmed)", registry=r)
+        self.unloads = Counter("vaswani_model_unloads", "models unloaded for others (--max_loaded)", registry=r)
+        self.load_failures = Counter("vaswani_model_load_failures", "models that failed to load, or whose files "
+                                     "failed their check", registry=r)  # fmt: skip
+        self.client_shed = Counter("vaswani_client_shed_requests", "requests refused because their client already "
+                                   "had its share of the queue waiting (--max_client_lines)", registry=r)  # fmt: skip
 
     def batch(self, stats: BatchStats) -> None:
         self.batch_lines.observe(stats.lines)
@@ -280,6 +290,29 @@ def card_languages(model_dir: str) -> tuple[str | None, str | None]:
     except Exception:  # a card that does not parse says nothing
         return None, None
     return tuple(languages) if isinstance(languages, list) and len(languages) == 2 else (None, None)
+
+
+def check_model_files(model_dir: str) -> None:
+    """Read a model folder's files without building the model: its config.json parses, and each safetensors file's
+    header is whole and its tensors lie within the file (a truncated or foreign file fails here). Raises ValueError
+    naming the file; run before a served model is unloaded to make room for this one."""
+    from safetensors import safe_open
+
+    folder = Path(model_dir)
+    if not folder.is_dir():
+        raise ValueError(f"{model_dir} is not a folder (any more)")
+    config = folder / "config.json"
+    if config.exists():
+        try:
+            json.loads(config.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as err:
+            raise ValueError(f"{config} does not read as JSON ({err})") from None
+    for weights in sorted(folder.glob("*.safetensors")):
+        try:
+            with safe_open(str(weights), "pt") as opened:
+                opened.keys()
+        except Exception as err:
+            raise ValueError(f"{weights} is not a whole safetensors file ({err})") from None
 
 
 def saved_facts(model_dir: str) -> dict:

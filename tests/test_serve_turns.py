@@ -1,0 +1,240 @@
+"""`vaswani serve` with models taking turns in memory (--max_loaded), models that fail to load, the start and the
+stop, and slow or greedy clients: through real sockets and real signals, against tests/stub_serve.py's server,
+whose stub models load, decode and unload in the times each test sets (seconds, not a model's minutes)."""
+
+import asyncio
+import json
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import httpx
+import pytest
+
+from .test_serve import _metric, free_port
+
+A, B, C = ({"name": "en-de", "source": "en", "target": "de"}, {"name": "de-en", "source": "de", "target": "en"},
+           {"name": "en-fr", "source": "en", "target": "fr"})  # fmt: skip
+
+
+class Stub:
+    """tests/stub_serve.py in its own process; `ready`: wait for /health 200 (else only for the port)."""
+
+    def __init__(self, models: list[dict], ready: bool = True, **spec) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        spec = {"models": models, **spec}
+        self.process = subprocess.Popen([sys.executable, "-m", "tests.stub_serve", str(self.port), json.dumps(spec)],
+                                        stderr=subprocess.PIPE, text=True)  # fmt: skip
+        deadline = time.time() + 60
+        while True:
+            assert self.process.poll() is None, self.process.communicate()[1][-3000:]
+            assert time.time() < deadline, "the stub server did not start in 60 s"
+            try:
+                if httpx.get(f"{self.url}/health", timeout=2).status_code == 200 or not ready:
+                    return
+            except httpx.TransportError:
+                pass
+            time.sleep(0.05)
+
+    def translate(self, text: str, source: str, target: str, **kwargs) -> httpx.Response:
+        return httpx.post(f"{self.url}/translate", json={"q": text, "source": source, "target": target},
+                          timeout=60, **kwargs)  # fmt: skip
+
+    def metric(self, name: str) -> float:
+        return _metric(httpx.get(f"{self.url}/metrics").text, name)
+
+    def health(self) -> dict:
+        return httpx.get(f"{self.url}/health", timeout=10).json()
+
+    def stop(self, timeout: float = 30) -> tuple[int, str]:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+        return self.process.wait(timeout=timeout), self.process.communicate()[1]
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.communicate()
+
+
+def in_thread(work) -> tuple[threading.Thread, dict]:
+    out: dict = {}
+    thread = threading.Thread(target=lambda: out.setdefault("result", work()))
+    thread.start()
+    return thread, out
+
+
+def test_loading_and_unloading_never_stop_the_event_loop():
+    """A model whose unload (freeing its memory) takes 2 s, and a load of 2 s: /health answers at once throughout."""
+    with Stub([{**A, "unload_s": 2}, {**C, "load_s": 2}], max_loaded=1, preload=["en-de"]) as stub:
+        thread, out = in_thread(lambda: stub.translate("hello", "en", "fr"))
+        slowest, start = 0.0, time.monotonic()
+        while thread.is_alive() and time.monotonic() - start < 20:
+            asked = time.monotonic()
+            assert stub.health()["status"] == "ready"
+            slowest = max(slowest, time.monotonic() - asked)
+            time.sleep(0.05)
+        thread.join()
+        assert out["result"].status_code == 200 and out["result"].json()["translatedText"] == "en-fr:hello"
+        assert time.monotonic() - start > 3.5  # the unload and the load did take their time
+        assert slowest < 0.5, f"/health took {slowest:.2f} s while a model unloaded and another loaded"
+        assert stub.metric("vaswani_model_unloads_total") == 1 and stub.metric("vaswani_model_loads_total") == 2
+
+
+async def _traffic(url: str, pairs: list[tuple[str, str]], every: float, count: int) -> list[httpx.Response]:
+    async with httpx.AsyncClient(timeout=60) as client:
+
+        async def one(i: int):
+            await asyncio.sleep(i * every)
+            source, target = pairs[i % len(pairs)]
+            return await client.post(f"{url}/translate", json={"q": f"line {i}", "source": source, "target": target})
+
+        return await asyncio.gather(*(one(i) for i in range(count)))
+
+
+def test_a_cold_pair_is_served_in_its_turn_under_steady_traffic_composed_pairs_too():
+    """--max_loaded 1: four clients keep en->de busy; an en->fr request, and composed de->fr requests (de->en, then
+    en->fr) sent every 20 ms, are each served in their turn: no 503, nothing lost."""
+    models = [{**m, "load_s": 0.3, "batch_s": 0.05} for m in (A, B, C)]
+    with Stub(models, max_loaded=1, preload=["en-de"], settings={"request_timeout": 30}) as stub:
+        stop = threading.Event()
+
+        def busy() -> list[int]:
+            statuses = []
+            while not stop.is_set():
+                statuses.append(stub.translate("steady", "en", "de").status_code)
+            return statuses
+
+        clients = [in_thread(busy) for _ in range(4)]
+        time.sleep(0.5)
+        cold = stub.translate("cold", "en", "fr")
+        composed = asyncio.run(_traffic(stub.url, [("de", "fr")], 0.02, 60))
+        stop.set()
+        for thread, _ in clients:
+            thread.join()
+        assert cold.status_code == 200 and cold.json()["translatedText"] == "en-fr:cold"
+        assert [r.status_code for r in composed] == [200] * 60, [r.text for r in composed if r.status_code != 200]
+        assert composed[7].json()["translatedText"] == "en-fr:de-en:line 7"
+        steady = [status for _, out in clients for status in out["result"]]
+        assert steady and set(steady) == {200}
+
+
+def test_a_parser_takes_turns_with_a_translator_and_preload_keeps_the_bound():
+    parser = {"name": "parser", "source": "en", "target": "en", "parser": True}
+    with Stub([A, parser], max_loaded=1, preload=["en-de"], settings={"request_timeout": 10}) as stub:
+        assert [m["loaded"] for m in stub.health()["models"]] == [True, False]  # the parser is not loaded past it
+        for _ in range(2):
+            parsed = httpx.post(f"{stub.url}/parse", json={"sentences": [["a", "dog"]]}, timeout=30)
+            assert parsed.status_code == 200, parsed.text
+            assert parsed.json()["parses"][0]["tree"] == "(TOP (S a dog))"
+            translated = stub.translate("hello", "en", "de")
+            assert translated.status_code == 200, translated.text
+        assert stub.metric("vaswani_model_unloads_total") == 4
+
+
+def test_a_model_that_fails_evicts_nothing_is_reported_and_retried_with_backoff_not_per_request():
+    with Stub([A, {**C, "fail": "check"}, {**B, "fail": "load"}], max_loaded=1, preload=["en-de"]) as stub:
+        health = stub.health()
+        assert health["status"] == "degraded" and health["failed"] == ["en-fr"]  # found by its check at start
+        for _ in range(3):  # alternating: the good model is never unloaded for the broken one
+            broken = stub.translate("hello", "en", "fr")
+            assert broken.status_code == 503 and "application/json" in broken.headers["content-type"]
+            assert "en-fr" in broken.json()["error"] and "not a whole safetensors file" in broken.json()["error"]
+            assert int(broken.headers["retry-after"]) >= 1
+            assert stub.translate("hello", "en", "de").status_code == 200
+        assert stub.metric("vaswani_model_loads_total") == 1 and stub.metric("vaswani_model_unloads_total") == 0
+        failing = [stub.translate("hallo", "de", "en") for _ in range(3)]  # passes its check, fails to load
+        assert [r.status_code for r in failing] == [503] * 3
+        assert all("de-en" in r.json()["error"] and "do not fit" in r.json()["error"] for r in failing)
+        assert stub.metric("vaswani_model_load_failures_total") == 2  # once at start (en-fr), once de-en: not 4
+        described = {m["model"]: m for m in httpx.get(f"{stub.url}/v1/models").json()["models"]}
+        assert described["de-en"]["state"] == "failed" and "do not fit" in described["de-en"]["failure"]["cause"]
+        assert described["en-fr"]["failure"]["retry_in"] >= 1
+
+
+def test_health_answers_loading_with_progress_while_the_models_preload():
+    with Stub([{**A, "load_s": 3}, C], ready=False, preload=["en-de", "en-fr"]) as stub:
+        first = httpx.get(f"{stub.url}/health", timeout=5)
+        assert first.status_code == 503 and first.json()["status"] == "loading"
+        assert first.json()["progress"]["of"] == 2 and first.json()["progress"]["loading"] == "en-de"
+        early = stub.translate("hello", "en", "de")
+        assert early.status_code == 503 and "retry-after" in early.headers
+
+
+@pytest.mark.parametrize("busy", ["a request in flight", "a load under way"])
+def test_sigterm_stops_within_the_drain_bound_whatever_is_running(busy):
+    spec = ({"models": [{**A, "batch_s": 60}], "ready": True} if busy == "a request in flight"
+            else {"models": [{**A, "load_s": 60}], "ready": False, "preload": ["en-de"]})  # fmt: skip
+    with Stub(**spec, settings={"drain_seconds": 2}) as stub:
+        if busy == "a request in flight":
+            in_thread(lambda: stub.translate("hello", "en", "de"))
+            time.sleep(0.5)
+        start = time.monotonic()
+        code, _ = stub.stop()
+        assert code == 0 and time.monotonic() - start < 2 + 3 + 1.5
+
+
+def test_a_second_signal_exits_at_once():
+    with Stub([{**A, "batch_s": 60}]) as stub:  # the default drain: 20 s
+        in_thread(lambda: stub.translate("hello", "en", "de"))
+        time.sleep(0.5)
+        stub.process.send_signal(signal.SIGTERM)
+        time.sleep(0.5)
+        start = time.monotonic()
+        stub.process.send_signal(signal.SIGINT)
+        assert stub.process.wait(timeout=10) == 128 + signal.SIGINT and time.monotonic() - start < 2
+
+
+def test_slow_clients_are_cut_off_and_connections_bounded():
+    settings = {"header_timeout": 1, "body_timeout": 1, "max_connections": 4}
+    with Stub([{**A, "batch_s": 2}], settings=settings) as stub:
+        with socket.create_connection(("127.0.0.1", stub.port)) as headers:  # slowloris: a header byte at a time
+            start = time.monotonic()
+            headers.sendall(b"POST /translate HTTP/1.1\r\nHost: x\r\n")
+            with pytest.raises(OSError):
+                for _ in range(40):
+                    headers.sendall(b"X")
+                    time.sleep(0.1)
+                    if headers.recv(1, socket.MSG_DONTWAIT | socket.MSG_PEEK) == b"":
+                        raise OSError("closed")
+            assert time.monotonic() - start < 3
+        with socket.create_connection(("127.0.0.1", stub.port)) as body:  # the body trickled
+            body.sendall(b"POST /translate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                         b"Content-Length: 100\r\n\r\n{")  # fmt: skip
+            body.settimeout(5)
+            answer = body.recv(4096)
+            assert answer.startswith(b"HTTP/1.1 408") and b"--body_timeout" in answer
+        time.sleep(0.5)  # the connections above closed on the server's side too
+        threads = [in_thread(lambda: stub.translate("hello", "en", "de")) for _ in range(3)]  # its own is the 4th
+        time.sleep(0.5)
+        assert stub.translate("one too many", "en", "de").status_code == 503  # uvicorn's limit_concurrency
+        for thread, _ in threads:
+            thread.join()
+        assert {out["result"].status_code for _, out in threads} == {200}
+
+
+def test_waiting_for_a_load_counts_in_the_queue_and_one_client_has_half_of_it():
+    settings = {"max_queue_lines": 10, "max_client_lines": 5, "request_timeout": 20}
+    with Stub([A, {**C, "load_s": 3}], max_loaded=1, preload=["en-de"], settings=settings) as stub:
+        other = httpx.Client(transport=httpx.HTTPTransport(local_address="127.0.0.2"), timeout=30)
+        waiting, out = in_thread(lambda: stub.translate("\n".join(["a"] * 5), "en", "fr"))  # waits for the load
+        time.sleep(0.5)
+        greedy = stub.translate("b", "en", "fr")  # the same client: its share is waiting
+        assert greedy.status_code == 429 and "--max_client_lines" in greedy.json()["error"]
+        second = other.post(f"{stub.url}/translate", json={"q": "\n".join(["c"] * 5), "source": "en", "target": "fr"})
+        waiting.join()
+        assert out["result"].status_code == 200 and second.status_code == 200
+        third, held = in_thread(lambda: stub.translate("\n".join(["d"] * 5), "en", "de"))  # en-de, unloaded: waits
+        time.sleep(0.3)
+        full = other.post(f"{stub.url}/translate", json={"q": "\n".join(["e"] * 5) + "\nf", "source": "en",
+                                                         "target": "de"})  # fmt: skip
+        third.join()
+        assert full.status_code == 429 and "--max_queue_lines" in full.json()["error"]  # 5 waiting + 6 > 10
+        assert held["result"].status_code == 200
