@@ -75,12 +75,13 @@ def nltk_available() -> bool:
 TREEBANK_QUOTES = ("``", "''")
 
 
-def tokenize(sentence: str) -> list[str]:
+def tokenize(sentence: str, level: int = logging.WARNING) -> list[str]:
     """A sentence's Penn Treebank tokens (NLTK's TreebankWordTokenizer: `don't` -> `do n't`, quotes -> `` and '').
 
     Text already tokenised as the treebank is keeps its tokens: its quotes `` and '' are kept as they are, and only
     the text between them is tokenised (NLTK alone writes a '' after a space as ``). A character the tokenizer
-    changes (a " written `` or '') is logged as a warning naming the words, never silent."""
+    changes (a " written `` or '') is logged as a warning naming the words, never silent (at `level`: the server logs
+    it at DEBUG, since the words are its clients' text)."""
     try:
         from nltk.tokenize import TreebankWordTokenizer
     except ImportError:
@@ -104,16 +105,17 @@ def tokenize(sentence: str) -> list[str]:
             text.append(chunk)
     flush()
     if changed:
-        logger.warning("the Penn Treebank tokenizer changed characters of %s (give the sentence as a list of words "
-                       "to keep them as they are)", "; ".join(changed))  # fmt: skip
+        logger.log(level, "the Penn Treebank tokenizer changed characters of %s (give the sentence as a list of words "
+                   "to keep them as they are)", "; ".join(changed))  # fmt: skip
     return words
 
 
-def words_of(sentence: Sentence) -> list[str]:
-    """The words a sentence is parsed as: a string tokenised, a list of words as they are; round brackets escaped.
-    A word holding white space is refused: the model reads a sentence as words split at spaces."""
+def words_of(sentence: Sentence, level: int = logging.WARNING) -> list[str]:
+    """The words a sentence is parsed as: a string tokenised (a change of characters logged at `level`), a list of
+    words as they are; round brackets escaped. A word holding white space is refused: the model reads a sentence as
+    words split at spaces."""
     if isinstance(sentence, str):
-        words = tokenize(sentence)
+        words = tokenize(sentence, level)
     elif isinstance(sentence, Sequence) and all(isinstance(word, str) for word in sentence):
         words = list(sentence)
         for number, word in enumerate(words, 1):

@@ -6,25 +6,39 @@ multipart), the query string first; `q` may also repeat in a form. Refusals are 
 empty or invalid field and for too much text, 400 for a missing key and 403 for a wrong one, 429 ("Slowdown: ...")
 when the queue is full, 500 when the model failed, each as `{"error": message}` with LibreTranslate's wording where
 it has one. Two choices differ from it, on purpose (docs/serving.md): --max_chars counts a request's characters
-together, not each text's, and 404 and 405 are JSON too."""
+together, not each text's, and 404 and 405 are JSON too.
+
+Hostile input gets a 400 naming the field, never a 500: a field of the wrong type (a number, a list of numbers,
+null, Infinity), a lone surrogate (JSON's "\\ud800": not text UTF-8 can write), JSON nested past Python's recursion
+limit, a bad multipart body, a key that is not a string. The characters are counted as the client sent them
+(LibreTranslate counts len(q)) before anything reads the text: language detection, the HTML parsing (markup.py:
+linear, and off the event loop with the detection, so /health answers meanwhile), the sentence splitting.
+
+`source: auto` translates from the likeliest served language that reaches the target. Where the identifier is sure
+of a language no model reads to the target, the refusal names that language and the target; where that language is
+the target itself, or where no other language reaches the target and the identifier is guessing, the text comes
+back unchanged (the identity route, as LibreTranslate answers source == target) rather than refusing with a
+language the client never named."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 import uuid
 from collections import OrderedDict
 from pathlib import PurePath
 from typing import Any
+from urllib.parse import quote
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.datastructures import UploadFile
 
 from .catalog import Catalog, NoRoute, Route
-from .guard import ApiError
+from .guard import ApiError, check_chars, not_text, shown, too_long
 from .language_id import detect
-from .markup import Document
+from .markup import Document, TooManyTexts
 from .native import alternative, lines_of
 from .service import LANGUAGE_NAMES
 
@@ -37,12 +51,48 @@ def missing(name: str) -> ApiError:
     return ApiError(400, f"Invalid request: missing {name} parameter", "invalid")
 
 
+def invalid(message: str) -> ApiError:
+    return ApiError(400, f"Invalid request: {message}", "invalid")
+
+
 def languages_of(fields: dict) -> tuple[str, str]:
-    """The request's source and target, lower-cased (codes are case-insensitive); each must be given."""
+    """The request's source and target, lower-cased (codes are case-insensitive); each must be given, as a code."""
     for name in ("source", "target"):
-        if not fields.get(name) or not isinstance(fields[name], str):
+        value = fields.get(name)
+        if value is None or value == "":
             raise missing(name)
+        if not isinstance(value, str) or len(value) > 32 or not value.strip().isprintable():
+            raise invalid(f"{name} must be a language code such as en, not {shown(value)}")
     return fields["source"].strip().lower(), fields["target"].strip().lower()
+
+
+def texts_of(fields: dict) -> list[str]:
+    """`q`: a text or a list of texts, else 400 naming it."""
+    q = fields.get("q")
+    if q is None or q == "" or q == []:
+        raise missing("q")
+    if isinstance(q, str):
+        return [q]
+    if isinstance(q, list) and all(isinstance(text, str) for text in q):
+        return q
+    raise invalid(f"q must be a text or a list of texts, not {type(q).__name__}")
+
+
+def key_of(fields: dict) -> str | None:
+    """The key from the body (JSON or form): a string, or none; the query string's is refused (guard.py)."""
+    key = fields.get("api_key")
+    if key is not None and not isinstance(key, str):
+        raise invalid(f"api_key must be a string, not {type(key).__name__}")
+    return key or None
+
+
+def content_disposition(name: str) -> str:
+    """An attachment's header for any file name (RFC 6266): an ASCII fallback, and the name itself in UTF-8
+    (RFC 5987's filename*), which a header's latin-1 cannot carry."""
+    fallback = "".join(c if c.isascii() and c.isprintable() and c not in '"\\%' else "_" for c in name)
+    if fallback == name:
+        return f'attachment; filename="{name}"'
+    return f"attachment; filename=\"{fallback}\"; filename*=UTF-8''{quote(name, safe='')}"
 
 
 def libretranslate_router(catalog: Catalog, run, check_key) -> APIRouter:
@@ -68,61 +118,74 @@ def libretranslate_router(catalog: Catalog, run, check_key) -> APIRouter:
         enough text, that it is a language no model reads to `target`."""
         text = "\n".join(texts)
         reaching = [code for code in catalog.sources() if (code, target) in catalog.routes and code != target]
+        itself = (target, target) in catalog.routes  # the target is served: text in it comes back unchanged
+        if not reaching and not itself:
+            route_of(target, target)  # the target is no served language: LibreTranslate's "xx is not supported"
         default = catalog.default_pair()[0]
-        ranked = detect(text, default if default in reaching else (reaching or [default])[0])
+        ranked = detect(text, default if default in reaching else (reaching or [target])[0])
         best = ranked[0]
         served = next((r for r in ranked if r["language"] in reaching), None)
         sure = best["confidence"] >= settings.detect_threshold * 100 and len(text.strip()) >= settings.detect_min_chars
+        if sure and best["language"] == target and itself:
+            return best, target  # already in the target language: as it is
         if sure and best["language"] not in reaching:
             code = best["language"]
-            sources = " or ".join(f"{name_of(c)} ({c})" for c in reaching) or "no language"
+            sources = " or ".join(f"{name_of(c)} ({c})" for c in reaching) or "no other language"
             raise ApiError(400, f"Invalid request: the text is {name_of(code)} ({code}, confidence "
                            f"{best['confidence']:g}), but this server translates {sources} to {name_of(target)} "
                            f"({target})", "language")  # fmt: skip
         if served is not None:
             return served, served["language"]
-        if not reaching:
-            route_of(best["language"], target)  # LibreTranslate's refusal of the pair
-        return best, default if default in reaching else reaching[0]
+        # the identifier is guessing: from the first model's source where it reaches the target, else the first
+        # language that does, else (none does) the target itself
+        return best, default if default in reaching else reaching[0] if reaching else target
 
     async def translated(texts: list[str], html: bool, options: dict, request: Request, route: Route,
                          char_limit: int | None) -> tuple[list[str], list]:  # fmt: skip
         """Each text's translation, line by line, or for html its text nodes' with the markup kept; and the lines'
         results (their n-best)."""
-        documents = [Document(text) for text in texts] if html else []
-        lines = [document.texts() for document in documents] if html else [lines_of(text) for text in texts]
-        results = await run(lines, options, request, "libretranslate", route=route, char_limit=char_limit)
+        chars = sum(map(len, texts))  # as the client sent them (LibreTranslate's len(q)), markup included
+        if html:  # parsed off the event loop (linear, but a megabyte of tags is a few tenths of a second)
+            try:
+                documents = await asyncio.to_thread(lambda: [Document(text, settings.max_lines) for text in texts])
+            except TooManyTexts as err:
+                raise too_long(True, f"the document has more than {err.most} text nodes to translate, each a line "
+                               f"for the model; this server takes at most {settings.max_lines} a request "
+                               "(--max_lines): send it in parts") from None  # fmt: skip
+            lines = [document.texts() for document in documents]
+        else:
+            lines = [lines_of(text) for text in texts]
+        results = await run(lines, options, request, "libretranslate", chars=chars, route=route,
+                            char_limit=char_limit)  # fmt: skip
         best = [[t.nbest[0][0] for t in text] for text in results]
         if html:
-            return [document.render(b) for document, b in zip(documents, best, strict=True)], results
+            rendered = await asyncio.to_thread(lambda: [d.render(b) for d, b in zip(documents, best, strict=True)])
+            return rendered, results
         return ["\n".join(b) for b in best], results
 
     @router.post("/translate", summary="LibreTranslate's translate: JSON, a form or the query string")
     async def translate(request: Request) -> JSONResponse:
         fields = await read_fields(request)
-        char_limit = check_key(fields.get("api_key"), request.headers.get("authorization"))
-        q = fields.get("q")
-        if not q:
-            raise missing("q")
+        char_limit = check_key(key_of(fields), request.headers.get("authorization"))
+        texts = texts_of(fields)
+        q = fields["q"]
         source, target = languages_of(fields)
-        if not (isinstance(q, str) or (isinstance(q, list) and all(isinstance(t, str) for t in q))):
-            raise ApiError(400, "Invalid request: q must be a text or a list of texts", "invalid")
         form = fields.get("format") or "text"
         if form not in ("text", "html"):
-            raise ApiError(400, f"{form} format is not supported", "invalid")
+            raise ApiError(400, f"{shown(form)} format is not supported", "invalid")
         asked = fields.get("alternatives", 0)
         try:
-            count = max(0, int(asked))
-        except (TypeError, ValueError):
+            count = max(0, int(asked if asked not in (None, "") else 0))
+        except (TypeError, ValueError, OverflowError):  # a list, "x", NaN, Infinity
             raise ApiError(400, "Invalid request: alternatives parameter is not a number", "invalid") from None
         if count > settings.max_nbest - 1:
             raise ApiError(400, f"Invalid request: alternatives parameter must be <= {settings.max_nbest - 1}",
                            "invalid")  # fmt: skip
-        texts = [q] if isinstance(q, str) else q
         if len(texts) > settings.batch_limit:
             raise ApiError(400, f"Invalid request: request ({len(texts)}) exceeds text limit ({settings.batch_limit})"
                            " (--batch_limit texts a request)", "too_long")  # fmt: skip
-        found, source = detected(texts, target) if source == "auto" else (None, source)
+        check_chars(settings, True, sum(map(len, texts)), char_limit)  # before the detection and the parsing
+        found, source = await asyncio.to_thread(detected, texts, target) if source == "auto" else (None, source)
         route = route_of(source, target)
         html = form == "html"  # as LibreTranslate: no alternatives for html
         texts_out, results = await translated(texts, html, {"nbest": count + 1} if count and not html else {},
@@ -140,15 +203,10 @@ def libretranslate_router(catalog: Catalog, run, check_key) -> APIRouter:
     @router.post("/detect", summary="LibreTranslate's detect: the text's likeliest languages, best first")
     async def detect_language(request: Request) -> list[dict]:
         fields = await read_fields(request)
-        most = check_key(fields.get("api_key"), request.headers.get("authorization")) or settings.max_chars
-        q = fields.get("q")
-        if not q:
-            raise missing("q")
-        text = "\n".join(q) if isinstance(q, list) else str(q)
-        if len(text) > most:
-            raise ApiError(400, f"Invalid request: request ({len(text)}) exceeds text limit ({most})",
-                           "too_long")  # fmt: skip
-        return detect(text, catalog.default_pair()[0])
+        char_limit = check_key(key_of(fields), request.headers.get("authorization"))
+        text = "\n".join(texts_of(fields))
+        check_chars(settings, True, len(text), char_limit)
+        return await asyncio.to_thread(detect, text, catalog.default_pair()[0])
 
     @router.get("/languages", summary="LibreTranslate's languages: each source with every target it reaches")
     async def languages() -> list[dict]:
@@ -184,8 +242,8 @@ def libretranslate_router(catalog: Catalog, run, check_key) -> APIRouter:
     @router.post("/translate_file", summary="LibreTranslate's file translation: .txt and .html")
     async def translate_file(request: Request) -> dict:
         fields = await read_fields(request)
-        char_limit = check_key(fields.get("api_key"), request.headers.get("authorization"))
-        upload = (await request.form()).get("file")  # the form read once: Starlette keeps it
+        char_limit = check_key(key_of(fields), request.headers.get("authorization"))
+        upload = (await form_of(request)).get("file")  # the form read once: Starlette keeps it
         if not isinstance(upload, UploadFile) or not upload.filename:
             raise missing("file")
         source, target = languages_of(fields)
@@ -199,7 +257,9 @@ def libretranslate_router(catalog: Catalog, run, check_key) -> APIRouter:
         except UnicodeDecodeError as err:
             raise ApiError(400, f"Invalid request: the file is not UTF-8 text ({err.reason} at byte {err.start})",
                            "invalid") from None  # fmt: skip
-        route = route_of(detected([text], target)[1] if source == "auto" else source, target)
+        check_chars(settings, True, len(text), char_limit)  # before the detection and the parsing
+        route = route_of((await asyncio.to_thread(detected, [text], target))[1] if source == "auto" else source,
+                         target)  # fmt: skip
         (out,), _ = await translated([text], suffix != ".txt", {}, request, route, char_limit)
         stored = f"{uuid.uuid4().hex}.{PurePath(name).stem}_{target}{suffix}"
         now = time.time()
@@ -217,7 +277,7 @@ def libretranslate_router(catalog: Catalog, run, check_key) -> APIRouter:
                            f"(the newest {KEPT_FILES})", "not_found")  # fmt: skip
         download = filename.split(".", 1)[1]
         return Response(files[filename][1], media_type=FILE_FORMATS[PurePath(filename).suffix.lower()],
-                        headers={"Content-Disposition": f'attachment; filename="{download}"'})  # fmt: skip
+                        headers={"Content-Disposition": content_disposition(download)})  # fmt: skip
 
     return router
 
@@ -239,24 +299,39 @@ async def read_fields(request: Request) -> dict[str, Any]:
     if kind == "application/json" or kind.endswith("+json"):
         try:
             body = json.loads(await request.body() or b"{}")
-        except (ValueError, UnicodeDecodeError) as err:
-            raise ApiError(400, f"Invalid JSON format: {err}", "invalid") from None
+        except (ValueError, UnicodeDecodeError) as err:  # an int of over 4,300 digits is a ValueError too
+            raise ApiError(400, f"Invalid JSON format: {shown(str(err), 120)}", "invalid") from None
+        except RecursionError:
+            raise ApiError(400, "Invalid JSON format: nested too deep", "invalid") from None
         if not isinstance(body, dict):
             raise ApiError(400, "Invalid JSON format: the body must be an object with q, source and target",
                            "invalid")  # fmt: skip
+        for name, value in body.items():
+            if not_text(value) or not_text(name):
+                raise invalid(f"{shown(name)} is not text: it holds a lone surrogate, which UTF-8 cannot write")
         return body
     fields: dict[str, Any] = {}
     if kind in ("application/x-www-form-urlencoded", "multipart/form-data"):
-        form = await request.form()
+        form = await form_of(request)
         fields.update({key: value for key, value in form.items() if isinstance(value, str)})
         if form.getlist("q")[1:]:
             fields["q"] = form.getlist("q")
-    fields.update(request.query_params)
+    # the query string's fields, but never a key (guard.py refuses a key there where keys are asked for)
+    fields.update((name, value) for name, value in request.query_params.items() if name != "api_key")
     if request.query_params.getlist("q")[1:]:
         fields["q"] = request.query_params.getlist("q")
     if isinstance(fields.get("q"), str):
         fields["q"] = "\n".join(fields["q"].splitlines())  # as LibreTranslate: a form's CRLF is one line end
     return fields
+
+
+async def form_of(request: Request):
+    """The request's form (Starlette keeps it once read); a body that is not one it names is a 400."""
+    try:
+        return await request.form()
+    except Exception as err:  # python-multipart's errors, a multipart type without a boundary, Starlette's 400
+        detail = getattr(err, "detail", None) or str(err) or type(err).__name__
+        raise invalid(f"the form cannot be read: {shown(detail, 120)}") from None
 
 
 def swagger(openapi: dict) -> dict:

@@ -1,74 +1,137 @@
-"""`format: html`: the text between tags is translated, the markup is kept as it came. Python's own HTML parser
-(html.parser, the standard library's, maintained with it) splits the document; every text node with words in it
-becomes one line to translate (its runs of white space made one space, as a browser shows them), and the document
-is written back with each node's translation in its place and the node's own leading and trailing white space.
+"""`format: html`: the text between tags is translated, the markup is kept as it came. A document is split into
+markup (kept byte for byte) and text nodes; every text node with words in it becomes one line to translate (its
+character references decoded, its runs of white space made one space, as a browser shows them), and the document is
+written back with each node's translation (escaped) in its place and the node's own leading and trailing white space.
 
-Left as they are: the contents of script, style, code, pre, textarea and template, any element marked
-`translate="no"` or with the class `notranslate` (the HTML standard's and Google's conventions), comments,
-declarations, and every tag with its attributes, byte for byte."""
+Left as they are: the contents of script, style, code, pre, textarea and template (and of the other raw-text
+elements: xmp, iframe, noembed, noframes, plaintext), any element marked `translate="no"` or with the class
+`notranslate` (the HTML standard's and Google's conventions), comments, declarations, processing instructions, and
+every tag with its attributes, byte for byte; text left untranslated is kept byte for byte too.
+
+The splitting is a tokenizer of our own, after the HTML standard's tokenizer (13.2.5): a tag, a comment or a
+declaration that is never closed runs to the end of the document, as there, so every character is read a bounded
+number of times and the work is linear in the document, whatever it holds (each piece is found by str.find or by a
+regular expression that cannot backtrack: atomic quantifiers, no nested alternatives that overlap). Measured on 2
+cores, before it: the standard library's html.parser rescans an unclosed tag from each `<`, so `"x" + "<a " * N` took
+0.77 s at 9 KB and 3.1 s at 19 KB (quadratic; the body limit is 1 MB), and nested `<![` raised an AssertionError;
+selectolax's Lexbor engine is linear (1 MB of `<a ` in 0.04 s) but builds a tree and writes it back normalised
+(html, head and body added, names lower-cased, attributes re-quoted, `<br/>` as `<br>`), which breaks the promise to
+keep markup byte for byte. This tokenizer: 1 MB of any of `<a ` repeated, unclosed `<!--`, `<![` repeated, `<`
+repeated, `<b>` repeated, in well under a second (tests/test_serve_hostile.py)."""
 
 from __future__ import annotations
 
 import html
 import re
-from html.parser import HTMLParser
 
 UNTRANSLATED = frozenset({"script", "style", "code", "pre", "textarea", "template"})
 VOID = frozenset({"area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta", "source", "track", "wbr"})
+# elements whose content is not markup, through their end tag: the standard's RAWTEXT and script data (kept as they
+# are) and RCDATA (text: a title's is translated, a textarea's kept)
+RAW = ("script", "style", "xmp", "iframe", "noembed", "noframes", "title", "textarea")
 SPACE = re.compile(r"\s+")
 
+_WS = r"\t\n\f\r "
+# an attribute as the standard's tokenizer reads one: a name (its first character may be '=', quotes and '<' are
+# part of it), then maybe '=' and a value, quoted (an unclosed quote runs to the end of the document) or not
+_ATTRIBUTE = rf"""[^{_WS}/>][^{_WS}/=>]*+(?:[{_WS}]*=[{_WS}]*+(?:"[^"]*+"?|'[^']*+'?|[^{_WS}>]*+))?"""
+ATTRIBUTE = re.compile(
+    rf"""([^{_WS}/>][^{_WS}/=>]*+)(?:[{_WS}]*=[{_WS}]*+(?:"([^"]*+)"?|'([^']*+)'?|([^{_WS}>]*+)))?"""
+)
+_ATTRIBUTES = rf"(?:[{_WS}/]++|{_ATTRIBUTE})*+"
+# one token a match, in document order: text ('<' included where no tag can start), a comment, a declaration or
+# processing instruction (or '<![...'), a raw-text element with its content, a start tag, an end tag, and '</...>'
+# that is none (a comment to the standard). Whatever is never closed runs to the end of the document.
+TOKEN = re.compile(
+    rf"(?P<text>(?:[^<]++|<(?![A-Za-z!?]|/[\s\S]))++)"
+    rf"|<!--(?:>|->|[\s\S]*?(?:--!?>|\Z))"
+    rf"|<[!?][^>]*+>?"
+    rf"|<(?P<raw>{'|'.join(RAW)})(?=[{_WS}/>]|\Z)(?P<rattributes>{_ATTRIBUTES})(?:>(?P<content>[\s\S]*?)"
+    rf"(?=</(?P=raw)[{_WS}/>]|\Z))?"
+    rf"|<(?P<start>[A-Za-z][^{_WS}/>]*+)(?P<attributes>{_ATTRIBUTES})(?P<closed>>?)"
+    rf"|</(?P<end>[A-Za-z][^{_WS}/>]*+){_ATTRIBUTES}>?"
+    rf"|</[^>]*+>?",
+    re.IGNORECASE,
+)
 
-class Document(HTMLParser):
+
+class TooManyTexts(ValueError):
+    """A document with more text nodes to translate than a request may send the model (`most`)."""
+
+    def __init__(self, most: int) -> None:
+        super().__init__(f"more than {most} text nodes")
+        self.most = most
+
+
+class Document:
     """An HTML text as pieces: markup (kept) and text nodes, `texts()` the lines to translate, `render()` the
-    document with them replaced."""
+    document with them replaced. `most`: raise TooManyTexts as soon as the document has more text nodes than that
+    (the request's bound on lines: the rest is not read)."""
 
-    def __init__(self, text: str) -> None:
-        super().__init__(convert_charrefs=True)
-        self.pieces: list[str] = []
+    def __init__(self, text: str, most: int | None = None) -> None:
+        self.pieces: list[str] = []  # the markup between the text nodes to translate, and "" in their places
         self.slots: list[tuple[int, str, str, str]] = []  # (piece index, leading space, text, trailing space)
-        self.kept: list[bool] = []  # per open element: is its content left untranslated
-        self.feed(text)
-        self.close()
+        self.open: list[tuple[str, bool]] = []  # the open elements: (name, is its content left untranslated)
+        self.counts: dict[str, int] = {}  # open elements by name: an end tag of none open is ignored
+        self.text, self.done = text, 0  # the document, and how much of it is in `pieces`
+        self.most = most
+        for token in TOKEN.finditer(text):
+            if token["text"] is not None:
+                if not (self.open and self.open[-1][1]):
+                    self._text(token.start(), token.end())
+            elif token["start"] is not None:
+                self._start(token["start"].lower(), token["attributes"], bool(token["closed"]))
+            elif token["end"] is not None:
+                self._close(token["end"].lower())
+            elif token["content"] and token["raw"].lower() == "title":
+                if not self._kept("title", token["rattributes"]):  # a title's text is translated
+                    self._text(token.start("content"), token.end("content"))
+        self.pieces.append(text[self.done :])
 
-    def handle_starttag(self, tag: str, attrs: list) -> None:
-        self.pieces.append(self.get_starttag_text() or "")
-        if tag in VOID:
+    def _kept(self, name: str, attributes: str) -> bool:
+        """Whether the content of this element, opened here, is left untranslated."""
+        if (self.open and self.open[-1][1]) or name in UNTRANSLATED:
+            return True
+        if not attributes or ("translate" not in attributes.lower() and "class" not in attributes.lower()):
+            return False
+        found: dict[str, str] = {}
+        for attribute in ATTRIBUTE.finditer(attributes):  # the first of a name counts, as in the standard
+            value = next((v for v in attribute.groups()[1:] if v is not None), "")
+            found.setdefault(attribute.group(1).lower(), value)
+        return (html.unescape(found.get("translate", "")).strip().lower() == "no"
+                or "notranslate" in html.unescape(found.get("class", "")).split())  # fmt: skip
+
+    def _start(self, name: str, attributes: str, closed: bool) -> None:
+        if not closed or name in VOID or attributes.endswith("/"):
+            return  # unclosed (the document ended inside it), void, or written self-closing: no content
+        self.open.append((name, self._kept(name, attributes)))
+        self.counts[name] = self.counts.get(name, 0) + 1
+
+    def _close(self, name: str) -> None:
+        """An end tag closes the innermost open element of its name and those inside it; of none open, nothing."""
+        if not self.counts.get(name):
             return
-        classes = dict(attrs).get("class") or ""
-        self.kept.append((self.kept and self.kept[-1]) or tag in UNTRANSLATED
-                         or dict(attrs).get("translate") == "no" or "notranslate" in classes.split())  # fmt: skip
+        while self.open:
+            popped, _ = self.open.pop()
+            self.counts[popped] -= 1
+            if popped == name:
+                return
 
-    def handle_startendtag(self, tag: str, attrs: list) -> None:
-        self.pieces.append(self.get_starttag_text() or "")
-
-    def handle_endtag(self, tag: str) -> None:
-        self.pieces.append(f"</{tag}>")
-        if self.kept and tag not in VOID:
-            self.kept.pop()
-
-    def handle_data(self, data: str) -> None:
+    def _text(self, start: int, end: int) -> None:
+        raw = self.text[start:end]
+        if raw.isspace():
+            return
+        data = html.unescape(raw)
         words = SPACE.sub(" ", data).strip()
-        if not words or (self.kept and self.kept[-1]):
-            # script and style arrive raw (html.parser does not decode them); other text is escaped back
-            raw = self.lasttag in ("script", "style") and bool(self.kept and self.kept[-1])
-            self.pieces.append(data if raw else html.escape(data, quote=False))
-            return
-        leading = data[: len(data) - len(data.lstrip())]
-        trailing = data[len(data.rstrip()) :]
-        self.slots.append((len(self.pieces), leading, words, trailing))
+        if not words:
+            return  # kept as it came
+        self.pieces.append(self.text[self.done : start])
+        self.slots.append((len(self.pieces), data[: len(data) - len(data.lstrip())], words,
+                           data[len(data.rstrip()) :]))  # fmt: skip
         self.pieces.append("")
-
-    def handle_comment(self, data: str) -> None:
-        self.pieces.append(f"<!--{data}-->")
-
-    def handle_decl(self, decl: str) -> None:
-        self.pieces.append(f"<!{decl}>")
-
-    def handle_pi(self, data: str) -> None:
-        self.pieces.append(f"<?{data}>")
-
-    def unknown_decl(self, data: str) -> None:
-        self.pieces.append(f"<![{data}]>")
+        self.done = end
+        if self.most is not None and len(self.slots) > self.most:
+            raise TooManyTexts(self.most)
 
     def texts(self) -> list[str]:
         """The text nodes to translate, in document order."""

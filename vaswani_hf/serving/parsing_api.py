@@ -9,18 +9,19 @@ repair and the scores; the batch function (`parse_batch`) runs it on the dynamic
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Header, Request
 from fastapi.responses import HTMLResponse
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 
 from ..parsing.linearization import linearize
 from ..parsing.parser import INSTALL, TREE_SEARCHES, ParseResult, bracketed, parse_lines, require_parser, words_of
 from .catalog import Catalog, ServedModel
-from .guard import ApiError
-from .native import PAGE, check_search_bounds, describe
+from .guard import ApiError, check_chars, check_lines, shown
+from .native import PAGE, check_search_bounds, describe, text_only
 from .service import DECODING_OPTIONS, Service
 
 # the routes a translator answers and a parser does not (LibreTranslate's, and the native one)
@@ -69,6 +70,11 @@ class ParseRequest(BaseModel):
     length_penalty: float | None = Field(default=None, ge=0.0, le=2.0, allow_inf_nan=False,
                                          description="GNMT alpha, 0 to 2 (paper, parsing: 0.3)")  # fmt: skip
 
+    @field_validator("sentences")
+    @classmethod
+    def _text(cls, value):
+        return text_only(value)
+
 
 class ParseCandidate(BaseModel):
     tree: str | None = Field(description="the tree in Penn Treebank brackets under TOP (null: no words)")
@@ -94,20 +100,23 @@ def parse_router(catalog: Catalog, run, check_key) -> APIRouter:
     @router.post("/parse", response_model=ParseResponse, summary="Parse sentences into constituency trees")
     async def parse(asked: ParseRequest, request: Request,
                     authorization: Annotated[str | None, Header()] = None) -> ParseResponse:  # fmt: skip
-        check_key(None, authorization)
+        char_limit = check_key(None, authorization)
         check_search_bounds(settings, asked.beam_size, asked.nbest)
-        lines, chars = [], 0
+        # the bounds before the tokenizer reads a word (NLTK's takes a second a megabyte, on the event loop)
+        chars = sum(len(s) if isinstance(s, str) else sum(map(len, s)) + len(s) - 1 for s in asked.sentences if s)
+        check_lines(settings, False, len(asked.sentences))
+        check_chars(settings, False, chars, char_limit)
+        lines = []
         for number, sentence in enumerate(asked.sentences):
-            try:
-                words = words_of(sentence)
+            try:  # what the tokenizer changed is logged at DEBUG only: it is the client's text
+                words = words_of(sentence, logging.DEBUG)
             except ImportError:
                 raise ApiError(501, f"sentences.{number} is a string, which this server tokenises with NLTK, and "
                                f"NLTK is not installed here ({INSTALL} on the server): send each sentence as a list "
                                "of words", "no_tokenizer") from None  # fmt: skip
             except ValueError as err:
-                raise ApiError(422, f"invalid request: sentences.{number}: {err}", "invalid") from None
+                raise ApiError(422, f"invalid request: sentences.{number}: {shown(str(err), 200)}", "invalid") from None
             lines.append(" ".join(words))
-            chars += len(sentence) if isinstance(sentence, str) else len(" ".join(sentence))
         options = {k: v for k, v in (("beam_size", asked.beam_size), ("length_penalty", asked.length_penalty))
                    if v is not None}  # fmt: skip
         if asked.nbest > 1:
@@ -115,7 +124,7 @@ def parse_router(catalog: Catalog, run, check_key) -> APIRouter:
         if asked.tree_search != "constrained":
             options["tree_search"] = asked.tree_search
         results = await run([[line] for line in lines], options, request, "parse", chars=chars, noun="parse",
-                            doing="parsing")  # fmt: skip
+                            doing="parsing", char_limit=char_limit)  # fmt: skip
         answers = []
         for (parsed,) in results:
             candidates = [ParseCandidate(tree=tree, score=score, repaired=repaired)

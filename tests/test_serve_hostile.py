@@ -1,0 +1,430 @@
+"""`vaswani serve` against hostile clients: every malformed, oversized or pathological request gets a JSON 4xx
+naming its field or the bound it passes, never a 5xx, and the server stays responsive meanwhile.
+
+Through a real server process (sockets) where it is about the event loop: a megabyte of pathological HTML answered
+within a second while /health stays fast, and a request of more sentences than --max_lines or the queue can ever
+hold refused for good (not 429 with Retry-After). In process (create_app) otherwise: fields of every wrong type, lone
+surrogates, JSON nested too deep, bad multipart bodies, file names outside latin-1, keys in the query string,
+`source: auto` to a target nothing else reaches, /parse's bounds before its tokenizer and no client text in its
+logs. The second tier fuzzes every route from the app's own OpenAPI schema (schemathesis) and LibreTranslate's
+fields (Hypothesis strategies) against a real server."""
+
+import asyncio
+import json
+import logging
+import os
+import threading
+import time
+
+import httpx
+import pytest
+
+from vaswani_hf.data.number_words import builtin_splits
+
+from .test_serve import Server
+
+LINES = [source for source, _ in builtin_splits()["test"][:4]]
+MEGABYTE = 1_000_000
+
+
+@pytest.fixture(scope="module")
+def server(model):
+    """One server for the socket tests: limits that let a megabyte of markup reach the parser, and small line and
+    queue bounds (--max_lines 50, --max_queue_lines 40)."""
+    running = Server(model, "--max_chars", str(2 * MEGABYTE), "--max_body_bytes", str(4 * MEGABYTE), "--max_lines",
+                     "50", "--max_queue_lines", "40")  # fmt: skip
+    # the first request imports the sentence splitter and starts the worker threads: not what the tests time
+    html = {"q": f"<p>{LINES[0]}</p>", "source": "en", "target": "de", "format": "html"}
+    assert running.post("/translate", json=html).status_code == 200
+    yield running
+    assert running.stop()[0] == 0
+
+
+def slack() -> float:
+    """The time bounds below are an idle machine's (1 s for a megabyte); on a shared one they stretch by its load
+    average per core (the tests' machine has 2 cores that other jobs share)."""
+    return max(1.0, os.getloadavg()[0] / (os.cpu_count() or 1))
+
+
+def server_ms(answer: httpx.Response) -> float:
+    return float(answer.headers["server-timing"].removeprefix("app;dur="))
+
+
+def call(service, *requests, app=None):
+    """The app's answers to (method, path, httpx keyword arguments) requests sent one after the other, in process."""
+    from vaswani_hf.serving.app import create_app
+
+    async def send():
+        transport = httpx.ASGITransport(app=app or create_app(service))
+        async with httpx.AsyncClient(transport=transport, base_url="http://serve") as client:
+            return [await client.request(method, path, **kwargs) for method, path, kwargs in requests]
+
+    return asyncio.run(send())
+
+
+def refused(answer: httpx.Response, status: int, *words: str) -> None:
+    """A JSON refusal of this status whose message holds these words."""
+    assert answer.status_code == status, answer.text
+    message = answer.json()["error"]
+    for word in words:
+        assert word in message, message
+
+
+# --- defect 1: HTML parsed in linear time, off the event loop, after the characters are counted ------------------
+
+SHAPES = {
+    "unclosed tags": "x" + "<a " * (MEGABYTE // 3),
+    "unclosed comment": "<!--" + "x" * MEGABYTE,
+    "nested marked sections": "<![" * (MEGABYTE // 3),
+    "bare <": "<" * MEGABYTE,  # one text node of a million characters: a line the model reads the first 1024 tokens of
+    "deep nesting": "<b>" * (MEGABYTE // 3),
+    "many text nodes": "<b>x" * (MEGABYTE // 4),
+    "unclosed quotes": '<a b="' * (MEGABYTE // 6),
+    "unclosed script": "<script>" + "<a " * (MEGABYTE // 3),
+}
+
+
+def test_the_markup_tokenizer_is_linear_and_keeps_markup_byte_for_byte():
+    from vaswani_hf.serving.markup import Document
+
+    for shape, markup in SHAPES.items():
+        start = time.monotonic()
+        document = Document(markup)
+        assert time.monotonic() - start < slack(), shape
+        if shape != "bare <":  # its '<' come back escaped, as text
+            assert document.render(document.texts()) == markup, shape
+    page = (
+        "<!DOCTYPE html><DIV Class=x data-a=\"1 &amp; 2\"><p title='a > b'>One &amp; two</p><pre> a </pre>"
+        '<p translate="no">kept <b>bold</b></p><span class="a notranslate">kept</span><title>T</title>'
+        "<textarea><b>kept</b></textarea><style>p > b {}</style><![CDATA[ x ]]><?pi x?> tail &lt;<br/>end"
+    )
+    document = Document(page)
+    assert document.texts() == ["One & two", "T", "tail <", "end"]
+    assert document.render(["Eins & zwei", "t", "Rest <", "Ende"]) == page.replace(
+        "One &amp; two", ("Eins &amp; zwei")
+    ).replace("<title>T", "<title>t").replace("tail &lt;", "Rest &lt;").replace("end", "Ende")
+
+
+# the shapes whose text reaches the model are few and short (a megabyte of '<' is one line the model reads the
+# first 1024 tokens of: tens of seconds of decoding, which is the model's cost of any long line, not the markup's)
+SERVED_SHAPES = [shape for shape in SHAPES if shape != "bare <"]
+
+
+@pytest.mark.parametrize("shape", SERVED_SHAPES)
+def test_a_megabyte_of_pathological_html_is_answered_within_a_second_and_health_stays_fast(server, shape):
+    latencies, done = [], threading.Event()
+
+    def ping() -> None:
+        while not done.is_set():
+            start = time.monotonic()
+            assert httpx.get(f"{server.url}/health", timeout=10).status_code == 200
+            latencies.append(time.monotonic() - start)
+            time.sleep(0.02)
+
+    pinger = threading.Thread(target=ping)
+    pinger.start()
+    try:
+        answer = server.post("/translate", json={"q": SHAPES[shape], "source": "en", "target": "de", "format": "html"})
+    finally:
+        done.set()
+        pinger.join()
+    assert answer.status_code in (200, 400), answer.text  # 400: more text nodes than --max_lines
+    if answer.status_code == 400:
+        refused(answer, 400, "text nodes", "--max_lines")
+    assert server_ms(answer) < 1000 * slack(), (shape, server_ms(answer), slack())
+    assert latencies and max(latencies) < 0.5 * slack(), (shape, max(latencies), slack())
+
+
+def test_html_characters_are_counted_as_sent_before_the_markup_is_parsed(service):
+    markup = "<b>" * 2000  # 6,000 characters and not a word: LibreTranslate counts len(q), so does --max_chars
+    text, page = call(service, ("POST", "/translate", {"json": {"q": markup, "source": "en", "target": "de",
+                                                                "format": "html"}}),
+                      ("POST", "/translate_file", {"data": {"source": "en", "target": "de"},
+                                                   "files": {"file": ("page.html", markup.encode())}}))  # fmt: skip
+    refused(text, 400, "request (6000) exceeds text limit (5000)", "--max_chars")
+    refused(page, 400, "request (6000) exceeds text limit (5000)", "--max_chars")
+
+
+# --- defect 2: the plain-text 500s, and their kin ----------------------------------------------------------------
+
+JSON = {"content-type": "application/json"}
+GOOD = {"q": "one", "source": "en", "target": "de"}
+
+
+def raw(body: str | bytes, content_type: str = "application/json") -> dict:
+    return {"content": body.encode() if isinstance(body, str) else body, "headers": {"content-type": content_type}}
+
+
+BAD_INPUT = [
+    # (route, httpx keyword arguments, the words the 400 names)
+    ("/translate", raw('{"q": "one", "source": "en", "target": "de", "alternatives": Infinity}'), ["alternatives"]),
+    ("/translate", raw('{"q": "one", "source": "en", "target": "de", "alternatives": NaN}'), ["alternatives"]),
+    ("/translate", {"json": {**GOOD, "alternatives": [1]}}, ["alternatives"]),
+    ("/detect", {"json": {"q": [1, 2]}}, ["q must be a text"]),
+    ("/detect", {"json": {"q": {"a": 1}}}, ["q must be a text"]),
+    ("/detect", {"json": {"q": 12}}, ["q must be a text"]),
+    ("/translate", raw("[" * 100_000), ["JSON"]),
+    ("/translate", raw('{"q": ' + "[" * 50_000 + "]" * 50_000 + ', "source": "en", "target": "de"}'), ["JSON"]),
+    ("/translate", raw('{"q": "\\ud800", "source": "en", "target": "de"}'), ["q", "surrogate"]),
+    ("/translate", raw('{"q": ["ok", "\\udfff"], "source": "en", "target": "de"}'), ["q", "surrogate"]),
+    ("/translate", raw('{"q": "one", "source": "\\ud800", "target": "de"}'), ["source", "surrogate"]),
+    ("/translate", raw('{"q": "one", "source": "en", "target": "de", "format": "\\ud800"}'), ["format"]),
+    ("/detect", raw('{"q": "\\ud800"}'), ["q", "surrogate"]),
+    ("/translate", {"json": {**GOOD, "q": [["nested"]]}}, ["q must be a text"]),
+    ("/translate", {"json": {**GOOD, "q": 10**30}}, ["q must be a text"]),
+    ("/translate", {"json": {**GOOD, "source": 5}}, ["source"]),
+    ("/translate", {"json": {**GOOD, "target": ["de"]}}, ["target"]),
+    ("/translate", {"json": {**GOOD, "source": "x" * 100_000}}, ["source"]),
+    ("/translate", {"json": {**GOOD, "format": ["html"]}}, ["format"]),
+    ("/translate", raw('{"q": "one", "alternatives": ' + "9" * 5000 + "}"), ["JSON"]),
+    ("/translate", raw(b'{"q": "\xff\xfe", "source": "en", "target": "de"}'), ["JSON"]),
+    ("/translate", raw(b"--x\r\nContent-Disposition: form-data\r\n\r\nq\r\n--x--", "multipart/form-data"), ["form"]),
+    ("/translate", raw(b"garbage", "multipart/form-data; boundary=x"), []),
+    ("/translate_file", raw(b"--x\r\n\r\n", "multipart/form-data; boundary=x"), []),
+    ("/translate_file", {"json": GOOD}, ["file"]),
+    ("/v1/translate", raw('{"texts": ["\\ud800"]}'), ["texts", "surrogate"]),
+    ("/v1/translate", raw('{"texts": ["one"], "source": "\\ud800"}'), ["source", "surrogate"]),
+    ("/v1/translate", raw('{"texts": ["one"], "beam_size": ' + "9" * 5000 + "}"), []),
+    ("/v1/translate", raw("[" * 100_000), []),
+    ("/v1/translate", {"json": {"texts": ["one"], "nbest": 10**30}}, ["nbest"]),
+]
+
+
+def test_hostile_fields_get_a_json_4xx_naming_them_never_a_5xx(service):
+    answers = call(service, *[("POST", path, kwargs) for path, kwargs, _ in BAD_INPUT])
+    for (path, kwargs, words), answer in zip(BAD_INPUT, answers, strict=True):
+        case = f"{path} {str(kwargs)[:120]}: {answer.status_code} {answer.text[:300]}"
+        assert 400 <= answer.status_code < 500, case
+        message = answer.json()["error"]
+        assert all(word in message for word in words), case
+        assert len(message) < 1000, case  # a client's value is quoted cut short, if at all
+    (fine,) = call(service, ("POST", "/translate", {"json": GOOD}))
+    assert fine.status_code == 200
+
+
+def test_odd_headers_and_form_bytes_are_not_5xx(service):
+    answers = call(
+        service,
+        ("POST", "/translate", {"json": GOOD, "headers": {"authorization": b"Bearer \xff\x80"}}),
+        ("POST", "/translate", raw(b"q=%FF%FE&source=en&target=de", "application/x-www-form-urlencoded")),
+        ("POST", "/translate", {"json": GOOD, "headers": {"content-type": b"application/json; charset=\xff"}}),
+        ("POST", "/translate", raw(b"q=one&source=en&target=de", "text/plain")),
+        ("GET", "/v1/model?source=%FF&target=%00", {}),
+        ("GET", "/download_file/..%2F..%2Fetc%2Fpasswd", {}),
+    )
+    for answer in answers:
+        assert answer.status_code < 500, answer.text
+        assert "error" in answer.json() or answer.status_code == 200, answer.text
+
+
+def test_a_file_named_outside_latin1_is_translated_and_downloaded_with_rfc_5987_names(service):
+    from vaswani_hf.serving.app import create_app
+
+    app, files = create_app(service), {"file": ("文件.txt", LINES[0].encode())}
+    (upload,) = call(service, ("POST", "/translate_file", {"data": {"source": "en", "target": "de"}, "files": files}),
+                     app=app)  # fmt: skip
+    assert upload.status_code == 200, upload.text
+    url = upload.json()["translatedFileUrl"].removeprefix("http://serve")
+    (download,) = call(service, ("GET", url, {}), app=app)
+    assert download.status_code == 200 and download.text
+    disposition = download.headers["content-disposition"]
+    assert disposition == "attachment; filename=\"___de.txt\"; filename*=UTF-8''%E6%96%87%E4%BB%B6_de.txt"
+
+
+def test_auto_names_what_the_client_asked_or_gives_text_in_the_target_back_unchanged(service):
+    german = "Ein Mann in einem blauen Hemd steht auf einer Leiter und putzt die Fenster des Hauses."
+    digits, hello, sure, unknown = call(
+        service,
+        *[("POST", "/translate", {"json": {"q": q, "source": "auto", "target": "en"}}) for q in ("123", "Hello")],
+        ("POST", "/translate", {"json": {"q": german, "source": "auto", "target": "en"}}),
+        ("POST", "/translate", {"json": {"q": "Hello", "source": "auto", "target": "fr"}}),
+    )
+    # nothing but English itself reaches English on an en->de server: the text is taken as English, and comes
+    # back as it is (LibreTranslate's answer when source == target), never refused with a language not asked for
+    assert digits.status_code == 200 and digits.json()["translatedText"] == "123", digits.text
+    assert hello.status_code == 200 and hello.json()["translatedText"] == "Hello", hello.text
+    refused(sure, 400, "German (de", "to English (en)")
+    refused(unknown, 400, "fr is not supported")
+
+
+# --- defect 3: sentences (the model's lines) counted before queueing; a request that never fits is a 4xx ---------
+
+
+def test_sentences_over_max_lines_or_the_queue_are_refused_for_good_not_told_to_retry(server):
+    many = "a! " * 1666  # one line of 4,998 characters: 1,666 sentences, each a line for the model
+    libre = server.post("/translate", json={"q": many, "source": "en", "target": "de"})
+    native = server.post("/v1/translate", json={"texts": [many]})
+    refused(libre, 400, "1666 sentences", "--max_lines")
+    refused(native, 413, "1666 sentences", "--max_lines")
+    # 45 lines: within --max_lines (50), over what the queue ever holds (40)
+    lines = "\n".join([LINES[0]] * 45)
+    for answer in (server.post("/translate", json={"q": lines, "source": "en", "target": "de"}),
+                   server.post("/v1/translate", json={"texts": [lines]})):  # fmt: skip
+        assert answer.status_code in (400, 413) and "Retry-After" not in answer.headers, answer.text
+        refused(answer, answer.status_code, "45 lines for the model", "--max_queue_lines", "cannot help")
+    assert server.post("/translate", json={"q": LINES[0], "source": "en", "target": "de"}).status_code == 200
+
+
+def test_a_route_through_a_pivot_counts_its_lines_twice_against_the_queue(service, model, monkeypatch):
+    from vaswani_hf.serving.app import create_app
+    from vaswani_hf.serving.catalog import Catalog, ServedModel
+
+    monkeypatch.setattr(service.settings, "max_queue_lines", 40)
+    catalog = Catalog([ServedModel(str(model), "en", "de"), ServedModel(str(model), "de", "fr")], service.settings,
+                      load=lambda _model, _metrics: service)  # fmt: skip
+    catalog.ready = True
+    lines = "\n".join([LINES[0]] * 25)  # 25 lines: 50 through the pivot (de), over the queue's 40
+    (answer,) = call(service, ("POST", "/translate", {"json": {"q": lines, "source": "en", "target": "fr"}}),
+                     app=create_app(catalog))  # fmt: skip
+    refused(answer, 400, "50 lines for the model", "through a pivot", "--max_queue_lines")
+
+
+# --- defect 4: /parse checks its size before tokenizing, and logs no client text above DEBUG -------------------
+
+
+@pytest.fixture(scope="module")
+def parse_service(tmp_path_factory):
+    from vaswani_hf.serving.parsing_api import parse_batch
+    from vaswani_hf.serving.service import Service, Settings
+    from vaswani_hf.translation.inference import load_for_inference
+
+    from .test_parser_api import build_model
+
+    folder = build_model(tmp_path_factory.mktemp("hostile") / "parser")
+    loaded, tokenizer = load_for_inference(folder, device="cpu", precision="fp32")
+    service = Service(loaded, tokenizer, Settings(request_timeout=60), str(folder), "cpu", "fp32", ("en", "en"),
+                      parse_batch)  # fmt: skip
+    service.warm_up()
+    yield service
+    service.batcher.stop()
+
+
+def test_parse_checks_its_size_before_tokenizing_and_logs_no_client_text(parse_service, monkeypatch, caplog):
+    from vaswani_hf.serving import parsing_api
+    from vaswani_hf.serving.app import create_app
+
+    app = create_app(parse_service, parsing_api.parsing_routers)
+    tokenized = []
+    real = parsing_api.words_of
+    monkeypatch.setattr(parsing_api, "words_of", lambda *args: tokenized.append(1) or real(*args))
+    start = time.monotonic()
+    (big,) = call(parse_service, ("POST", "/parse", {"json": {"sentences": ["word " * 180_000]}}), app=app)
+    refused(big, 413, "exceeds text limit (5000)", "--max_chars")
+    assert not tokenized and time.monotonic() - start < slack()
+    caplog.set_level(logging.DEBUG)
+    secret = 'She said "private words" twice .'  # the tokenizer changes the quotes: logged, at DEBUG only
+    (parsed,) = call(parse_service, ("POST", "/parse", {"json": {"sentences": [secret]}}), app=app)
+    assert parsed.status_code == 200, parsed.text
+    assert any("private words" in r.getMessage() for r in caplog.records)  # it was logged ...
+    loud = [r for r in caplog.records if r.levelno > logging.DEBUG and "private" in r.getMessage()]
+    assert not loud, [r.getMessage() for r in loud]  # ... but never above DEBUG
+
+
+# --- defect 5: keys from the body or a header, never the query string ------------------------------------------
+
+
+def test_a_key_in_the_query_string_is_refused_naming_the_fix_and_metrics_read_the_header(service, monkeypatch):
+    monkeypatch.setattr(service.settings, "api_keys", frozenset({"secret"}))
+    in_query, in_body, metrics_query, metrics_header, bearer, listed = call(
+        service,
+        ("POST", "/translate?api_key=secret", {"json": GOOD}),
+        ("POST", "/translate", {"data": {**GOOD, "api_key": "secret"}}),
+        ("GET", "/metrics?api_key=secret", {}),
+        ("GET", "/metrics", {"headers": {"authorization": "Bearer secret"}}),
+        ("POST", "/v1/translate", {"json": {"texts": ["one"]}, "headers": {"authorization": "Bearer secret"}}),
+        ("POST", "/translate", {"json": {**GOOD, "api_key": ["secret"]}}),
+    )
+    refused(in_query, 400, "api_key in the query string", "Authorization: Bearer")
+    refused(metrics_query, 400, "api_key in the query string")
+    refused(listed, 400, "api_key must be a string")
+    assert in_body.status_code == metrics_header.status_code == bearer.status_code == 200
+
+
+# --- defect 6 (second tier): property-based fuzzing of every route --------------------------------------------
+
+
+FUZZ_SETTINGS = {"deadline": None, "derandomize": True, "database": None}
+
+
+def alive(server: Server) -> None:
+    assert server.process.poll() is None
+    assert httpx.get(f"{server.url}/health", timeout=10).status_code == 200
+
+
+@pytest.mark.extended
+def test_every_route_of_the_openapi_schema_fuzzed_gives_no_5xx(server):
+    schemathesis = pytest.importorskip("schemathesis")
+    from hypothesis import HealthCheck, given, settings
+
+    schema = schemathesis.openapi.from_url(f"{server.url}/openapi.json")
+    failures = []
+
+    def fuzzer(operation):
+        @settings(max_examples=60, suppress_health_check=list(HealthCheck), **FUZZ_SETTINGS)
+        @given(case=operation.as_strategy())
+        def fuzz(case):
+            answer = case.call(base_url=server.url, timeout=30)
+            if answer.status_code >= 500:
+                failures.append(f"{operation.label}: {answer.status_code} {answer.text[:200]}")
+
+        return fuzz
+
+    operations = [result.ok() for result in schema.get_all_operations()]
+    assert len(operations) > 10  # LibreTranslate's routes, the native ones, /health, /metrics
+    for operation in operations:
+        fuzzer(operation)()
+    assert not failures, failures[:10]
+    alive(server)
+
+
+@pytest.mark.extended
+def test_libretranslate_fields_fuzzed_give_no_5xx(server):
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    text = st.text(max_size=40) | st.sampled_from(["", " ", "\n", "<b>x</b>", "a! " * 30, "1" * 300])
+    value = st.recursive(
+        st.none() | st.booleans() | st.integers(min_value=-(10**30), max_value=10**30)
+        | st.floats(allow_nan=True, allow_infinity=True) | text,
+        lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=5), children, max_size=3),
+        max_leaves=8,
+    )  # fmt: skip
+    code = st.sampled_from(["en", "de", "auto", "EN", " de ", "fr", "", "xx"]) | value
+    form = st.sampled_from(["text", "html", ""]) | value
+    fields = st.fixed_dictionaries({}, optional={"q": value | st.lists(text, max_size=5), "source": code,
+                                                 "target": code, "format": form, "alternatives": value,
+                                                 "api_key": value})  # fmt: skip
+    flat = st.dictionaries(st.sampled_from(["q", "source", "target", "format", "alternatives"]), text, max_size=5)
+    failures = []
+
+    @settings(max_examples=500, suppress_health_check=list(HealthCheck), **FUZZ_SETTINGS)
+    @given(path=st.sampled_from(["/translate", "/detect"]), body=fields, form=flat,
+           how=st.sampled_from(["json", "form"]))  # fmt: skip
+    def fuzz_fields(path, body, form, how):
+        try:
+            content = json.dumps(body).encode()
+        except (ValueError, UnicodeEncodeError):
+            return
+        kwargs = raw(content) if how == "json" else {"data": form}
+        answer = httpx.post(f"{server.url}{path}", timeout=30, **kwargs)
+        if answer.status_code >= 500:
+            failures.append(f"{path} {how} {content[:200]!r}: {answer.status_code} {answer.text[:200]}")
+
+    @settings(max_examples=150, suppress_health_check=list(HealthCheck), **FUZZ_SETTINGS)
+    @given(name=st.text(min_size=1, max_size=20), content=st.binary(max_size=200), form=flat,
+           suffix=st.sampled_from([".txt", ".html", ".htm", ".pdf", ""]))  # fmt: skip
+    def fuzz_files(name, content, form, suffix):
+        files = {"file": (name + suffix, content)}
+        answer = httpx.post(f"{server.url}/translate_file", data=form, files=files, timeout=30)
+        if answer.status_code >= 500:
+            failures.append(f"/translate_file {name + suffix!r} {content[:60]!r}: {answer.status_code} {answer.text}")
+        elif answer.status_code == 200:
+            url = answer.json()["translatedFileUrl"]
+            download = httpx.get(url, timeout=30)
+            if download.status_code != 200:
+                failures.append(f"download of {name + suffix!r}: {download.status_code} {download.text[:200]}")
+
+    fuzz_fields()
+    fuzz_files()
+    assert not failures, failures[:10]
+    alive(server)
