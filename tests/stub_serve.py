@@ -4,15 +4,19 @@ start and the stop are tested through real sockets and real signals in seconds, 
 
     python -m tests.stub_serve PORT SPEC_JSON
 
-SPEC: {"models": [{"name", "source", "target", "load_s", "batch_s", "unload_s", "fail": null | "check" | "load",
-"parser": false}], "max_loaded": null, "preload": [names], "settings": {Settings' fields}}. A stub translates a
-line into "NAME:line" (a parser's into "(S line)")."""
+SPEC: {"models": [{"name", "source", "target", "load_s", "batch_s", "unload_s", "fail": null | "check" | "load" |
+"later", "parser": false}], "max_loaded": null, "preload": [names], "settings": {Settings' fields}}. A stub translates
+a line into "NAME:line" (a parser's into "(TOP (S line))"); "later": the folder breaks once the server is ready (its
+check and its load fail from then on). GET /stub/alive: the stub services still in memory (collected or not)."""
 
 import json
 import os
 import sys
 import threading
 import time
+import weakref
+
+from fastapi import APIRouter
 
 from vaswani_hf.serving.app import translation_routers
 from vaswani_hf.serving.batching import DynamicBatcher
@@ -62,15 +66,23 @@ def main(port: int, spec: dict) -> None:
     models = [ServedModel(m["name"], m["source"], m["target"], routed=not m.get("parser")) for m in spec["models"]]
     loads = []
 
+    alive = weakref.WeakSet()
+
+    def broken(model: ServedModel, how: str) -> bool:
+        fail = specs[model.name].get("fail")
+        return fail == how or (fail == "later" and catalog.ready)
+
     def load(model: ServedModel, metrics) -> StubService:
         loads.append(model.name)
         time.sleep(specs[model.name].get("load_s", 0.0))
-        if specs[model.name].get("fail") == "load":
+        if broken(model, "load"):
             raise RuntimeError(f"{model.name}: the weights do not fit the config (stub)")
-        return StubService(specs[model.name], settings, metrics, catalog.device_lock)
+        service = StubService(specs[model.name], settings, metrics, catalog.device_lock)
+        alive.add(service)
+        return service
 
     def check(model: ServedModel) -> None:
-        if specs[model.name].get("fail") == "check":
+        if broken(model, "check"):
             raise ValueError(f"{model.name}/model.safetensors is not a whole safetensors file (stub)")
 
     try:
@@ -79,9 +91,15 @@ def main(port: int, spec: dict) -> None:
         catalog = Catalog(models, settings, load, spec.get("max_loaded"))
     parsers = any(not m.routed for m in models)
 
+    stub = APIRouter()
+
+    @stub.get("/stub/alive")
+    async def still_alive() -> list[str]:
+        return sorted(service.model_dir for service in alive)
+
     def routers(catalog_, run, check_key):
         out = translation_routers(catalog_, run, check_key) if catalog_.translators else []
-        return [*out, *(parsing_routers(catalog_, run, check_key) if parsers else [])]
+        return [*out, *(parsing_routers(catalog_, run, check_key) if parsers else []), stub]
 
     preload = [m for m in models if m.name in spec.get("preload", [])]
     threading.current_thread().name = "stub-serve"

@@ -238,3 +238,80 @@ def test_waiting_for_a_load_counts_in_the_queue_and_one_client_has_half_of_it():
         third.join()
         assert full.status_code == 429 and "--max_queue_lines" in full.json()["error"]  # 5 waiting + 6 > 10
         assert held["result"].status_code == 200
+
+
+# What an attacker found in the first version of the turns, each a test that failed then.
+def test_one_cold_model_closes_one_model_however_often_it_is_asked_for():
+    models = [{**A, "unload_s": 2}, {**B, "unload_s": 2}, C]
+    with Stub(models, max_loaded=2, preload=["en-de", "de-en"]) as stub:
+        first, out = in_thread(lambda: stub.translate("one", "en", "fr"))
+        time.sleep(0.3)
+        second = stub.translate("two", "en", "fr")  # while en-de unloads
+        first.join()
+        assert second.status_code == 200 and out["result"].status_code == 200
+        states = {m["model"]: m["state"] for m in stub.health()["models"]}
+        assert states == {"en-de": "unloaded", "de-en": "loaded", "en-fr": "loaded"}
+        assert stub.metric("vaswani_model_unloads_total") == 1
+
+
+def test_an_unloaded_model_is_collected_when_it_unloads():
+    with Stub([A, C], max_loaded=1, preload=["en-de"]) as stub:
+        assert stub.translate("hello", "en", "fr").status_code == 200
+        assert httpx.get(f"{stub.url}/stub/alive").json() == ["en-fr"]  # en-de's service is gone, not waiting for gc
+
+
+def test_health_is_503_failed_when_no_model_can_serve():
+    with Stub([{**A, "fail": "check"}], ready=False) as stub:
+        deadline = time.time() + 30
+        while (health := httpx.get(f"{stub.url}/health", timeout=5)).json()["status"] == "loading":
+            assert time.time() < deadline
+            time.sleep(0.05)
+        assert health.status_code == 503 and health.json()["status"] == "failed"
+
+
+def test_the_queue_bound_holds_across_models_and_a_client_that_hangs_up_gives_up_its_place():
+    settings = {"max_queue_lines": 10, "max_batch_tokens": 1, "request_timeout": 30}
+    models = [{**A, "batch_s": 1}, {**C, "load_s": 3}]
+    with Stub(models, max_loaded=2, preload=["en-de"], settings=settings) as stub:
+        other = httpx.Client(transport=httpx.HTTPTransport(local_address="127.0.0.2"), timeout=30)
+        waiting, _ = in_thread(lambda: stub.translate("\n".join(["w"] * 6), "en", "fr"))  # waits for en-fr
+        time.sleep(0.5)
+        full = other.post(f"{stub.url}/translate", json={"q": "\n".join(["x"] * 5), "source": "en", "target": "de"})
+        assert full.status_code == 429 and "--max_queue_lines" in full.json()["error"]  # 6 waiting + 5 > 10
+        waiting.join()
+    with Stub([A, {**C, "load_s": 4}], max_loaded=1, preload=["en-de"], settings=settings) as stub:
+        with socket.create_connection(("127.0.0.1", stub.port)) as gone:  # asks for en-fr, then hangs up
+            body = json.dumps({"q": "\n".join(["g"] * 8), "source": "en", "target": "fr"}).encode()
+            gone.sendall(b"POST /translate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                         b"Content-Length: %d\r\n\r\n%s" % (len(body), body))  # fmt: skip
+            time.sleep(0.5)
+        time.sleep(0.5)
+        assert stub.health()["queue"] == 0  # its 8 lines no longer count against the others
+        assert stub.translate("\n".join(["h"] * 8), "en", "de").status_code == 200
+
+
+def test_a_folder_broken_after_the_start_evicts_nothing():
+    with Stub([A, {**C, "fail": "later"}], max_loaded=1, preload=["en-de"]) as stub:
+        broken = stub.translate("hello", "en", "fr")
+        assert broken.status_code == 503 and "not a whole safetensors file" in broken.json()["error"]
+        assert stub.metric("vaswani_model_unloads_total") == 0 and stub.health()["models"][0]["state"] == "loaded"
+
+
+def test_pipelined_requests_cannot_keep_a_connection_past_the_header_timeout():
+    with Stub([A], settings={"header_timeout": 1}) as stub:
+        with socket.create_connection(("127.0.0.1", stub.port)) as held:
+            held.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\nGET /health HTTP/1.1\r\nX-Slow: ")
+            held.settimeout(5)
+            assert held.recv(65536).startswith(b"HTTP/1.1 200")
+            start = time.monotonic()
+            closed = False
+            while time.monotonic() - start < 4 and not closed:
+                try:
+                    held.sendall(b"a")
+                    closed = held.recv(1, socket.MSG_DONTWAIT) == b""
+                except BlockingIOError:
+                    pass
+                except OSError:
+                    closed = True
+                time.sleep(0.2)
+            assert closed and time.monotonic() - start < 3

@@ -461,7 +461,11 @@ def serve_command(argv: list[str]) -> int:
                         help="seconds a connection may take to send a request's headers (slow clients cut off)"
                         )  # fmt: skip
     parser.add_argument("--body_timeout", type=float, default=defaults.body_timeout,
-                        help="seconds a request may take to send its body (408 past it)")  # fmt: skip
+                        help="seconds a request's body may pause between two chunks, and 6 times this in all (408 "
+                        "past it)")  # fmt: skip
+    parser.add_argument("--forwarded_allow_ips", default=None, metavar="IPS",
+                        help="behind a proxy: the proxies (comma-separated addresses, or *) whose X-Forwarded-For "
+                        "names the client, for --max_client_lines (uvicorn's; default: 127.0.0.1)")  # fmt: skip
     parser.add_argument("--open_metrics", action="store_true",
                         help="with --api_keys, serve /metrics without a key too (a scraper inside your "
                         "network)")  # fmt: skip

@@ -143,7 +143,6 @@ class LoadFailure:
     cause: str
     attempts: int
     retry_at: float  # time.monotonic()
-    checked: bool = False  # its files read again after the backoff: it loads in its turn
 
     @property
     def retry_in(self) -> int:
@@ -168,6 +167,7 @@ class Turn:
 
     def __init__(self) -> None:
         self.waiters: list[tuple[asyncio.Future, int]] = []  # (admitted or failed, the request's lines)
+        self.checked = False  # the model's files read in this turn: it may load (and a model be closed for it)
 
     @property
     def lines(self) -> int:
@@ -315,27 +315,36 @@ class Catalog:
         self.failed[model] = LoadFailure(cause, attempts, time.monotonic() + min(300.0, 5.0 * 2 ** (attempts - 1)))
         self.metrics.load_failures.inc()
 
-    async def service(self, model: ServedModel, deadline: float, lines: int = 0) -> Service:
+    async def service(self, model: ServedModel, deadline: float, lines: int = 0, left=None) -> Service:
         """The model's service, marked in use until `release`: at once where it is in memory and open, else after
         waiting in line for its turn (see the class's docstring). Raises ModelLoading past `deadline`
         (time.monotonic()), ModelFailed where the model failed to load (until its backoff ends), Overloaded where
-        the `lines` would take the lines waiting past --max_queue_lines."""
+        the `lines` would take the lines waiting, the server's (for a batch or for a model), past --max_queue_lines;
+        ConnectionAbortedError as soon as `left()` (awaited beside the wait) says the client has gone: its place in
+        line is given up, so a client that hangs up holds no queue and makes no model load."""
         failure = self.failed.get(model)
         if failure is not None and model not in self.turns and failure.retry_at > time.monotonic():
             raise ModelFailed(model, failure)
-        if model in self.loaded and model not in self.closing and model not in self.turns:
-            return self._admit(model)
         if lines and self.depth + lines > self.settings.max_queue_lines:
             self.metrics.shed.inc()
             self.metrics.shed_lines.inc(lines)
-            raise Overloaded(self.depth, max(1, min(60, math.ceil(self.load_seconds))))
+            service = self.loaded.get(model)
+            raise Overloaded(self.depth, service.retry_after() if service else max(1, min(60, math.ceil(
+                self.load_seconds))))  # fmt: skip
+        if model in self.loaded and model not in self.closing and model not in self.turns:
+            return self._admit(model)
         turn = self.turns.setdefault(model, Turn())
         admitted = asyncio.get_running_loop().create_future()
         turn.waiters.append((admitted, lines))
         self._schedule()
-        left = deadline - time.monotonic()
+        wait = deadline - time.monotonic()
+        watcher = asyncio.ensure_future(left()) if left is not None else None
         try:
-            await asyncio.wait_for(asyncio.shield(admitted), None if math.isinf(left) else max(left, 0))
+            await asyncio.wait({admitted, *([watcher] if watcher else [])}, timeout=None if math.isinf(wait)
+                               else max(wait, 0), return_when=asyncio.FIRST_COMPLETED)  # fmt: skip
+            if not admitted.done():
+                raise ConnectionAbortedError if watcher is not None and watcher.done() else TimeoutError
+            admitted.result()  # ModelFailed where the load failed
         except BaseException as err:
             if admitted.done() and not admitted.cancelled() and admitted.exception() is None:
                 self.release(model)  # admitted as the wait ended: the use is given back
@@ -344,6 +353,9 @@ class Catalog:
             if isinstance(err, TimeoutError):
                 raise ModelLoading(model, max(1, min(60, math.ceil(self.load_seconds)))) from None
             raise
+        finally:
+            if watcher is not None:
+                watcher.cancel()
         return self.loaded[model]
 
     def _admit(self, model: ServedModel) -> Service:
@@ -381,18 +393,19 @@ class Catalog:
             if model in self.loading or model in self.checking or model in self.unloading or model in self.loaded:
                 continue  # under way, or closed for an earlier turn: its own comes after that one's
             failure = self.failed.get(model)
-            if failure is not None:
-                if failure.retry_at > time.monotonic():
-                    del self.turns[model]
-                    for admitted, _ in turn.waiters:
-                        admitted.set_exception(ModelFailed(model, failure))
-                    continue
-                if self.check is not None and not failure.checked:  # its files first, before any model is closed
-                    self._start(self.checking, model, lambda m=model: self.check(m), self._checked)
-                    continue
+            if failure is not None and failure.retry_at > time.monotonic():
+                del self.turns[model]
+                for admitted, _ in turn.waiters:
+                    admitted.set_exception(ModelFailed(model, failure))
+                continue
+            if self.check is not None and not turn.checked:  # its files read first, before any model is closed
+                self._start(self.checking, model, lambda m=model: self.check(m), self._checked)
+                continue
             if self._room():
                 self._start(self.loading, model, lambda m=model: self._load_now(m), self._finish_load)
                 continue
+            if self.unloading:
+                break  # a slot is on its way (for this turn): one model closed a turn, not one a call
             victim = self._victim(before=model)
             if victim is not None:
                 self.closing.add(victim)
@@ -431,20 +444,22 @@ class Catalog:
         self.checking.pop(model, None)
         if done.exception() is not None:
             self._failed(model, done.exception())
-        else:
-            self.failed[model].checked = True
+        elif model in self.turns:
+            self.turns[model].checked = True
         self._schedule()
 
     def _start_unload(self, model: ServedModel) -> None:
         """Unload in a thread of its own: its worker stopped (waiting for a batch under way: the slot stays
         taken until the memory is free, so --max_loaded holds), the memory given back."""
-        service = self.loaded.pop(model)
+        held = [self.loaded.pop(model)]  # the only reference: dropped before the memory is collected
         self.closing.discard(model)
         self.metrics.loaded_models.set(len(self.loaded))
 
         def unload() -> None:
+            service = held.pop()
             service.batcher.stop(timeout=None)
-            release_memory()
+            del service
+            release_memory()  # the service and its batcher refer to each other: gc.collect() frees them here
 
         self._start(self.unloading, model, unload, self._finish_unload)
 
@@ -494,7 +509,7 @@ class Catalog:
         return await self._decode_with(self.parser_model(), lines, options, left, deadline)
 
     async def _decode_with(self, model: ServedModel, lines: list[str], options: dict, left, deadline: float):
-        service = await self.service(model, deadline, len(lines))
+        service = await self.service(model, deadline, len(lines), left)
         try:
             return await service.decode(lines, options, left)
         finally:

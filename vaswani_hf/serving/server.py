@@ -55,6 +55,7 @@ def serve(catalog: Catalog, host: str, port: int, routers: Routers | None = None
     settings = catalog.settings
     config = uvicorn.Config(create_app(catalog, routers), host=host, port=port, log_level="warning",
                             http=header_timeout_protocol(settings.header_timeout),
+                            forwarded_allow_ips=settings.forwarded_allow_ips,
                             limit_concurrency=settings.max_connections,
                             timeout_graceful_shutdown=CLOSE_SECONDS)  # fmt: skip
     DrainingServer(config, catalog, preload or [], on_ready).run()
@@ -100,9 +101,8 @@ def header_timeout_protocol(seconds: float) -> type:
             self._disarm()
             super().on_headers_complete()
 
-        def on_response_complete(self) -> None:
-            super().on_response_complete()
-            self._disarm()  # an idle keep-alive connection is uvicorn's to close (timeout_keep_alive)
+        # not disarmed when a response completes: a pipelined request's headers may be under way (an idle
+        # keep-alive connection has no timer armed here, and is uvicorn's to close: timeout_keep_alive)
 
     return HeaderTimeoutProtocol
 

@@ -78,7 +78,8 @@ class Settings:
     max_client_lines: int = 0  # lines one client may have in flight (0: half the queue, at least one request's)
     max_connections: int = 1000  # connections and requests at once (uvicorn's limit_concurrency: 503 past it)
     header_timeout: float = 10.0  # seconds a connection may take to send a request's headers
-    body_timeout: float = 30.0  # seconds a request may take to send its body
+    body_timeout: float = 10.0  # seconds a body may pause between two chunks (and 6 times this in all)
+    forwarded_allow_ips: str | None = None  # proxies whose X-Forwarded-For names the client (uvicorn's; None: its own)
     max_beam: int = 16
     max_nbest: int = 8
     open_metrics: bool = False  # /metrics without a key even when --api_keys is given
