@@ -1,9 +1,9 @@
 """Each client's share of the queue: a client (its address: behind a proxy, the address uvicorn reads from
-X-Forwarded-For, which it trusts from the proxies --forwarded_allow_ips names) may have at most --max_client_lines lines in flight
-(waiting for a batch, in one, or waiting for their model to load), half the queue by default (and at least one
-request's --max_lines). Past it, 429 with
-Retry-After: one client sending as fast as it can fills its share, and the others still find room in the queue
-(LibreTranslate limits a client by its address where it sends no key, too)."""
+X-Forwarded-For, which it trusts from the proxies --forwarded_allow_ips names) may have at most --max_client_lines
+lines in flight (waiting for a batch, in one, or waiting for their model to load), half the queue by default (and at
+least one request's --max_lines). Past it, 429 with Retry-After: one client sending as fast as it can fills its
+share, and the others still find room in the queue (LibreTranslate limits a client by its address where it sends no
+key, too)."""
 
 from __future__ import annotations
 
