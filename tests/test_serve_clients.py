@@ -156,10 +156,14 @@ def test_searxng_asks_for_three_alternatives_in_json(server, expected):
 
 
 def test_source_auto_refuses_text_the_identifier_is_sure_is_another_language(server, expected):
-    refused = server.post("/translate", json={"q": GERMAN, "source": "auto", "target": "de"})
+    french = "Un homme en chemise bleue se tient sur une échelle et nettoie les fenêtres de la maison."
+    refused = server.post("/translate", json={"q": french, "source": "auto", "target": "de"})
     assert refused.status_code == 400
-    assert re.match(r"Invalid request: the text is German \(de, confidence (9\d|100)(\.\d)?\), but this server "
+    assert re.match(r"Invalid request: the text is French \(fr, confidence (9\d|100)(\.\d)?\), but this server "
                     r"translates English \(en\) to German \(de\)$", refused.json()["error"])  # fmt: skip
+    # text already in the target comes back as it is (LibreTranslate's answer when source == target)
+    same = server.post("/translate", json={"q": GERMAN, "source": "auto", "target": "de"}).json()
+    assert same["translatedText"] == GERMAN and same["detectedLanguage"]["language"] == "de"
     short = server.post("/translate", json={"q": "Hallo", "source": "auto", "target": "de"})
     assert short.status_code == 200  # too short to be sure: translated
     detected = server.post("/detect", json={"q": GERMAN}).json()
