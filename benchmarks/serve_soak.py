@@ -52,7 +52,7 @@ def folders(model: Path, root: Path) -> list[Path]:
     return out
 
 
-async def soak(url: str, clients: int, seconds: float, hang_up: float, seed: int) -> dict:
+async def soak(url: str, clients: int, seconds: float, hang_up: float, seed: int, pairs: list) -> dict:
     """Closed-loop clients on random pairs; a share `hang_up` of requests abandoned after a random 0-0.5 s."""
     rng = random.Random(seed)
     outcome: dict = defaultdict(Counter)
@@ -62,7 +62,7 @@ async def soak(url: str, clients: int, seconds: float, hang_up: float, seed: int
     async def client(index: int) -> None:
         async with httpx.AsyncClient(timeout=120) as http:
             while time.monotonic() < stop:
-                pair = rng.choice(PAIRS)
+                pair = rng.choice(pairs)
                 lines = "\n".join(rng.sample(LINES, rng.randint(1, 4)))
                 body = {"q": lines, "source": pair[0], "target": pair[1]}
                 start = time.monotonic()
@@ -107,10 +107,14 @@ def main() -> None:
     parser.add_argument("--max_loaded", type=int, default=2)
     parser.add_argument("--hang_up", type=float, default=0.05, help="share of requests abandoned mid-way")
     parser.add_argument("--plot", type=Path, default=Path("benchmarks/results/serve_soak_rss.png"))
+    parser.add_argument("--single", action="store_true", help="one model (en->de) alone, no --max_loaded: the leak "
+                        "question without the turns")  # fmt: skip
     args = parser.parse_args()
+    pairs = [("en", "de")] if args.single else PAIRS
     with tempfile.TemporaryDirectory() as tmp:
         served = folders(args.model_dir, Path(tmp))
-        server = Server(served, "--max_loaded", str(args.max_loaded), "--request_timeout", "60")
+        loaded = [] if args.single else ["--max_loaded", str(args.max_loaded)]
+        server = Server(served[:1] if args.single else served, *loaded, "--request_timeout", "60")
         rss: list[tuple[float, float]] = []
         begun = time.monotonic()
 
@@ -121,8 +125,8 @@ def main() -> None:
                     await asyncio.sleep(1)
 
             sampler = asyncio.create_task(sample())
-            await soak(server.url, args.clients, args.warmup, args.hang_up, seed=1)
-            result = await soak(server.url, args.clients, args.seconds, args.hang_up, seed=2)
+            await soak(server.url, args.clients, args.warmup, args.hang_up, 1, pairs)
+            result = await soak(server.url, args.clients, args.seconds, args.hang_up, 2, pairs)
             sampler.cancel()
             return result
 
@@ -134,11 +138,12 @@ def main() -> None:
     first, last = measured[0][1], measured[-1][1]
     half = len(measured) // 2
     early, late = (sum(mb for _, mb in part) / len(part) for part in (measured[:half], measured[half:]))
-    print(f"CPU: {cpu()}; {args.clients} clients, {len(PAIRS)} pairs over 5 models (one broken), --max_loaded "
-          f"{args.max_loaded}, {args.seconds:.0f} s after {args.warmup:.0f} s of warm-up, {args.hang_up:.0%} of "
-          "requests abandoned mid-way\n")  # fmt: skip
+    setup = ("one model (en->de), all loaded" if args.single
+             else f"{len(PAIRS)} pairs over 5 models (one broken), --max_loaded {args.max_loaded}")  # fmt: skip
+    print(f"CPU: {cpu()}; {args.clients} clients, {setup}, {args.seconds:.0f} s after {args.warmup:.0f} s of "
+          f"warm-up, {args.hang_up:.0%} of requests abandoned mid-way\n")  # fmt: skip
     print("| pair | served | refused | hung up | lost | p50 ms | p99 ms |\n|---|---|---|---|---|---|---|")
-    for pair in PAIRS:
+    for pair in pairs:
         counts, times = result["outcome"][pair], result["latency"][pair]
         refused = ", ".join(f"{k[9:]} {v}" for k, v in counts.items() if k.startswith("refused")) or "0"
         lost = sum(v for k, v in counts.items() if k.startswith("lost"))
@@ -167,7 +172,7 @@ def main() -> None:
     axes.set_xlabel("seconds")
     axes.set_ylabel("RSS, MB")
     axes.set_ylim(bottom=0)
-    axes.set_title(f"vaswani serve soak: {args.clients} clients, 5 models, --max_loaded {args.max_loaded}")
+    axes.set_title(f"vaswani serve soak: {args.clients} clients, {setup}")
     axes.legend()
     figure.tight_layout()
     args.plot.parent.mkdir(parents=True, exist_ok=True)

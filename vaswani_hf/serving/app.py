@@ -123,7 +123,7 @@ def create_app(catalog: Catalog | Service, routers: Routers | None = None) -> Fa
         deadline, left = start + settings.request_timeout, lambda: disconnected(request)
         client = request.client.host if request.client else "-"
         try:
-            with shares.hold(client, len(flat), service.metrics.client_shed.inc):
+            with shares.hold(client, model_lines, service.metrics.client_shed.inc):
                 if route is None:
                     done = await service.parse(flat, options, left, deadline)
                 else:
@@ -161,8 +161,9 @@ def create_app(catalog: Catalog | Service, routers: Routers | None = None) -> Fa
     @app.get("/health", summary="ready or not, and what is served")
     async def health() -> JSONResponse:
         failed = [m.name for m in service.models if m in service.failed]
-        state = ("stopping" if service.draining else "loading" if not service.ready
-                 else "degraded" if failed else "ready")  # fmt: skip
+        # failed: no model can serve (503, so that a load balancer sends the traffic elsewhere); degraded: some
+        state = ("stopping" if service.draining else "loading" if not service.ready else "failed"
+                 if len(failed) == len(service.models) else "degraded" if failed else "ready")  # fmt: skip
         first = service.models[0]
         body = {
             "status": state,

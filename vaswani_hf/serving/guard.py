@@ -176,13 +176,17 @@ class RequestGuard:
         body, more = b"", True
         if not declared.isdigit() or int(declared) <= limit:
             chunks, size = [], 0
-            body_deadline = time.monotonic() + service.settings.body_timeout
+            pause = service.settings.body_timeout
+            body_deadline = time.monotonic() + 6 * pause
             while more:
-                try:  # a client trickling its body (slowloris) holds a connection: bounded in time
-                    message = await asyncio.wait_for(receive(), max(0.0, body_deadline - time.monotonic()))
+                # a client trickling its body (slowloris) holds a connection: each chunk within --body_timeout of
+                # the last, the whole body within 6 times it (a slow but steady upload passes)
+                try:
+                    message = await asyncio.wait_for(receive(), max(0.0, min(pause, body_deadline - time.monotonic())))
                 except TimeoutError:
                     metrics.errors.labels(kind="slow_body").inc()
-                    message = f"the body took over {service.settings.body_timeout:g} s to arrive (--body_timeout)"
+                    message = (f"the body paused over {pause:g} s, or took over {6 * pause:g} s in all "
+                               "(--body_timeout): send it at once")  # fmt: skip
                     return await send_error(send, 408, message, {"Connection": "close"})
                 if message["type"] != "http.request":
                     return  # the client left before its body was read
@@ -210,8 +214,12 @@ class RequestGuard:
 
         start = time.monotonic()
 
+        started = False
+
         async def timed(message: dict) -> None:
+            nonlocal started
             if message["type"] == "http.response.start":
+                started = True
                 timing = f"app;dur={(time.monotonic() - start) * 1000:.1f}".encode()
                 message = {**message, "headers": [*message.get("headers", []), (b"server-timing", timing)]}
             await send(message)
@@ -219,5 +227,13 @@ class RequestGuard:
         service.in_flight += 1
         try:
             await self.app(scope, replay, timed)
+        except asyncio.CancelledError:
+            # the stop's drain ended before this request did (uvicorn cancels it): a JSON 503 a client can retry
+            # elsewhere, where it would get a plain-text 500
+            if not started:
+                metrics.requests.labels(api=api_of(path), status="503").inc()
+                await send_error(send, 503, "the server stopped before answering: send the request to another one",
+                                 {"Retry-After": "5"})  # fmt: skip
+            raise
         finally:
             service.in_flight -= 1
