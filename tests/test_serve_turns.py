@@ -174,11 +174,16 @@ def test_sigterm_stops_within_the_drain_bound_whatever_is_running(busy):
             else {"models": [{**A, "load_s": 60}], "ready": False, "preload": ["en-de"]})  # fmt: skip
     with Stub(**spec, settings={"drain_seconds": 2}) as stub:
         if busy == "a request in flight":
-            in_thread(lambda: stub.translate("hello", "en", "de"))
+            thread, out = in_thread(lambda: stub.translate("hello", "en", "de"))
             time.sleep(0.5)
         start = time.monotonic()
         code, _ = stub.stop()
         assert code == 0 and time.monotonic() - start < 2 + 3 + 1.5
+        if busy == "a request in flight":  # cut off by the stop: told so, in JSON, and where to go
+            thread.join()
+            cut = out["result"]
+            assert cut.status_code == 503 and "stopped before answering" in cut.json()["error"]
+            assert cut.headers["retry-after"] == "5"
 
 
 def test_a_second_signal_exits_at_once():
@@ -211,6 +216,15 @@ def test_slow_clients_are_cut_off_and_connections_bounded():
             body.settimeout(5)
             answer = body.recv(4096)
             assert answer.startswith(b"HTTP/1.1 408") and b"--body_timeout" in answer
+        with socket.create_connection(("127.0.0.1", stub.port)) as steady:  # slow but steady: 3 s, a chunk a 0.5 s
+            sent = json.dumps({"q": "steady", "source": "en", "target": "de"}).encode()
+            steady.sendall(b"POST /translate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                           b"Content-Length: %d\r\n\r\n" % len(sent))  # fmt: skip
+            for at in range(0, len(sent), len(sent) // 6 + 1):
+                steady.sendall(sent[at : at + len(sent) // 6 + 1])
+                time.sleep(0.5)
+            steady.settimeout(10)
+            assert steady.recv(4096).startswith(b"HTTP/1.1 200")
         time.sleep(0.5)  # the connections above closed on the server's side too
         threads = [in_thread(lambda: stub.translate("hello", "en", "de")) for _ in range(3)]  # its own is the 4th
         time.sleep(0.5)
