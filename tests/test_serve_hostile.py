@@ -73,7 +73,8 @@ def refused(answer: httpx.Response, status: int, *words: str) -> None:
 # --- defect 1: HTML parsed in linear time, off the event loop, after the characters are counted ------------------
 
 SHAPES = {
-    "unclosed tags": "x" + "<a " * (MEGABYTE // 3),
+    # after white space, not a word: no text for the model, whose decoding (seconds on a busy machine) is not timed
+    "unclosed tags": "\n" + "<a " * (MEGABYTE // 3),
     "unclosed comment": "<!--" + "x" * MEGABYTE,
     "nested marked sections": "<![" * (MEGABYTE // 3),
     "bare <": "<" * MEGABYTE,  # one text node of a million characters: a line the model reads the first 1024 tokens of
@@ -87,6 +88,9 @@ SHAPES = {
 def test_the_markup_tokenizer_is_linear_and_keeps_markup_byte_for_byte():
     from vaswani_hf.serving.markup import Document
 
+    start = time.monotonic()
+    assert Document("x" + "<a " * (MEGABYTE // 3)).texts() == ["x"]  # the report's shape: 25 KB took 6 s
+    assert time.monotonic() - start < slack()
     for shape, markup in SHAPES.items():
         start = time.monotonic()
         document = Document(markup)
@@ -262,7 +266,6 @@ def test_sentences_over_max_lines_or_the_queue_are_refused_for_good_not_told_to_
                    server.post("/v1/translate", json={"texts": [lines]})):  # fmt: skip
         assert answer.status_code in (400, 413) and "Retry-After" not in answer.headers, answer.text
         refused(answer, answer.status_code, "45 lines for the model", "--max_queue_lines", "cannot help")
-    assert server.post("/translate", json={"q": LINES[0], "source": "en", "target": "de"}).status_code == 200
 
 
 def test_a_route_through_a_pivot_counts_its_lines_twice_against_the_queue(service, model, monkeypatch):
