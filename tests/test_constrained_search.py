@@ -183,3 +183,98 @@ def test_constrained_results_carry_per_step_scores_that_add_up_to_their_scores()
 
 def contains(sequence: list[int], phrase: list[int]) -> bool:
     return any(sequence[i : i + len(phrase)] == phrase for i in range(len(sequence) - len(phrase) + 1))
+
+
+@st.composite
+def overlapping_searches(draw):
+    """Phrases over three tokens (shared first tokens, phrases inside phrases, a phrase overlapping itself), outputs
+    that can only use those tokens and EOS, and word starts drawn among them, never EOS."""
+    vocab = 16
+    config = VaswaniConfig.tiny(vocab_size=vocab, d_model=8, encoder_attention_heads=1, decoder_attention_heads=1,
+                                encoder_ffn_dim=16, decoder_ffn_dim=16, encoder_layers=1, decoder_layers=1,
+                                output_bias=True)  # fmt: skip
+    torch.manual_seed(draw(st.integers(0, 2**16)))
+    model = VaswaniForConditionalGeneration(config).eval()
+    with torch.no_grad():
+        model.final_logits_bias[EOS] = draw(st.floats(0.0, 2.0))
+    alphabet = [5, 6, 7]
+    batch = draw(st.integers(1, 3))
+    sources = [draw(st.lists(st.integers(4, vocab - 1), min_size=1, max_size=5)) for _ in range(batch)]
+    phrase = st.lists(st.sampled_from(alphabet), min_size=1, max_size=3)
+    phrases = [draw(st.lists(phrase, min_size=1, max_size=3)) for _ in range(batch)]
+    beams = draw(st.integers(2, 6))
+    kwargs = dict(num_beams=beams, num_return_sequences=draw(st.integers(1, beams)),
+                  length_penalty=draw(st.sampled_from([0.0, 0.6, 1.0])), length_penalty_type="gnmt",
+                  early_stopping=draw(st.sampled_from([True, False, "never"])),
+                  max_length_offset=draw(st.integers(2, 6)),
+                  force_words=phrases, return_dict_in_generate=True, output_sequence_scores=True,
+                  logits_processor=LogitsProcessorList([PossibleColumns([EOS, *alphabet, 8], vocab)]))  # fmt: skip
+    if draw(st.booleans()):
+        kwargs["word_start_ids"] = draw(st.lists(st.sampled_from([*alphabet, 8]), unique=True, max_size=3))
+    if draw(st.booleans()):
+        kwargs["target_prefix"] = [draw(st.lists(st.sampled_from(alphabet), max_size=2)) for _ in range(batch)]
+    return model, sources, kwargs
+
+
+@given(case=overlapping_searches())
+@settings(max_examples=12, deadline=None, suppress_health_check=FAST_TIER.suppress_health_check)
+def test_overlapping_phrases_and_word_ends_follow_the_reference(case, monkeypatch):
+    holds_to_the_reference(case, monkeypatch)
+
+
+@given(case=overlapping_searches())
+@SECOND_TIER
+def test_overlapping_phrases_and_word_ends_follow_the_reference_deeper(case, monkeypatch):
+    holds_to_the_reference(case, monkeypatch)
+
+
+def states_after(phrases, tokens, boundaries=None):
+    spec = LexicalConstraints((tuple(map(tuple, phrases)),), boundaries)
+    banks = spec.banks(1, 16, torch.tensor([EOS]), torch.device("cpu"))
+    state = banks.met, banks.phrase, banks.matched
+    for token in tokens:
+        state = banks._advance(*state, torch.tensor([[token]]))
+    return banks, state
+
+
+def test_phrases_sharing_a_first_token_are_each_followed():
+    """`5 7` meets [5, 7] though [5, 6] also begins with 5; then `5 6` meets the other."""
+    banks, (met, _, _) = states_after([[5, 6], [5, 7]], [5, 7])
+    assert met[0, 0].tolist() == [False, True]
+    banks, (met, _, _) = states_after([[5, 6], [5, 7]], [5, 7, 5, 6])
+    assert met[0, 0].tolist() == [True, True]
+    banks, (met, _, _) = states_after([[5, 6], [6, 7]], [5, 6, 7])  # a phrase that begins where one ends
+    assert met[0, 0].tolist() == [True, True]
+
+
+def test_a_phrase_overlapping_itself_is_found():
+    banks, (met, _, _) = states_after([[5, 5, 6]], [5, 5, 5, 6])
+    assert met[0, 0].tolist() == [True]
+    banks, (met, _, _) = states_after([[5, 6, 5, 7]], [5, 6, 5, 6, 5, 7])
+    assert met[0, 0].tolist() == [True]
+
+
+def test_a_met_phrase_is_not_forced_again():
+    """With [5, 7] already in the prefix, the search forces [5, 6] alone: `5 7` appears once."""
+    torch.manual_seed(0)
+    model = VaswaniForConditionalGeneration(VaswaniConfig.tiny(vocab_size=40)).eval()
+    out = model.generate(input_ids=torch.tensor([[9, 10, 11, EOS]]), force_words=[[[5, 6], [5, 7]]],
+                         target_prefix=[[5, 7]], num_beams=4, max_length_offset=6)  # fmt: skip
+    tokens = out[0].tolist()
+    assert contains(tokens, [5, 6]) and sum(tokens[i : i + 2] == [5, 7] for i in range(len(tokens))) == 1
+
+
+def test_eos_ends_the_word_of_a_phrase_when_the_word_starts_omit_it():
+    """A direct generate() call whose `word_start_ids` leave out EOS: `5 </s>` meets [5] (the output ends, so does
+    its last word), and, far the likeliest, is the best hypothesis, before `5 9 </s>` (9 begins a word)."""
+    torch.manual_seed(0)
+    model = VaswaniForConditionalGeneration(VaswaniConfig.tiny(vocab_size=40, output_bias=True)).eval()
+    with torch.no_grad():
+        model.final_logits_bias[EOS], model.final_logits_bias[9] = 12.0, 9.0
+    out = model.generate(input_ids=torch.tensor([[9, 10, 11, EOS]]), force_words=[[[5]]], target_prefix=[[5]],
+                         word_start_ids=[9, 12], num_beams=3, num_return_sequences=3, max_length_offset=4,
+                         return_dict_in_generate=True, output_sequence_scores=True)  # fmt: skip
+    assert out.sequences[0, 1:3].tolist() == [5, EOS]
+    assert out.sequences_scores[0] == out.sequences_scores.max()
+    banks, state = states_after([[5]], [5], boundaries=frozenset({9}))
+    assert bool(banks._done(*banks._advance(*state, torch.tensor([[EOS]]), torch.tensor([[True]]))))

@@ -18,63 +18,64 @@ class PhraseConstraints:
     """Lexical constraints of one sentence (Hokamp & Liu, 2017; Post & Vilar, 2018): token phrases that must all
     appear in its output. Immutable: `advance` gives the state after one more output token.
 
-    A phrase counts wherever it appears, whether forced or chosen by the model; a phrase under way that the next
-    token breaks starts over (its matched tokens count again only when matched again). With `boundaries` (the ids
-    of the tokens that begin a word), a phrase counts only where a word ends after it: "sieben" is not met by the
-    first piece of "siebenundzwanzig".
+    A phrase counts wherever it appears, whether forced or chosen by the model. Every phrase is followed on its own,
+    as fairseq's constraint trie follows its constraints: for each, the set of its prefix lengths the output ends
+    with (a nondeterministic automaton), so phrases sharing first tokens and a phrase overlapping itself are
+    found. With `boundaries` (the ids of the tokens that begin a word), a phrase counts only where a word ends after
+    it: "sieben" is not met by the first piece of "siebenundzwanzig"; the end of the output (`advance(..., ends=True)`)
+    ends a word too.
     """
 
-    __slots__ = ("boundaries", "met", "phrases", "progress")
+    __slots__ = ("boundaries", "met", "partial", "phrases")
 
     def __init__(self, phrases: tuple[tuple[int, ...], ...], met: tuple[bool, ...] | None = None,
-                 progress: tuple[int, int] | None = None, boundaries: frozenset[int] | None = None):  # fmt: skip
+                 partial: tuple[frozenset[int], ...] | None = None,
+                 boundaries: frozenset[int] | None = None):  # fmt: skip
         self.phrases = phrases
         self.met = met if met is not None else (False,) * len(phrases)
-        self.progress = progress  # (phrase, tokens of it matched) of the phrase under way
+        self.partial = partial if partial is not None else (frozenset(),) * len(phrases)  # prefix lengths matched
         self.boundaries = boundaries
+
+    def _progress(self, j: int) -> int:
+        return 0 if self.met[j] else max(self.partial[j], default=0)
+
+    @property
+    def progress(self) -> tuple[int, int] | None:
+        """(phrase, tokens matched) of the most advanced unmet phrase (the first of equals), None if none began."""
+        best = max(range(len(self.phrases)), key=lambda j: (self._progress(j), -j), default=None)
+        return None if best is None or self._progress(best) == 0 else (best, self._progress(best))
 
     @property
     def done(self) -> bool:
-        """Every phrase is in place (one may still wait for its word to end: EOS ends it)."""
-        unmet = self.met.count(False)
-        return unmet == 0 or (unmet == 1 and self._complete())
-
-    def _complete(self) -> bool:
-        return self.progress is not None and self.progress[1] == len(self.phrases[self.progress[0]])
+        """Every phrase is in place (complete ones may still wait for their word to end: EOS ends them)."""
+        return all(met or self._progress(j) == len(self.phrases[j]) for j, met in enumerate(self.met))
 
     @property
     def tokens_met(self) -> int:
-        """The bank of Post & Vilar's dynamic beam allocation: constraint tokens in place so far."""
+        """The bank of Post & Vilar's dynamic beam allocation: constraint tokens in place so far (the met phrases',
+        and the most advanced unmet phrase's)."""
         matched = sum(len(phrase) for phrase, met in zip(self.phrases, self.met, strict=True) if met)
         return matched + (self.progress[1] if self.progress is not None else 0)
 
     def next_tokens(self) -> set[int]:
-        """The tokens that would make progress: the next of the phrase under way, else the first of each unmet
-        (none while a complete phrase waits for its word to end: the model's choice decides)."""
-        if self.progress is not None:
-            phrase, matched = self.progress
-            return set() if self._complete() else {self.phrases[phrase][matched]}
-        return {phrase[0] for phrase, met in zip(self.phrases, self.met, strict=True) if not met}
+        """The tokens that would make progress: for each unmet phrase not complete, its token after its progress
+        (a complete one waiting for its word to end proposes nothing: the model's choice decides)."""
+        return {phrase[self._progress(j)] for j, phrase in enumerate(self.phrases)
+                if not self.met[j] and self._progress(j) < len(phrase)}  # fmt: skip
 
-    def advance(self, token: int) -> PhraseConstraints:
-        met = self.met
-        if self.progress is not None:
-            phrase, matched = self.progress
-            if self._complete():  # a new word begins: the phrase is met; the word goes on: it was not the phrase
-                if token in self.boundaries:
-                    met = met[:phrase] + (True,) + met[phrase + 1 :]
-            elif self.phrases[phrase][matched] == token:
-                return self._state(met, (phrase, matched + 1))
-        for phrase, (tokens, done) in enumerate(zip(self.phrases, met, strict=True)):
-            if not done and tokens[0] == token:
-                return self._state(met, (phrase, 1))
-        return PhraseConstraints(self.phrases, met, None, self.boundaries)
-
-    def _state(self, met: tuple[bool, ...], progress: tuple[int, int]) -> PhraseConstraints:
-        phrase, matched = progress
-        if matched == len(self.phrases[phrase]) and self.boundaries is None:  # token phrases are met at once
-            return PhraseConstraints(self.phrases, met[:phrase] + (True,) + met[phrase + 1 :])
-        return PhraseConstraints(self.phrases, met, progress, self.boundaries)
+    def advance(self, token: int, ends: bool = False) -> PhraseConstraints:
+        met = list(self.met)
+        if self.boundaries is not None and (token in self.boundaries or ends):  # a word ends: complete ones are met
+            met = [m or self._progress(j) == len(self.phrases[j]) for j, m in enumerate(met)]
+        partial = []
+        for j, phrase in enumerate(self.phrases):
+            grown = frozenset(k + 1 for k in self.partial[j] | {0} if k < len(phrase) and phrase[k] == token)
+            if met[j]:
+                grown = frozenset()
+            elif self.boundaries is None and len(phrase) in grown:  # token phrases are met as soon as complete
+                met[j], grown = True, frozenset()
+            partial.append(grown)
+        return PhraseConstraints(self.phrases, tuple(met), tuple(partial), self.boundaries)
 
 
 @dataclass
@@ -148,8 +149,8 @@ def constrained_beam_search(settings: DecodingSettings, state: DecodingState) ->
             for (parent, token), value in proposals[position].items():
                 score = float(numpy.float32(beam[parent].score) + numpy.float32(value))
                 if score != -math.inf:
-                    hyp = Hypothesis((*beam[parent].tokens, token), score, beam[parent].constraints.advance(token),
-                                     parent, ends=token in eos)  # fmt: skip
+                    after = beam[parent].constraints.advance(token, token in eos)  # EOS ends the last word
+                    hyp = Hypothesis((*beam[parent].tokens, token), score, after, parent, ends=token in eos)
                     banks.setdefault(hyp.constraints.tokens_met, []).append(hyp)
             # Transformers' rule, per bank: an ending is final if it is among the beam's best; the rest go on
             for hyp in allocate(banks, beams):

@@ -96,6 +96,15 @@ class Source:
     lengths: torch.LongTensor  # on the CPU
 
 
+def _ids(value) -> tuple[int, ...] | None:
+    """A token id or a list of them (a generation config allows both) as a tuple, None for none."""
+    if value is None:
+        return None
+    if isinstance(value, torch.Tensor):
+        value = value.tolist()
+    return tuple(int(token) for token in value) if isinstance(value, (list, tuple)) else (int(value),)
+
+
 def cpu_fast_paths(asked: bool | None = None) -> bool:
     """Whether decoding on CPU computes its products through the package's fast products (same tokens and scores):
     `generate(cpu_fast_paths=...)` when given, else the environment's `VASWANI_CPU_FAST_PATHS` (0, false, no or
@@ -158,12 +167,12 @@ class VaswaniGenerationMixin:
         model_kwargs = config.update(**kwargs)
         if inputs is not None:
             model_kwargs.setdefault("input_ids", inputs)
-        source = self._source(model_kwargs)
+        source = self._source(model_kwargs, config)
         lexical = LexicalRequests.check(self.config, config, force_words, force_words_ids, target_prefix,
                                         source.lengths.shape[0], word_start_ids)  # fmt: skip
         use_offset = offset is not None and not explicit_length and config.max_new_tokens is None
         limits = source.lengths + offset if use_offset else None
-        limits = self._fit_position_table(config, limits, model_kwargs.get("decoder_input_ids"))
+        limits = self._fit_position_table(config, limits, model_kwargs.get("decoder_input_ids"), lexical)
 
         if config.guidance_scale is not None and config.guidance_scale != 1:
             raise ValueError(
@@ -214,12 +223,16 @@ class VaswaniGenerationMixin:
                    for name in ("max_length", "max_new_tokens"))  # fmt: skip
 
     def _fit_position_table(
-        self, config: GenerationConfig, limits: torch.Tensor | None, prompt: torch.Tensor | None
+        self,
+        config: GenerationConfig,
+        limits: torch.Tensor | None,
+        prompt: torch.Tensor | None,
+        lexical: LexicalRequests | None = None,
     ) -> torch.Tensor | None:
         """A learned position table (Table 3 row E) ends at `max_position_embeddings`: after a decoder prompt of P
         tokens (the start token, or a `decoder_input_ids` prefix), N new tokens feed P + N - 1 decoder positions.
-        The source + offset limit is cut there (EOS forced); an explicit longer request is an error naming the
-        table, not the input."""
+        The source + offset limit is cut there (EOS forced); an explicit longer request, or a target prefix and
+        phrases that need more tokens, is an error naming the table, not the input, before any decoding."""
         if getattr(self.config, "position_embedding_type", None) != "learned":
             return limits
         positions = self.config.max_position_embeddings
@@ -229,6 +242,13 @@ class VaswaniGenerationMixin:
             raise ValueError(
                 f"generate(): the decoder prefix has {prompt_length} tokens, but this model's learned position table "
                 f"has max_position_embeddings={positions}: shorten `decoder_input_ids` to at most {positions} tokens."
+            )
+        if lexical is not None and lexical.needed is not None and int(lexical.needed.max()) > room:
+            needed = int(lexical.needed.max())
+            raise ValueError(
+                f"generate(): {lexical.asked} of example {int(lexical.needed.argmax())} need {needed} new tokens "
+                f"(with EOS), but this model's learned position table has max_position_embeddings={positions}, room "
+                f"for {room} after a decoder prompt of {prompt_length}: shorten the prefix or the phrases."
             )
         if limits is not None:
             return limits.clamp(max=room)
@@ -273,11 +293,20 @@ class VaswaniGenerationMixin:
             return "no `decoder_start_token_id`"
         return None
 
-    def _source(self, model_kwargs: dict) -> Source:
-        """The encoder output (computed here unless given), its padding mask and each source's length."""
+    def _source(self, model_kwargs: dict, config: GenerationConfig) -> Source:
+        """The encoder output (computed here unless given), its padding mask and each source's length. Without any
+        source the source is `bos_token_id` alone, as Transformers starts (one example, or as many as a tensor
+        argument has rows)."""
         attention_mask = model_kwargs.get("attention_mask")
         input_ids = model_kwargs.get("input_ids")
         encoder_outputs = model_kwargs.get("encoder_outputs")
+        if input_ids is None and encoder_outputs is None and model_kwargs.get("inputs_embeds") is None:
+            bos = config.bos_token_id if config.bos_token_id is not None else self.config.bos_token_id
+            if bos is None:
+                raise ValueError("`bos_token_id` has to be defined when no `input_ids` are provided.")
+            rows = next((v.shape[0] for v in model_kwargs.values() if isinstance(v, torch.Tensor) and v.dim()), 1)
+            input_ids = model_kwargs["input_ids"] = torch.full((rows, 1), int(bos), dtype=torch.long,
+                                                               device=self.device)  # fmt: skip
         pad = self.config.pad_token_id
         if attention_mask is None and input_ids is not None and pad is not None and pad != self.config.eos_token_id:
             if bool((input_ids == pad).any()):  # Transformers infers the mask the same way
@@ -307,6 +336,14 @@ class VaswaniGenerationMixin:
         start = self.config.decoder_start_token_id if start is None else start
         start = start[0] if isinstance(start, (list, tuple)) else start
         max_new = config.max_new_tokens if config.max_new_tokens is not None else config.max_length - 1
+        if config.max_new_tokens is not None and config.max_new_tokens < 1:
+            raise ValueError(f"`max_new_tokens` must be greater than 0, but is {config.max_new_tokens}.")
+        if limits is None and max_new < 1:  # Transformers' own check (the decoder prompt is the start token)
+            raise ValueError(
+                f"Input length of decoder_input_ids is 1, but `max_length` is set to {config.max_length}. This can "
+                "lead to unexpected behavior. You should consider increasing `max_length` or, better yet, setting "
+                "`max_new_tokens`."
+            )
         if limits is not None:
             max_new = int(limits.max())
         batch_limits = limits if limits is not None else torch.full((batch,), max_new, dtype=torch.long)
@@ -319,15 +356,13 @@ class VaswaniGenerationMixin:
             limits=batch_limits,
             min_new_tokens=min_new,
             eos=eos_tensor,
-            forced_eos=config.forced_eos_token_id
-            if not isinstance(config.forced_eos_token_id, list)
-            else config.forced_eos_token_id[0],
+            forced_eos=_ids(config.forced_eos_token_id),  # every id, as Transformers' ForcedEOSTokenLogitsProcessor
             limit_eos=eos[0] if limits is not None and eos else None,
             forced_bos=config.forced_bos_token_id,
             start=start,
             # Transformers' fill values: greedy pads finished rows, beam search uses `pad or eos`
             fill=(pad if pad is not None else eos[0]) if config.num_beams == 1 else ((pad or eos[0]) if eos else -1),
-            length_penalty=config.length_penalty,
+            length_penalty=float(config.length_penalty),  # an int ** a negative int tensor raises
             gnmt=penalty_type == "gnmt",
             early_stopping=config.early_stopping,
             suppress=torch.tensor(config.suppress_tokens, dtype=torch.long) if config.suppress_tokens else None,

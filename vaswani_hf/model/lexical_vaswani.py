@@ -52,18 +52,24 @@ class LexicalConstraints:
 class PhraseBanks:
     """Post & Vilar's dynamic beam allocation as a hook on the beam step, for a batch of sentences.
 
-    Each hypothesis has a state: which phrases are met (`met`, (batch, beams, phrases)), the phrase under way
-    (`phrase`, -1 for none) and how many of its tokens are matched (`matched`). At each step:
+    Each hypothesis has a state: which phrases are met (`met`, (batch, beams, phrases)) and the longest end of its
+    output that begins an unmet phrase: that phrase (`phrase`, -1 for none; the first such phrase) and its length
+    (`matched`). Every unmet phrase's progress (the longest end of the output that begins it) is an end of that one
+    (an Aho-Corasick state), so the state follows every phrase at once, as fairseq's constraint trie does: phrases
+    that share first tokens, and a phrase that overlaps itself (`5 5 6` in `5 5 5 6`). At each step:
     - `block_eos`: EOS waits until all of a hypothesis' phrases are in place (the length limit, forced after,
       overrides this);
-    - `propose`: every beam also proposes each token that advances its constraints, beside its best candidates;
+    - `propose`: every beam also proposes each token that advances one of its unmet phrases, beside its best
+      candidates;
     - `order`: the candidates are grouped in banks by how many constraint tokens they have in place, and the banks
       take turns, most advanced first, each giving its best remaining candidate, so hypotheses that spent a step
       on a constraint are not pushed out by freer ones. The step takes the first `num_beams` of this order for its
       finished hypotheses and orders the candidates that go on the same way;
     - `merge_finished`: a finished hypothesis that met every phrase ranks before any that did not;
     - `met_only`: the stopping rule reads only the finished hypotheses that met every phrase.
-    Tensor work only, one state per hypothesis, no value read on the host.
+    With word boundaries a complete phrase waits for its word to end: the next token begins a word, or the output
+    ends (EOS, whether or not it is among the word starts). Tensor work only, one state per hypothesis, no value
+    read on the host.
     """
 
     def __init__(self, tokens: torch.LongTensor, num_beams: int, eos: torch.LongTensor,
@@ -71,7 +77,15 @@ class PhraseBanks:
         self.tokens = tokens  # (batch, phrases, longest) ids, -1 past a phrase's end and for missing phrases
         self.lengths = (tokens >= 0).sum(-1)  # (batch, phrases)
         self.eos, self.boundaries = eos, boundaries
-        batch, count = self.lengths.shape
+        batch, count, longest = tokens.shape
+        # prefixes[b, j, k]: phrase j's first k + 1 tokens at the end of a window of `longest` tokens (-1: any
+        # token; -3, which no token equals, where the phrase is shorter than k + 1)
+        k = torch.arange(longest, device=tokens.device)[:, None]
+        w = torch.arange(longest, device=tokens.device)
+        position = w - (longest - 1 - k)  # (k, w): the phrase's token at window place w
+        prefixes = tokens.gather(2, position.clamp(min=0).flatten()[None, None].expand(batch, count, -1))
+        prefixes = torch.where(position.flatten() >= 0, prefixes, -1).view(batch, count, longest, longest)
+        self.prefixes = torch.where((k[:, 0] < self.lengths[..., None])[..., None], prefixes, -3)
         self.met = (self.lengths == 0)[:, None, :].expand(batch, num_beams, count).clone()  # padding is met
         self.phrase = torch.full((batch, num_beams), -1, dtype=torch.long, device=tokens.device)
         self.matched = torch.zeros_like(self.phrase)
@@ -79,54 +93,65 @@ class PhraseBanks:
 
     def select(self, sentences: torch.Tensor) -> None:
         """Only these sentences (indices into the batch) go on."""
-        for name in ("tokens", "lengths", "met", "phrase", "matched", "finished_met"):
+        for name in ("tokens", "lengths", "prefixes", "met", "phrase", "matched", "finished_met"):
             setattr(self, name, getattr(self, name)[sentences])
 
     # --- a state's facts ---------------------------------------------------------------------------------------
 
-    def _phrase_length(self, phrase: torch.LongTensor) -> torch.LongTensor:
-        return self.lengths.gather(1, phrase.clamp(min=0).flatten(1)).view_as(phrase)
+    def _window(self, phrase: torch.LongTensor, matched: torch.LongTensor) -> torch.LongTensor:
+        """The output's last `longest` tokens that the state knows, (batch, n, longest): the `matched` first tokens
+        of `phrase` at the end, -2 (no token) before them."""
+        longest = self.tokens.shape[-1]
+        position = matched[..., None] - longest + torch.arange(longest, device=matched.device)
+        known = self._token_of(phrase[..., None].expand_as(position), position)
+        return torch.where(position >= 0, known, -2)
 
-    def _complete(self, phrase: torch.LongTensor, matched: torch.LongTensor) -> torch.BoolTensor:
-        """The phrase under way has all its tokens (with word boundaries it still waits for its word to end)."""
-        return (phrase >= 0) & (matched == self._phrase_length(phrase))
+    def _progress(self, met: torch.BoolTensor, window: torch.LongTensor) -> torch.LongTensor:
+        """(batch, n, phrases): for each unmet phrase the longest end of the `window` that begins it (0 if met)."""
+        prefixes = self.prefixes[:, None]  # (batch, 1, phrases, k, window)
+        fits = ((prefixes == -1) | (prefixes == window[:, :, None, None, :])).all(-1)  # (batch, n, phrases, k)
+        length = torch.arange(1, fits.shape[-1] + 1, device=window.device)
+        return torch.where(met, 0, (fits * length).amax(-1))
+
+    def _state(self, met: torch.BoolTensor, progress: torch.LongTensor):
+        """(met, phrase, matched) from every phrase's progress: the most advanced unmet phrase, the first of equals."""
+        count = progress.shape[-1]
+        matched = progress.amax(-1)
+        first = (progress * (count + 1) + count - torch.arange(count, device=progress.device)).argmax(-1)
+        return met, torch.where(matched > 0, first, -1), matched
 
     def _done(self, met, phrase, matched) -> torch.BoolTensor:
-        """Every phrase is in place (one may still wait for its word to end: EOS ends it)."""
-        unmet = (~met).sum(-1)
-        return (unmet == 0) | ((unmet == 1) & self._complete(phrase, matched))
+        """Every phrase is in place (complete ones may still wait for their word to end: EOS ends them)."""
+        progress = self._progress(met, self._window(phrase, matched))
+        return (met | (progress == self.lengths[:, None, :])).all(-1)
 
     def _bank(self, met, phrase, matched) -> torch.LongTensor:
-        """The bank: constraint tokens in place."""
-        return (met * self.lengths[:, None, :]).sum(-1) + torch.where(phrase >= 0, matched, 0)
+        """The bank: constraint tokens in place (the met phrases', and the most advanced unmet phrase's)."""
+        return (met * self.lengths[:, None, :]).sum(-1) + matched
 
     def _token_of(self, phrase: torch.LongTensor, position: torch.LongTensor) -> torch.LongTensor:
-        """tokens[example, phrase, position] for (batch, n) phrases and positions."""
+        """tokens[example, phrase, position] for (batch, ...) phrases and positions."""
         longest = self.tokens.shape[-1]
         flat = self.tokens.flatten(1)
         index = phrase.clamp(min=0) * longest + position.clamp(min=0, max=longest - 1)
         return flat.gather(1, index.flatten(1)).view_as(phrase)
 
-    def _advance(self, met, phrase, matched, token):
-        """The states after one more token, for (batch, n) states and tokens (met: (batch, n, phrases))."""
-        count = met.shape[-1]
-        active = phrase >= 0
-        complete = self._complete(phrase, matched)
+    def _advance(self, met, phrase, matched, token, ends: torch.BoolTensor | None = None):
+        """The states after one more token, for (batch, n) states and tokens (met: (batch, n, phrases)); `ends`:
+        where the token ends the output (EOS), which ends a word too."""
+        before = self._window(phrase, matched)
+        lengths = self.lengths[:, None, :]
         if self.boundaries is not None:  # a complete phrase is met where the next token begins a word
-            closes = complete & self.boundaries[token.clamp(min=0)]
-            met = met | (torch.nn.functional.one_hot(phrase.clamp(min=0), count).bool() & closes[..., None])
-        goes_on = active & ~complete & (self._token_of(phrase, matched) == token)
-        # else the first unmet phrase that starts with the token is under way (the rest start over)
-        starts = ~met & (self.tokens[:, None, :, 0] == token[..., None])
-        first = starts.int().argmax(-1)
-        started = starts.any(-1)
-        phrase = torch.where(goes_on, phrase, torch.where(started, first, -1))
-        matched = torch.where(goes_on, matched + 1, started.long())
+            word = self.boundaries[token.clamp(min=0)]
+            word = word | ends if ends is not None else word
+            complete = ~met & (self._progress(met, before) == lengths)
+            met = met | (complete & word[..., None])
+        after = torch.cat([before[..., 1:], token[..., None]], dim=-1)
+        progress = self._progress(met, after)
         if self.boundaries is None:  # token phrases are met as soon as they are complete
-            full = self._complete(phrase, matched)
-            met = met | (torch.nn.functional.one_hot(phrase.clamp(min=0), count).bool() & full[..., None])
-            phrase, matched = torch.where(full, -1, phrase), torch.where(full, 0, matched)
-        return met, phrase, matched
+            full = ~met & (progress == lengths)
+            met, progress = met | full, progress.masked_fill(full, 0)
+        return self._state(met, progress)
 
     # --- the hooks of the beam step ----------------------------------------------------------------------------
 
@@ -137,18 +162,16 @@ class PhraseBanks:
             log_probs[:, self.eos] = torch.where(done[:, None], log_probs[:, self.eos], -math.inf)
 
     def propose(self, log_probs: torch.Tensor, values: torch.Tensor, token_ids: torch.LongTensor):
-        """Each row's candidates (values, token_ids: (rows, C)) plus the tokens that advance its constraints (the
-        next token of the phrase under way, else the first of each unmet phrase; each once, ascending, and none a
-        row already proposes), and the state every candidate would lead to."""
+        """Each row's candidates (values, token_ids: (rows, C)) plus the tokens that advance its constraints (for
+        each unmet phrase not yet complete, its token after its progress, its first where none; each once,
+        ascending, and none a row already proposes), and the state every candidate would lead to."""
         batch, beams, count = self.met.shape
         rows, best = values.shape
-        active = self.phrase >= 0
-        complete = self._complete(self.phrase, self.matched)
-        firsts = torch.where(self.met, -1, self.tokens[:, None, :, 0])  # (batch, beams, phrases)
-        under_way = torch.where(complete, -1, self._token_of(self.phrase, self.matched))
-        wanted = torch.where(active[..., None], -1, firsts)
-        if count:
-            wanted[..., 0] = torch.where(active, under_way, firsts[..., 0])
+        progress = self._progress(self.met, self._window(self.phrase, self.matched))  # (batch, beams, phrases)
+        longest = self.tokens.shape[-1]
+        following = self.tokens[:, None].expand(batch, beams, count, longest)
+        following = following.gather(3, progress.clamp(max=longest - 1)[..., None])[..., 0]
+        wanted = torch.where(self.met | (progress == self.lengths[:, None, :]), -1, following)
         wanted = wanted.view(rows, count)
         wanted = torch.where(wanted < 0, torch.iinfo(torch.long).max, wanted).sort(dim=-1).values
         wanted = torch.where(wanted == torch.iinfo(torch.long).max, -1, wanted)
@@ -164,7 +187,8 @@ class PhraseBanks:
         met = self.met[:, :, None].expand(batch, beams, width, count).reshape(*pool, count)
         phrase = self.phrase[:, :, None].expand(batch, beams, width).reshape(pool)
         matched = self.matched[:, :, None].expand(batch, beams, width).reshape(pool)
-        self.pool = self._advance(met, phrase, matched, token_ids.view(pool))
+        ends = torch.isin(token_ids.view(pool), self.eos)
+        self.pool = self._advance(met, phrase, matched, token_ids.view(pool), ends)
         self.pool_bank = self._bank(*self.pool)
         self.pool_done = self._done(*self.pool)
         # Post & Vilar's order of equals within a bank: every row's best candidates in turn, then what they want

@@ -118,7 +118,7 @@ class DecodingSettings:
     limits: torch.LongTensor  # per example: the most tokens it generates (source + offset, or max_new_tokens)
     min_new_tokens: int  # EOS is impossible before this many tokens
     eos: torch.LongTensor
-    forced_eos: int | None  # forced at the max_length limit (Transformers' forced_eos_token_id)
+    forced_eos: tuple[int, ...] | None  # forced at the max_length limit (Transformers' forced_eos_token_id: each id)
     limit_eos: int | None  # forced at a per-example limit (the paper's source + offset)
     forced_bos: int | None
     start: int
@@ -158,7 +158,7 @@ class DecodingSettings:
     def vocabulary_with(self, shortlist: torch.LongTensor) -> torch.LongTensor:
         """A vocabulary shortlist plus every token these settings may force: EOS, start, fill, forced BOS/EOS,
         prefix and constraint tokens (a shortlist never makes a forced token impossible)."""
-        forced = [*self.eos.tolist(), self.start, self.fill, self.forced_bos, self.forced_eos, self.limit_eos]
+        forced = [*self.eos.tolist(), self.start, self.fill, self.forced_bos, *(self.forced_eos or ()), self.limit_eos]
         if self.prefix is not None:
             forced += self.prefix[self.prefix >= 0].tolist()
         if self.constraints is not None:
@@ -179,7 +179,8 @@ class DecodingSettings:
         if suppress is not None:  # a suppressed token outside the shortlist is impossible anyway
             suppress = torch.searchsorted(vocabulary, suppress[torch.isin(suppress, vocabulary)])
             suppress = suppress if suppress.numel() else None
-        return replace(self, eos=torch.searchsorted(vocabulary, self.eos), forced_eos=column(self.forced_eos),
+        forced_eos = None if self.forced_eos is None else tuple(map(column, self.forced_eos))
+        return replace(self, eos=torch.searchsorted(vocabulary, self.eos), forced_eos=forced_eos,
                        limit_eos=column(self.limit_eos), forced_bos=column(self.forced_bos), start=column(self.start),
                        fill=column(self.fill), prefix=prefix, suppress=suppress)  # fmt: skip
 
@@ -216,7 +217,8 @@ def candidate_columns(settings: DecodingSettings, vocabulary: int) -> torch.Long
 
 
 def apply_processors(settings: DecodingSettings, scores: torch.Tensor, step: int, limits: torch.Tensor, input_ids,
-                     row_examples: torch.Tensor | None, sync_free: bool = False) -> torch.Tensor:  # fmt: skip
+                     row_examples: torch.Tensor | None, sync_free: bool = False,
+                     any_at_limit: bool | None = None) -> torch.Tensor:  # fmt: skip
     """The logits processors of Transformers' loop for the supported settings, in its order, in place where it can,
     then a target prefix's tokens. The per-example limit's EOS comes after the caller's processors, as
     `SourceLengthLimitLogitsProcessor` does where generate() hands over to Transformers' loop: a processor that
@@ -227,8 +229,17 @@ def apply_processors(settings: DecodingSettings, scores: torch.Tensor, step: int
     `row_examples` is the example each row decodes (on the CPU; needed with a target prefix, and told, with each
     row's tokens left, to a user processor that declares `reads_row_examples`); `sync_free` never
     reads a device value on the host (a captured search step, whose `step` is a device tensor), at the price of a
-    masked copy every step for each rule that depends on the step.
+    masked copy every step for each rule that depends on the step; `any_at_limit`: whether a row takes its last
+    token now, where the host knows it (the eager searches: the limits and the rows' examples are host values),
+    else read from `limits`.
+
+    A target prefix is Transformers' `decoder_input_ids` prompt: a row with a prefix token at the first step takes
+    it, not the forced BOS (Transformers forces BOS only where the prompt is the start token alone).
     """
+    prefix = None
+    if settings.prefix is not None and not sync_free and step < settings.prefix.shape[1]:
+        prefix = settings.prefix[row_examples, step]  # on the host: which rows it forces, known without a read
+        prefix = prefix.to(scores.device) if bool((prefix >= 0).any()) else None
     if settings.bad_words is not None:
         scores = settings.bad_words(input_ids(), scores)
     if sync_free:
@@ -243,7 +254,7 @@ def apply_processors(settings: DecodingSettings, scores: torch.Tensor, step: int
         if step < settings.min_new_tokens:
             scores[:, settings.eos] = -math.inf
         if settings.forced_bos is not None and step == 0:
-            force(scores, None, settings.forced_bos)
+            force(scores, None if prefix is None else prefix < 0, settings.forced_bos)
         if settings.forced_eos is not None and step == settings.max_new_tokens - 1:
             force(scores, None, settings.forced_eos)
     if settings.suppress is not None:
@@ -259,12 +270,12 @@ def apply_processors(settings: DecodingSettings, scores: torch.Tensor, step: int
         scores = settings.user_processors(input_ids(), scores)
     if settings.limit_eos is not None:
         at_limit = limit_reached(step, limits)
-        if sync_free or bool(at_limit.any()):
+        if sync_free or (any_at_limit if any_at_limit is not None else bool(at_limit.any())):
             force(scores, at_limit, settings.limit_eos)
     if settings.renormalize:
         scores = scores.log_softmax(dim=-1)
-    if settings.prefix is not None and step < settings.prefix.shape[1]:
-        scores = force_prefix(scores, settings.prefix[row_examples, step].to(scores.device))
+    if prefix is not None:
+        scores = force_prefix(scores, prefix)
     return scores
 
 
@@ -302,15 +313,15 @@ def force_prefix(scores: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
     """Rows whose `tokens` entry is a token (not -1) can only continue with it, at its own score: a prefix's
     log-probability counts in the hypothesis' score, as in fairseq's and CTranslate2's prefix decoding."""
     rows = tokens >= 0
-    if not bool(rows.any()):
-        return scores
     index = tokens.clamp(min=0)[:, None]
     forced = torch.full_like(scores, -math.inf).scatter_(1, index, scores.gather(1, index))
     return torch.where(rows[:, None], forced, scores)
 
 
-def force(scores: torch.Tensor, rows: torch.Tensor | None, token: int) -> None:
-    """Transformers' forced-token rule: the token scores 0, everything else -inf (in the chosen rows)."""
+def force(scores: torch.Tensor, rows: torch.Tensor | None, token: int | tuple[int, ...]) -> None:
+    """Transformers' forced-token rule: the token (each of the tokens) scores 0, everything else -inf (in the
+    chosen rows)."""
+    token = list(token) if isinstance(token, tuple) else token
     if rows is None:
         scores.fill_(-math.inf)
         scores[:, token] = 0
@@ -324,7 +335,7 @@ def greedy_search(settings: DecodingSettings, state: DecodingState) -> dict:
     """Greedy decoding: the most probable token at each step, from the raw logits (no softmax needed)."""
     batch = int(state.example_ids.shape[0])
     device = state.encoder_hidden.device
-    settings = settings.on(device)
+    host_limits, settings = settings.limits, settings.on(device)
     output = torch.full((batch, settings.max_new_tokens), settings.fill, dtype=torch.long, device=device)
     lengths = torch.zeros(batch, dtype=torch.long, device=device)
     tokens = torch.full((batch,), settings.start, dtype=torch.long, device=device)
@@ -340,12 +351,15 @@ def greedy_search(settings: DecodingSettings, state: DecodingState) -> dict:
             start = torch.full_like(generated[:, :1], settings.start)
             return torch.cat([start, generated[:, :step]], dim=1)
 
-        scores = apply_processors(settings, scores, step, limits, input_ids, state.example_ids)
+        any_at_limit = bool((host_limits[state.example_ids] <= step + 1).any())  # host values: no read
+        scores = apply_processors(settings, scores, step, limits, input_ids, state.example_ids,
+                                  any_at_limit=any_at_limit)  # fmt: skip
         tokens = scores.argmax(-1)
         if floor is not None and not bool((scores.gather(1, tokens[:, None]) >= floor).all()):
             # a processor removed every candidate of a row (a suppressed token, EOS before min_new_tokens): the best
             # token left is known only approximately, so this step is decided on the exact logits
-            scores = apply_processors(settings, state.exact_logits(), step, limits, input_ids, state.example_ids)
+            scores = apply_processors(settings, state.exact_logits(), step, limits, input_ids, state.example_ids,
+                                      any_at_limit=any_at_limit)  # fmt: skip
             tokens = scores.argmax(-1)
         generated[:, step] = tokens
         finished = torch.isin(tokens, eos) | limit_reached(step, limits)
@@ -528,12 +542,13 @@ class StepHooks:
 
 def beam_step(settings: DecodingSettings, step: int | torch.Tensor, state: DecodingState, tokens: torch.LongTensor,
               search: Beams, input_ids, row_examples: torch.Tensor | None, hooks: StepHooks, fold: bool = False,
-              sync_free: bool = False) -> BeamStep:  # fmt: skip
+              sync_free: bool = False, any_at_limit: bool | None = None) -> BeamStep:  # fmt: skip
     """Section 6.1, one step of beam search, the step both batching policies run (the eager search below drops
     finished sentences; the static-shape search of `speed.graph_search` keeps them, frozen): the decoder's logits
     for the newest `tokens`, log-softmax, the constraints' and the logits processors' masks, then `advance_beams`
     (candidates, reordering, finished hypotheses, the stopping rule). `fold`: the first step of a state whose beams
-    share one encoder row runs one row per sentence (its beams are still identical)."""
+    share one encoder row runs one row per sentence (its beams are still identical). `any_at_limit`: whether a
+    sentence takes its last token now, where the host knows it (`apply_processors`)."""
     beams, device = settings.num_beams, search.running.device
     if fold:
         # let the self-attention cache's next copy give each beam its own row (reorderings are applied lazily)
@@ -550,7 +565,8 @@ def beam_step(settings: DecodingSettings, step: int | torch.Tensor, state: Decod
             hooks.banks = settings.constraints.banks(beams, log_probs.shape[-1], settings.eos, device)
         hooks.banks.block_eos(log_probs)
     row_limits = search.limits.repeat_interleave(beams)
-    log_probs = apply_processors(settings, log_probs, step, row_limits, input_ids, row_examples, sync_free)
+    log_probs = apply_processors(settings, log_probs, step, row_limits, input_ids, row_examples, sync_free,
+                                 any_at_limit)  # fmt: skip
     if history is not None and settings.output_scores:
         history.record(history.scores, log_probs, state.example_ids)
     if hooks.seek_columns:
@@ -570,7 +586,7 @@ def beam_search(settings: DecodingSettings, state: DecodingState) -> dict:
     """
     beams = settings.num_beams
     device = state.encoder_hidden.device
-    settings = settings.on(device)
+    host_limits, settings = settings.limits, settings.on(device)
     batch = int(state.example_ids.shape[0])
     steps = settings.max_new_tokens
     search = Beams.start(settings, batch, device, steps=min(steps, WIDTH_STEP))
@@ -596,8 +612,9 @@ def beam_search(settings: DecodingSettings, state: DecodingState) -> dict:
             return torch.cat([start, running[..., :step].flatten(0, 1)], dim=1)
 
         row_examples = state.example_ids.repeat_interleave(beams) if examples_read else None
+        any_at_limit = bool((host_limits[state.example_ids] <= step + 1).any())  # host values: no read
         advanced = beam_step(settings, step, state, tokens, search, input_ids, row_examples, hooks,
-                             fold=step == 0 and getattr(state, "fold", False))  # fmt: skip
+                             fold=step == 0 and getattr(state, "fold", False), any_at_limit=any_at_limit)  # fmt: skip
         search, parent_rows = advanced.beams, advanced.parent_rows
         if bool(advanced.done.any()):
             search, parent_rows = drop_finished(settings, state, advanced, hooks, out)
@@ -679,10 +696,17 @@ class BeamHistory:
         self.out = torch.full((batch * settings.num_return_sequences, steps), -1, dtype=torch.int32, device=device)
         self.scores: list[torch.Tensor] = []
         self.logits: list[torch.Tensor] = []
+        self._ids: tuple[torch.Tensor, torch.Tensor] | None = None  # (host example ids, their copy on the device)
+
+    def on_device(self, example_ids: torch.Tensor, device: torch.device) -> torch.Tensor:
+        """The host's example ids on the device, copied once each time the batch changes, not at every step."""
+        if self._ids is None or self._ids[0] is not example_ids or self._ids[1].device != device:
+            self._ids = (example_ids, example_ids.to(device))
+        return self._ids[1]
 
     def rows(self, example_ids: torch.Tensor, device: torch.device) -> torch.Tensor:
         beams = torch.arange(self.beams, device=device)
-        return (example_ids.to(device)[:, None] * self.beams + beams).flatten()
+        return (self.on_device(example_ids, device)[:, None] * self.beams + beams).flatten()
 
     def record(self, steps: list[torch.Tensor], values: torch.Tensor, example_ids: torch.Tensor) -> None:
         """One step's (rows, vocabulary) values of the sentences still in the batch, in the full batch's rows."""
@@ -693,7 +717,7 @@ class BeamHistory:
     def top_origins(self, top_beams: torch.Tensor, example_ids: torch.Tensor, step: int) -> torch.Tensor:
         """The beam indices of the step's top candidates: their parents' history, then the parent's row."""
         origins = self.running.gather(1, top_beams[..., None].expand(-1, -1, self.running.shape[-1]))
-        parent_rows = example_ids.to(top_beams.device)[:, None] * self.beams + top_beams
+        parent_rows = self.on_device(example_ids, top_beams.device)[:, None] * self.beams + top_beams
         origins[:, :, step] = parent_rows.to(origins.dtype)
         return origins
 

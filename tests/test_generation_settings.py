@@ -1,0 +1,104 @@
+"""generate() settings one step beside the other tests: each a case where our search once parted from Transformers'
+(or from its own docstring), held to Transformers' loop where Transformers has the setting."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import GenerationMixin
+
+from vaswani_hf import VaswaniConfig, VaswaniForConditionalGeneration
+
+EOS = 2
+
+
+def tiny_model(**overrides) -> VaswaniForConditionalGeneration:
+    torch.manual_seed(0)
+    return VaswaniForConditionalGeneration(VaswaniConfig.tiny(vocab_size=40, **overrides)).eval()
+
+
+SOURCE = torch.tensor([[5, 6, 7, 8, EOS], [9, 10, EOS, 0, 0]])
+
+
+@pytest.mark.parametrize("num_beams", [1, 3])
+def test_a_list_of_forced_eos_ids_forces_every_one_as_transformers(num_beams):
+    """Transformers' forced EOS makes each of the ids score 0 at the last step: greedy's tie goes to EOS (the first
+    column of the two), where forcing the first id alone ended every row with 7; beam search keeps hypotheses
+    ending in either, tied (which of two tied ones is returned first is top-k's choice)."""
+    model = tiny_model()
+    kwargs = dict(attention_mask=SOURCE.ne(0).long(), num_beams=num_beams, max_new_tokens=4,
+                  num_return_sequences=num_beams, forced_eos_token_id=[7, EOS], return_dict_in_generate=True,
+                  output_scores=num_beams > 1)  # fmt: skip
+    ours = model.generate(input_ids=SOURCE, length_penalty_type="hf", max_length_offset=None, **kwargs)
+    theirs = GenerationMixin.generate(model, input_ids=SOURCE, **kwargs)
+    if num_beams == 1:
+        assert torch.equal(ours.sequences, theirs.sequences) and (ours.sequences[:, -1] == EOS).all()
+    else:
+        torch.testing.assert_close(ours.sequences_scores, theirs.sequences_scores)
+        assert {EOS, 7} <= set(ours.sequences[:, -1].tolist())
+
+
+@pytest.mark.parametrize("num_beams", [1, 3])
+def test_a_target_prefix_wins_over_forced_bos_as_a_decoder_prompt_does_in_transformers(num_beams):
+    """Transformers forces BOS only where the decoder prompt is the start token alone; a prefix is such a prompt.
+    An example without a prefix still gets BOS."""
+    model = tiny_model()
+    out = model.generate(input_ids=SOURCE, attention_mask=SOURCE.ne(0).long(), num_beams=num_beams,
+                         forced_bos_token_id=11, target_prefix=[[5, 7], []], max_length_offset=3,
+                         return_dict_in_generate=True, output_sequence_scores=num_beams > 1)  # fmt: skip
+    assert out.sequences[0, 1:3].tolist() == [5, 7]
+    assert out.sequences[1, 1] == 11
+    if num_beams > 1:
+        assert torch.isfinite(out.sequences_scores).all() and (out.sequences_scores > -1e8).all()
+    prompt = torch.tensor([[model.config.decoder_start_token_id, 5, 7]])
+    theirs = GenerationMixin.generate(model, input_ids=SOURCE[:1], decoder_input_ids=prompt, num_beams=num_beams,
+                                      forced_bos_token_id=11, max_new_tokens=4, length_penalty=0.0)  # fmt: skip
+    ours = model.generate(input_ids=SOURCE[:1], num_beams=num_beams, forced_bos_token_id=11, target_prefix=[[5, 7]],
+                          max_new_tokens=6, length_penalty=0.0, length_penalty_type="hf")  # fmt: skip
+    assert torch.equal(ours, theirs)
+
+
+def test_an_integer_negative_length_penalty_in_the_static_shape_search():
+    model = tiny_model()
+    kwargs = dict(attention_mask=SOURCE.ne(0).long(), num_beams=3, length_penalty=-1, length_penalty_type="hf",
+                  max_new_tokens=5, max_length_offset=None, early_stopping=False)  # fmt: skip
+    static = model.generate(input_ids=SOURCE, graph_decoding=True, **kwargs)
+    assert torch.equal(static, model.generate(input_ids=SOURCE, graph_decoding=False, **kwargs))
+
+
+@pytest.mark.parametrize("num_beams", [1, 3])
+def test_max_length_one_raises_as_transformers(num_beams):
+    model = tiny_model()
+    with pytest.raises(ValueError, match="`max_length` is set to 1") as ours:
+        model.generate(input_ids=SOURCE, num_beams=num_beams, max_length=1)
+    with pytest.raises(ValueError) as theirs:
+        GenerationMixin.generate(model, input_ids=SOURCE, num_beams=num_beams, max_length=1)
+    assert str(ours.value) == str(theirs.value)
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        model.generate(input_ids=SOURCE, num_beams=num_beams, max_new_tokens=0)
+
+
+def test_a_learned_position_table_too_short_for_the_phrases_fails_before_decoding():
+    model = tiny_model(position_embedding_type="learned", max_position_embeddings=8)
+    calls = []
+    model.get_decoder().register_forward_hook(lambda *args: calls.append(1))
+    with pytest.raises(ValueError, match="max_position_embeddings=8"):
+        model.generate(input_ids=SOURCE[:1], num_beams=2, force_words=[[[5, 6, 7, 8, 9, 10, 11, 12, 13]]])
+    with pytest.raises(ValueError, match="max_position_embeddings=8"):
+        model.generate(input_ids=SOURCE[:1], num_beams=2, target_prefix=[[5] * 9])
+    assert not calls  # nothing decoded
+    out = model.generate(input_ids=SOURCE[:1], num_beams=2, force_words=[[[5, 6, 7]]])  # what fits decodes
+    assert out.shape[1] <= 9
+
+
+@pytest.mark.parametrize("num_beams", [1, 3])
+def test_generate_without_input_ids_starts_from_bos_as_transformers(num_beams):
+    model = tiny_model()
+    kwargs = dict(num_beams=num_beams, max_new_tokens=4)
+    ours = model.generate(length_penalty_type="hf", max_length_offset=None, **kwargs)
+    theirs = GenerationMixin.generate(model, **kwargs)
+    assert torch.equal(ours, theirs)
+    model.generate(**kwargs)  # the paper's source + 50, from the one-token source
+    model.generation_config.bos_token_id = model.config.bos_token_id = None
+    with pytest.raises(ValueError, match="`bos_token_id` has to be defined"):
+        model.generate(**kwargs)
