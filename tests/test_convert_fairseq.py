@@ -8,6 +8,7 @@ reference for the tokenizer, on Multi30k and newstest2014 (../shared/data)."""
 
 import argparse
 import json
+import subprocess
 import sys
 import types
 from pathlib import Path
@@ -40,17 +41,20 @@ def read_lines(path: Path, count: int) -> list[str]:
         return [next(handle).rstrip("\n") for _ in range(count)]
 
 
-@pytest.fixture(scope="module")
-def bpe(tmp_path_factory):
-    """subword-nmt codes learned on Moses-tokenized Multi30k (English and German) and fairseq's joined dictionary
-    of the BPE'd text (counts, most frequent first), as `fairseq-preprocess --joined-dictionary` writes it."""
-    folder = tmp_path_factory.mktemp("bpe")
+def learn_codes_and_dictionary(folder: Path, aggressive: bool = True, escape: bool = True, version: bool = True):
+    """subword-nmt codes learned on Moses-tokenized Multi30k (English and German; Moses `-a` and escaping as asked)
+    and fairseq's joined dictionary of the BPE'd text (counts, most frequent first), as `fairseq-preprocess
+    --joined-dictionary` writes it. `version=False` writes the codes without their `#version` header: subword-nmt's
+    v0.1, which segments (and so builds the dictionary) by v0.1's rules."""
+    folder.mkdir(parents=True, exist_ok=True)
     moses = {lang: sacremoses.MosesTokenizer(lang=lang) for lang in ("en", "de")}
-    text = [moses[lang].tokenize(line, aggressive_dash_splits=True, escape=True, return_str=True)
+    text = [moses[lang].tokenize(line, aggressive_dash_splits=aggressive, escape=escape, return_str=True)
             for lang in ("en", "de") for line in read_lines(MULTI30K / f"train.{lang}", 3000)]  # fmt: skip
     codes = folder / "bpecodes"
     with open(codes, "w", encoding="utf-8") as out:
         learn_bpe.learn_bpe(text, out, num_symbols=400)
+    if not version:
+        codes.write_text("".join(codes.read_text(encoding="utf-8").splitlines(keepends=True)[1:]), encoding="utf-8")
     with open(codes, encoding="utf-8") as handle:
         segmenter = apply_bpe.BPE(handle)
     counts = {}
@@ -58,8 +62,16 @@ def bpe(tmp_path_factory):
         for piece in segmenter.process_line(line).split():
             counts[piece] = counts.get(piece, 0) + 1
     dictionary = folder / "dict.txt"
-    dictionary.write_text("".join(f"{p} {c}\n" for p, c in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))))
-    return types.SimpleNamespace(codes=codes, dictionary=dictionary, vocab_size=4 + len(counts))
+    entries = [f"{p} {c}\n" for p, c in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))]
+    padding = -(4 + len(entries)) % 8  # fairseq-preprocess pads to a multiple of 8 (the specials counted)
+    dictionary.write_text("".join(entries + [f"madeupword{i:04d} 0\n" for i in range(padding)]))
+    return types.SimpleNamespace(codes=codes, dictionary=dictionary, vocab_size=4 + len(counts), segmenter=segmenter)
+
+
+@pytest.fixture(scope="module")
+def bpe(tmp_path_factory):
+    """Codes and dictionary of Moses `-a` with escaping (fairseq's hub defaults)."""
+    return learn_codes_and_dictionary(tmp_path_factory.mktemp("bpe"))
 
 
 def random_fsmt(shape: str, vocab: int, tied: bool = True, seed: int = 0) -> FSMTForConditionalGeneration:
@@ -187,7 +199,9 @@ def write_archive(folder: Path, fsmt, bpe, form: str, drop: tuple[str, ...] = ()
         extra = {"train_meters": {"wall": StopwatchMeter()}, "epoch": 3}
         if form == "2018":
             checkpoint = {"args": argparse.Namespace(**args), "model": as_2018(state), "extra_state": extra,
-                          "optimizer_history": [{"criterion_name": "LabelSmoothedCrossEntropyCriterion"}]}  # fmt: skip
+                          "optimizer_history": [{"criterion_name": "LabelSmoothedCrossEntropyCriterion",
+                                                 "optimizer_name": "FairseqAdam", "lr_scheduler_state": {"best": 3.9},
+                                                 "num_updates": 30000}], "last_optimizer_state": {}}  # fmt: skip
             torch.save(checkpoint, folder / "model.pt", _use_new_zipfile_serialization=False)
         else:
             model_cfg = {"_name": args.pop("arch"), **{k: v for k, v in args.items() if k not in
@@ -482,3 +496,248 @@ def test_a_folder_that_holds_something_is_never_written_into(archives, tmp_path)
         result = vaswani("convert", fmt, str(source), str(taken))
         assert result.returncode == 2 and f"{taken}: exists and is not empty; give a new folder." in result.stderr
     assert [p.name for p in taken.iterdir()] == ["notes.txt"] and (taken / "notes.txt").read_text() == "mine"
+
+
+# --- the paper's figures from the paper's checkpoints: fairseq's decoding, tokenizer and metric ---
+
+ORACLE_SETTINGS = {  # name: (fairseq hub translate()'s arguments, vaswani translate's flags)
+    "fairseq-generate": ({}, ["--decoding", "fairseq"]),  # beam 5, lenpen 1, max_len_b 200, min_len 1
+    "fairseq-beam1": ({"beam": 1}, ["--decoding", "fairseq", "--num-beams", "1"]),
+    "fairseq-beam4": ({"beam": 4}, ["--decoding", "fairseq", "--num-beams", "4"]),
+    "ott": ({"beam": 4, "lenpen": 0.6}, ["--decoding", "ott"]),  # Ott et al. (2018)'s newstest2014 settings
+}
+
+
+@pytest.fixture(scope="module")
+def trained_archive(archives, bpe, tmp_path_factory):
+    """A 2018-format archive of a model trained 200 steps on Multi30k (about 15 s): random weights loop on one
+    subword to the length limit, where beams of near-equal scores would make the comparison one of float noise;
+    a barely trained model ends its sentences at many lengths and still loops in some."""
+    tokenizer = AutoTokenizer.from_pretrained(archives.converted["2018"])
+    english, german = read_lines(MULTI30K / "train.en", 3000), read_lines(MULTI30K / "train.de", 3000)
+    pairs = [tokenizer(en, text_target=de) for en, de in zip(english, german, strict=True)]
+    fsmt = random_fsmt("big-like", vocab=padded_vocab(bpe)).train()
+    with torch.no_grad():  # back to FSMT's own initialisation: the LayerNorms at 1 and 0, the rest small
+        fsmt.apply(fsmt._init_weights)
+        for name, parameter in fsmt.named_parameters():
+            if "layer_norm" in name:
+                parameter.fill_(1.0 if name.endswith("weight") else 0.0)
+    optimizer = torch.optim.Adam(fsmt.parameters(), lr=3e-3)
+    generator = torch.Generator().manual_seed(0)
+
+    def padded(rows):
+        width = max(map(len, rows))
+        return torch.tensor([row + [1] * (width - len(row)) for row in rows])
+
+    for _ in range(200):
+        rows = [pairs[i] for i in torch.randint(0, len(pairs), (32,), generator=generator).tolist()]
+        source, labels = padded([r["input_ids"] for r in rows]), padded([r["labels"] for r in rows])
+        decoder_input = torch.cat([torch.full((len(rows), 1), 2), labels[:, :-1]], 1)  # fairseq's: from </s>
+        logits = fsmt(input_ids=source, attention_mask=source.ne(1), decoder_input_ids=decoder_input,
+                      use_cache=False).logits  # fmt: skip
+        loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=1)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    root = tmp_path_factory.mktemp("trained")
+    archive = write_archive(root / "2018", fsmt.eval(), bpe, "2018")
+    return types.SimpleNamespace(archive=archive, converted=convert_fairseq_checkpoint(archive, root / "vaswani"))
+
+
+def test_fairseq_itself_translates_as_vaswani_translate(trained_archive, tmp_path):
+    """fairseq 0.12 (PyPI's fairseq-fixed, in an environment of its own built once: tests/fairseq_venv.py) loads the
+    2018-format archive with its hub interface (its Moses tokenizer, subword-nmt, SequenceGenerator) and translates
+    60 Multi30k sentences with fairseq-generate's defaults (beam 5, and beams 1 and 4) and Ott et al.'s settings
+    (beam 4, lenpen 0.6), in one process; the converted model gives the same strings through `vaswani translate`.
+    Some sentences run to fairseq's 200-token limit, which is held to fairseq's too."""
+    from .fairseq_venv import fairseq_python
+
+    python = fairseq_python()  # a build that fails raises here: the test fails, it does not skip
+    lines = read_lines(MULTI30K / "test2016.en", 60)
+    sources = tmp_path / "sources.en"
+    sources.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    settings = json.dumps({name: kwargs for name, (kwargs, _) in ORACLE_SETTINGS.items()})
+    out = tmp_path / "fairseq.json"
+    oracle = Path(__file__).with_name("fairseq_oracle.py")
+    fairseq = subprocess.Popen([str(python), str(oracle), str(trained_archive.archive), str(sources), settings,
+                                str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    ours = {}  # while fairseq translates
+    for name, (_, flags) in ORACLE_SETTINGS.items():
+        result = vaswani("translate", str(trained_archive.converted), "--precision", "fp32", *flags,
+                         stdin=sources.read_text())  # fmt: skip
+        assert result.returncode == 0, result.stderr[-2000:]
+        ours[name] = result.stdout.splitlines()
+    _, errors = fairseq.communicate(timeout=600)
+    assert fairseq.returncode == 0, errors[-4000:]
+    theirs = json.loads(out.read_text(encoding="utf-8"))
+    assert theirs["generation"] == {"max_len_a": 0, "max_len_b": 200, "min_len": 1, "lenpen": 1}
+    lengths, tokenizer = set(), AutoTokenizer.from_pretrained(trained_archive.converted)
+    for name in ORACLE_SETTINGS:
+        assert ours[name] == theirs[name], name
+        lengths.update(len(tokenizer.tokenize(line)) for line in theirs[name])
+    assert max(lengths) == 200 and min(lengths) < 20  # ended sentences, and some at fairseq's limit
+
+
+@pytest.fixture
+def end_first(archives):
+    """The converted model rigged so that `</s>` is its first choice at every step: the last decoder layer's output
+    LayerNorm gives one constant vector, and `</s>`'s (shared) embedding points along it."""
+    model = AutoModelForSeq2SeqLM.from_pretrained(archives.converted["2018"]).eval()
+    norm = model.model.decoder.layers[-1].final_layer_norm
+    with torch.no_grad():
+        direction = torch.randn(model.config.d_model, generator=torch.Generator().manual_seed(0))
+        norm.weight.zero_()
+        norm.bias.copy_(direction)
+        model.lm_head.weight[2] = 5 * direction
+    return model
+
+
+def test_the_first_token_is_never_end_of_sentence_as_fairseq_s_min_len(end_first, archives):
+    tokenizer = AutoTokenizer.from_pretrained(archives.converted["2018"])
+    batch = tokenizer(["A man in a blue shirt ."], return_tensors="pt")
+    generation = end_first.generation_config
+    assert generation.min_new_tokens == 1  # saved by the conversion
+    for beams in (1, 5):
+        with torch.no_grad():
+            out = end_first.generate(**batch, num_beams=beams)
+        assert out[0, 0].item() == 2 and out[0, 1].item() != 2 and out[0, 2].item() == 2, out  # one word, then </s>
+    # and `--decoding fairseq` / `ott` give it to a model whose own settings do not
+    from vaswani_hf.interop.convert.fairseq import FAIRSEQ_DECODING, OTT_DECODING
+
+    generation.min_new_tokens = 0
+    with torch.no_grad():
+        assert end_first.generate(**batch).tolist() == [[2, 2]]
+        for preset in (FAIRSEQ_DECODING, OTT_DECODING):
+            assert end_first.generate(**batch, **preset)[0, 1].item() != 2
+
+
+def test_ott_decoding_is_a_flag_away():
+    from vaswani_hf.cli_decoding import _decoding
+
+    settings = _decoding(argparse.Namespace(decoding="ott", num_beams=None, length_penalty=None))
+    assert {k: settings[k] for k in ("num_beams", "length_penalty", "length_penalty_type", "max_length",
+                                     "max_length_offset", "min_new_tokens")} == {
+        "num_beams": 4, "length_penalty": 0.6, "length_penalty_type": "hf", "max_length": 202,
+        "max_length_offset": None, "min_new_tokens": 1}  # fmt: skip
+
+
+def test_unk_is_printed_as_fairseq_prints_it(archives):
+    """fairseq's hypotheses print `<unk>` (and tokenized BLEU counts it); skipping special tokens keeps it."""
+    tokenizer = AutoTokenizer.from_pretrained(archives.converted["2018"])
+    ids = tokenizer("A man in a blue shirt .")["input_ids"]
+    with_unk = [2, *ids[:2], 3, *ids[2:]]
+    assert tokenizer.decode(with_unk, skip_special_tokens=True) == "A man <unk> in a blue shirt."
+    assert tokenizer.batch_decode([[2, 3, 2, 1, 1]], skip_special_tokens=True) == ["<unk>"]
+
+
+def test_moses_options_are_read_from_the_dictionary(tmp_path):
+    """Google's WMT16 en-de data was tokenized without `-a` (and the 2018 checkpoint says nothing of Moses): the
+    dictionary shows it (no `@-@`, hyphens inside subwords), so `well-known` is not split into pieces it lacks."""
+    plain = learn_codes_and_dictionary(tmp_path / "bpe", aggressive=False, escape=False)
+    fsmt = random_fsmt("big-like", vocab=padded_vocab(plain))
+    archive = write_archive(tmp_path / "archive", fsmt, plain, "2018")
+    result = vaswani("convert", "fairseq", str(archive), str(tmp_path / "out"))
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "Moses aggressive_dash_splits: no (the dictionary; no `@-@` in the dictionary" in result.stdout
+    assert "Moses escape: no (the dictionary; the dictionary holds bare quotes" in result.stdout
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path / "out")
+    assert (tokenizer.aggressive_dash_splits, tokenizer.escape) == (False, False)
+    for line in read_lines(MULTI30K / "test2016.en", 1000):
+        if "-" in line or '"' in line:
+            assert 3 not in tokenizer(line)["input_ids"] or any(  # no <unk> but for characters never seen
+                p not in tokenizer.encoder for w in line.split() for p in w)  # fmt: skip
+    assert "@-@" not in tokenizer.tokenize("a well-known man")
+    facts = json.loads((tmp_path / "out" / "training_facts.json").read_text())["converted_from"]["moses"]
+    assert facts["aggressive_dash_splits"]["from"] == "the dictionary"
+
+
+def test_an_explicit_moses_flag_wins_over_the_checkpoint_and_the_dictionary_with_a_warning(tmp_path):
+    plain = learn_codes_and_dictionary(tmp_path / "bpe", aggressive=False, escape=False)
+    fsmt = random_fsmt("big-like", vocab=padded_vocab(plain))
+    archive = write_archive(tmp_path / "archive", fsmt, plain, "2018")
+    with pytest.warns(UserWarning, match="--aggressive-dash-splits yes is used, but the dictionary"):
+        convert_fairseq_checkpoint(archive, tmp_path / "flag", aggressive_dash_splits=True)
+    assert AutoTokenizer.from_pretrained(tmp_path / "flag").aggressive_dash_splits is True
+    current = write_archive(tmp_path / "current", fsmt, plain, "current")  # cfg: moses_no_dash_splits=True
+    with pytest.warns(UserWarning, match="the checkpoint's `moses_no_dash_splits` says no"):
+        convert_fairseq_checkpoint(current, tmp_path / "flag2", aggressive_dash_splits=True)
+    assert AutoTokenizer.from_pretrained(tmp_path / "flag2").aggressive_dash_splits is True
+
+
+def test_codes_without_a_version_header_are_subword_nmt_v0_1_and_convert(tmp_path):
+    old = learn_codes_and_dictionary(tmp_path / "bpe", version=False)
+    assert not old.codes.read_text().startswith("#version")
+    archive = write_archive(tmp_path / "archive", random_fsmt("big-like", vocab=padded_vocab(old)), old, "2018")
+    convert_fairseq_checkpoint(archive, tmp_path / "out")
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path / "out")
+    moses = sacremoses.MosesTokenizer(lang="en")
+    for line in read_lines(MULTI30K / "test2016.en", 50):
+        words = moses.tokenize(line, aggressive_dash_splits=True, escape=True)
+        assert tokenizer.tokenize(line) == old.segmenter.segment_tokens(words)
+
+
+def test_tokenized_bleu_counts_the_references_as_fairseq_s_scripts_did():
+    """newstest2014's references as Ott et al. scored them: German by compound_split_bleu.sh (64,496 tokens), French
+    by prepare-wmt14en2fr.sh (`’` -> `'`, Moses `-a`: 82,787, the reference length fairseq's README prints)."""
+    from vaswani_hf.translation.metrics import load_metrics, score_with
+
+    for pair, lang, tokens in (("en-de", "de", 64496), ("en-fr", "fr", 82787)):
+        references = read_lines(NEWSTEST / f"newstest2014.{pair}.{lang}", 3003)
+        scores = score_with(load_metrics([f"tokenized_bleu:{lang}"]), references, references)
+        assert (scores["tokenized_bleu_ref_len"], scores["tokenized_bleu"]) == (tokens, 100.0), lang
+    # fairseq prints `<unk>` and scores it as one token
+    scores = score_with(load_metrics(["tokenized_bleu:de"]), ["ein <unk> Haus ."], ["ein gutes Haus ."])
+    assert scores["tokenized_bleu_sys_len"] == 4
+
+
+def test_an_fsmt_folder_as_the_hub_has_it_keeps_its_tokenizer(tmp_path):
+    from transformers import FSMTTokenizer
+
+    random_fsmt("uneven", vocab=40, tied=False).save_pretrained(tmp_path / "fsmt")
+    vocab = {"<s>": 0, "<pad>": 1, "</s>": 2, "<unk>": 3, **{f"w{i}</w>": i for i in range(4, 40)}}
+    for name in ("vocab-src.json", "vocab-tgt.json"):
+        (tmp_path / "fsmt" / name).write_text(json.dumps(vocab))
+    (tmp_path / "fsmt" / "merges.txt").write_text("w 1</w> 100\n")
+    # as Transformers' convert_fsmt_original_pytorch_checkpoint_to_pytorch.py writes it: no tokenizer_class
+    (tmp_path / "fsmt" / "tokenizer_config.json").write_text(json.dumps(
+        {"langs": ["en", "de"], "model_max_length": 1024, "do_lower_case": False}))  # fmt: skip
+    result = vaswani("convert", "fsmt", str(tmp_path / "fsmt"), str(tmp_path / "out"))
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert isinstance(AutoTokenizer.from_pretrained(tmp_path / "out"), FSMTTokenizer)
+
+
+def test_a_converted_fsmt_model_keeps_fairseq_s_length_limit_and_min_len():
+    fsmt = random_fsmt("uneven", vocab=40, tied=False)
+    fsmt.generation_config.max_length = 200  # as the allenai/wmt16-* and facebook/wmt19-* configs have it
+    generation = fsmt_to_vaswani(fsmt).generation_config
+    # fairseq's max_len_b 200: 200 tokens then </s>, where Transformers' max_length counts the decoder's start too
+    assert (generation.max_length, generation.min_new_tokens) == (202, 1)
+
+
+def test_the_documented_commands_for_ott_s_figures_run_on_converted_archives(archives, tmp_path):
+    """docs/trained-models.md's commands for 29.3 / 43.2 as written, on the random archive converted as en-de and as
+    en-fr, with the first lines of ../shared/data/wmt14_newstest2014."""
+    text = (Path(__file__).resolve().parents[1] / "docs" / "trained-models.md").read_text(encoding="utf-8")
+    block = text[text.index("```bash", text.index("Ott et al.'s figures, as they were measured")) :]
+    block = block[len("```bash") : block.index("```", len("```bash"))]
+    commands = [line for line in block.replace("\\\n", " ").splitlines() if line.strip()]
+    assert len(commands) == 2 and all("--decoding ott --precision fp32 --metric tokenized_bleu:" in c for c in commands)
+    french = tmp_path / "wmt14.en-fr"  # the archive as an en-fr one: its dictionaries named for the pair
+    french.mkdir()
+    for name in ("model.pt", "bpecodes", "dict.en.txt"):
+        (french / name).symlink_to(archives.root / "2018" / name)
+    (french / "dict.fr.txt").symlink_to(archives.root / "2018" / "dict.de.txt")
+    convert_fairseq_checkpoint(french, tmp_path / "wmt14-en-fr", source_lang="en", target_lang="fr")
+    (tmp_path / "wmt16-en-de").symlink_to(archives.converted["2018"])
+    data = tmp_path / "data"
+    data.mkdir()
+    for pair in ("en-de", "en-fr"):
+        for lang in pair.split("-"):
+            lines = read_lines(NEWSTEST / f"newstest2014.{pair}.{lang}", 4)
+            (data / f"newstest2014.{pair}.{lang}").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    for command in commands:
+        words = command.replace("../shared/data/wmt14_newstest2014", str(data)).split()
+        assert words[:2] == ["vaswani", "evaluate"]
+        result = vaswani(*words[1:2], str(tmp_path / words[2]), *words[3:])
+        assert result.returncode == 0, result.stderr[-2000:]
+        assert "tokenized_bleu" in result.stdout + result.stderr and "fp32" in result.stdout + result.stderr

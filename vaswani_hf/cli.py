@@ -274,12 +274,13 @@ def convert_command(argv: list[str]) -> int:
                          help="subword-nmt codes file, where the archive has no bpecodes or code file")  # fmt: skip
     fairseq.add_argument("--aggressive-dash-splits", "--aggressive_dash_splits", dest="aggressive_dash_splits",
                          type=_yes_no, metavar="yes|no",
-                         help="Moses -a, where the checkpoint does not say (default yes, fairseq's)")  # fmt: skip
+                         help="Moses -a (default: the checkpoint's setting, else what the dictionary shows, else "
+                         "yes, fairseq's)")  # fmt: skip
     fairseq.add_argument(
         "--escape",
         type=_yes_no,
         metavar="yes|no",
-        help="Moses' XML escaping, where the checkpoint does not say (default yes, fairseq's)",
+        help="Moses' XML escaping (default: the checkpoint's setting, else what the dictionary shows, else yes)",
     )
     fairseq.add_argument("--normalize-punctuation", "--normalize_punctuation", dest="normalize_punctuation",
                          action="store_true", help="Moses' punctuation normalisation before tokenizing")  # fmt: skip
@@ -289,7 +290,7 @@ def convert_command(argv: list[str]) -> int:
             args.src_dir, args.out_dir, checkpoint=args.checkpoint, paper_decoding=args.paper_decoding,
             source_lang=args.source_lang, target_lang=args.target_lang, bpe_codes=args.bpe_codes,
             aggressive_dash_splits=args.aggressive_dash_splits, escape=args.escape,
-            normalize_punctuation=args.normalize_punctuation,
+            normalize_punctuation=args.normalize_punctuation, report=print,
         )  # fmt: skip
     else:
         given = [f"--{n.replace('_', '-')}" for n in ("checkpoint", "source_lang", "target_lang", "bpe_codes",

@@ -122,6 +122,14 @@ class MosesBPETokenizer(PreTrainedTokenizer):
     def _convert_id_to_token(self, index: int) -> str:
         return self.decoder.get(index, self.unk_token)
 
+    def convert_ids_to_tokens(self, ids, skip_special_tokens: bool = False):
+        """As Transformers', but `<unk>` is kept when special tokens are skipped: fairseq prints it in a hypothesis
+        (and tokenized BLEU counts it), where dropping it would hide a word the model could not spell."""
+        if isinstance(ids, int) or not skip_special_tokens:
+            return super().convert_ids_to_tokens(ids, skip_special_tokens=skip_special_tokens)
+        skipped = set(self.all_special_ids) - {self.unk_token_id}
+        return super().convert_ids_to_tokens([int(i) for i in ids if int(i) not in skipped])
+
     def convert_tokens_to_string(self, tokens: list[str]) -> str:
         words = " ".join(tokens).replace(f"{self.bpe_separator} ", "").split()
         if words and words[-1].endswith(self.bpe_separator):  # a cut-off piece: keep its letters

@@ -19,7 +19,8 @@ import argparse
 import json
 import pickle
 import re
-from collections.abc import Mapping
+import warnings
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import torch
@@ -30,7 +31,13 @@ from ...model.search_vaswani import FAIRSEQ_GENERATION_DEFAULTS
 from .folder import check_free, write_folder, write_languages
 from .marian import vaswani_state_dict_from_bart_layout
 
-FAIRSEQ_SPECIALS = ("<s>", "<pad>", "</s>", "<unk>")  # fairseq's Dictionary: bos, pad, eos, unk
+FAIRSEQ_SPECIALS = ("<s>", "<pad>", "</s>", "<unk>")
+# fairseq-generate's defaults (beam 5, score / length, max_len_a 0 / max_len_b 200) with its min_len 1: `</s>` is
+# never the first token (fairseq's SequenceGenerator bans it at step 0)
+FAIRSEQ_DECODING = {**FAIRSEQ_GENERATION_DEFAULTS, "min_new_tokens": 1}
+# Ott et al. (2018)'s newstest2014 figures (29.3 en-de, 43.2 en-fr): `--beam 4 --lenpen 0.6`, fairseq's penalty
+# score / length ** 0.6 (Transformers' form, "hf"), the rest fairseq-generate's defaults
+OTT_DECODING = {**FAIRSEQ_DECODING, "num_beams": 4, "length_penalty": 0.6}  # fairseq's Dictionary: bos, pad, eos, unk
 CODES_NAMES = ("bpecodes", "code", "codes", "bpe.codes")
 
 
@@ -240,12 +247,14 @@ def vaswani_from_fairseq_layout(
 
 def set_decoding(model: VaswaniForConditionalGeneration, paper_decoding: bool) -> None:
     """fairseq's decoding (beam 5, score / length, 200 tokens) unless `paper_decoding` keeps the paper's (beam 4, GNMT
-    penalty 0.6, source + 50); either way as fairseq's search: `<pad>` never chosen, `</s>` forced at the limit."""
+    penalty 0.6, source + 50); either way as fairseq's search: `<pad>` never chosen, `</s>` never first (min_len 1)
+    and forced at the limit."""
     generation = model.generation_config
     generation.suppress_tokens = [model.config.pad_token_id]
     generation.forced_eos_token_id = model.config.eos_token_id
+    generation.min_new_tokens = 1
     if not paper_decoding:
-        for name, value in FAIRSEQ_GENERATION_DEFAULTS.items():
+        for name, value in FAIRSEQ_DECODING.items():
             setattr(generation, name, value)
     generation._from_model_config = False  # keep these settings on save and reload
 
@@ -277,11 +286,15 @@ def find_checkpoint(src_dir: Path, checkpoint: str | None) -> Path:
 
 def check_codes_match(codes: Path, dictionary: Path, symbols: list[str], separator: str = "@@") -> None:
     """Every subword of a fairseq dictionary built on BPE'd text is a merge of the codes (a word-final one of a merge
-    ending in `</w>`, an inner one `@@`-marked); codes from another model leave most of them unexplained."""
+    ending in `</w>`, an inner one `@@`-marked); codes from another model leave most of them unexplained. Codes
+    without a `#version` header are subword-nmt's v0.1, where `</w>` is a symbol of its own: a word-final piece comes
+    out bare where no `X </w>` merge exists, so any merge may end a word there."""
     merged = set()
+    version_01 = True
     with open(codes, encoding="utf-8") as handle:
         for number, line in enumerate(handle, 1):
             if number == 1 and line.startswith("#version"):
+                version_01 = False
                 continue
             pair = line.split()
             if len(pair) < 2:
@@ -289,6 +302,8 @@ def check_codes_match(codes: Path, dictionary: Path, symbols: list[str], separat
                                           "this subword-nmt's codes file?")  # fmt: skip
             joined = pair[0] + pair[1]
             merged.add(joined[: -len("</w>")] if joined.endswith("</w>") else joined + separator)
+            if version_01 and not joined.endswith("</w>"):
+                merged.add(joined)
     subwords = [s for s in symbols[len(FAIRSEQ_SPECIALS) :] if not re.fullmatch(r"madeupword\d+", s)]
     longer = [s for s in subwords if len(s.removesuffix(separator)) > 1]
     unexplained = [s for s in longer if s not in merged]
@@ -324,6 +339,65 @@ def fairseq_vocabulary(src_dir: Path, settings: dict, rows: int, source_lang: st
     return source + [f"madeupword{i:04d}" for i in range(padding)]
 
 
+ESCAPED = ("&quot;", "&apos;", "&amp;", "&lt;", "&gt;", "&#124;", "&#91;", "&#93;")
+
+
+def moses_evidence(symbols: list[str], separator: str = "@@") -> dict[str, tuple[bool | None, str]]:
+    """What a dictionary tells of the Moses options its text was tokenized with: `@-@` is a token only under `-a`
+    (which splits `well-known` into `well @-@ known`), and without it a hyphen inside a word (`-@@`, `well-`) is
+    common; a bare `"` or `'` is a token only without XML escaping (which turns every one into `&quot;` / `&apos;`),
+    and entities only with it. Each option maps to (True, False or None where the dictionary does not tell, the
+    evidence in words)."""
+    symbols = symbols[len(FAIRSEQ_SPECIALS) :]
+    # `@-@` whole, or cut by BPE where it is rare (`@-@@ @`, `@@@ -@`)
+    dash = any(re.fullmatch(r"@-@?|-@", s.removesuffix(separator)) for s in symbols)
+    inner = [s for s in symbols if s == f"-{separator}" or re.search(r"\w-|-\w", s.removesuffix(separator))]
+    escaped = [s for s in symbols if any(entity in s for entity in ESCAPED)]
+    bare = [s for s in symbols if '"' in s or "'" in s]
+    if dash:
+        aggressive = (True, "the dictionary holds `@-@`")
+    elif inner:
+        aggressive = (False, f"no `@-@` in the dictionary, and hyphens inside words ({', '.join(inner[:3])})")
+    else:
+        aggressive = (None, "the dictionary does not tell (no hyphens)")
+    if bare:
+        escape = (False, f"the dictionary holds bare quotes ({', '.join(bare[:3])})")
+    elif escaped:
+        escape = (True, f"the dictionary holds XML entities ({', '.join(escaped[:3])}) and no bare quotes")
+    else:
+        escape = (None, "the dictionary does not tell (no quotes)")
+    return {"aggressive_dash_splits": aggressive, "escape": escape}
+
+
+def moses_options(settings: dict, symbols: list[str], given: dict[str, bool | None],
+                  report: Callable[[str], None]) -> dict[str, dict]:  # fmt: skip
+    """Each Moses option and where it came from: the flag where given (warning where the checkpoint or the
+    dictionary says otherwise), else the checkpoint's `moses_no_*` field, else the dictionary's evidence, else
+    fairseq's default (on). The evidence is reported either way."""
+    evidence = moses_evidence(symbols)
+    chosen = {}
+    for option, field in (("aggressive_dash_splits", "moses_no_dash_splits"), ("escape", "moses_no_escape")):
+        inferred, words = evidence[option]
+        checkpoint = None if settings.get(field) is None else not settings[field]
+        flag = "--" + option.replace("_", "-")
+        if given.get(option) is not None:
+            value, source = given[option], f"{flag} {'yes' if given[option] else 'no'}"
+            for other, what in ((checkpoint, f"the checkpoint's `{field}`"), (inferred, "the dictionary")):
+                if other is not None and other != value:
+                    warnings.warn(f"{flag} {'yes' if value else 'no'} is used, but {what} says "
+                                  f"{'yes' if other else 'no'} ({words}): the model may meet subwords its dictionary "
+                                  "lacks (<unk>).", stacklevel=3)  # fmt: skip
+        elif checkpoint is not None:
+            value, source = checkpoint, f"the checkpoint's `{field}`"
+        elif inferred is not None:
+            value, source = inferred, "the dictionary"
+        else:
+            value, source = True, "fairseq's default"
+        chosen[option] = {"value": value, "from": source, "evidence": words}
+        report(f"Moses {option}: {'yes' if value else 'no'} ({source}; {words})")
+    return chosen
+
+
 def _languages(src_dir: Path, settings: dict, source_lang: str | None, target_lang: str | None) -> tuple[str, str]:
     source_lang = source_lang or settings.get("source_lang")
     target_lang = target_lang or settings.get("target_lang")
@@ -349,13 +423,16 @@ def convert_fairseq_checkpoint(
     aggressive_dash_splits: bool | None = None,
     escape: bool | None = None,
     normalize_punctuation: bool = False,
+    report: Callable[[str], None] | None = None,
 ) -> Path:
     """Convert an extracted fairseq archive (`model.pt`, `dict.{src}.txt`, `dict.{tgt}.txt`, `bpecodes` or `code`)
     into a Vaswani model folder: weights, configs, and the Moses + BPE tokenizer `AutoTokenizer` loads.
 
-    Moses' options come from the checkpoint where it holds them (`moses_no_dash_splits`, `moses_no_escape`), else
-    from the arguments, else fairseq's defaults (aggressive dash splits and escaping on, no punctuation
-    normalisation); `paper_decoding` keeps the paper's decoding instead of fairseq's (`set_decoding`).
+    Moses' options come from the arguments where given (with a warning where the checkpoint or the dictionary says
+    otherwise), else from the checkpoint where it holds them (`moses_no_dash_splits`, `moses_no_escape`), else from
+    the dictionary (`moses_evidence`), else fairseq's defaults (aggressive dash splits and escaping on); each choice
+    and its evidence go to `report` and into `training_facts.json`. Punctuation normalisation is off unless asked
+    for. `paper_decoding` keeps the paper's decoding instead of fairseq's (`set_decoding`).
     """
     from ...data.moses_bpe import MosesBPETokenizer
 
@@ -379,9 +456,8 @@ def convert_fairseq_checkpoint(
     check_codes_match(codes, src_dir / f"dict.{source_lang}.txt", symbols)
     model = vaswani_from_fairseq_layout(settings, weights, where=str(path))
     set_decoding(model, paper_decoding)
-
-    def moses(setting: str, given: bool | None) -> bool:  # the checkpoint's word first, then the flag, then fairseq's
-        return not settings[setting] if settings.get(setting) is not None else (True if given is None else given)
+    given = {"aggressive_dash_splits": aggressive_dash_splits, "escape": escape}
+    moses = moses_options(settings, symbols, given, report or (lambda line: None))
 
     def fill(folder: Path) -> None:
         model.save_pretrained(folder)
@@ -391,13 +467,14 @@ def convert_fairseq_checkpoint(
             codes_file=str(codes),
             source_lang=source_lang,
             target_lang=target_lang,
-            aggressive_dash_splits=moses("moses_no_dash_splits", aggressive_dash_splits),
-            escape=moses("moses_no_escape", escape),
+            aggressive_dash_splits=moses["aggressive_dash_splits"]["value"],
+            escape=moses["escape"]["value"],
             normalize_punctuation=normalize_punctuation,
             model_max_length=settings.get("max_source_positions", 1024),
         )
         tokenizer.save_pretrained(folder)
-        origin = {"format": "fairseq", "checkpoint": path.name, "arch": settings.get("arch") or settings.get("_name")}
+        origin = {"format": "fairseq", "checkpoint": path.name, "arch": settings.get("arch") or settings.get("_name"),
+                  "moses": moses}  # fmt: skip
         write_languages(folder, source_lang, target_lang, origin)
 
     return write_folder(out_dir, fill)

@@ -9,6 +9,7 @@ with FSMT's config read as fairseq's arguments. Its tokenizer (Moses + BPE, `FSM
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from ...model.modeling_vaswani import VaswaniForConditionalGeneration
@@ -46,8 +47,10 @@ def fsmt_settings(config) -> dict:
 def fsmt_to_vaswani(fsmt_model, paper_decoding: bool = False) -> VaswaniForConditionalGeneration:
     """A `VaswaniForConditionalGeneration` with the weights of an `FSMTForConditionalGeneration` (eval mode).
 
-    Its generation config is FSMT's (beam 5, Transformers' length penalty 1.0, `max_length` 200, forced </s>), so the
-    same `generate()` call decodes as the FSMT model; `paper_decoding=True` keeps the paper's decoding instead."""
+    Its generation config is FSMT's (its beams and length penalty: 5 and 0.6 or 0.8 for `allenai/wmt16-*`), read as
+    fairseq's, whose settings FSMT copied: its `max_length` (200) is fairseq's `max_len_b`, the tokens before the
+    forced </s> (Transformers counts the decoder's start in `max_length`, so 2 are added), and </s> is never the first
+    token (fairseq's min_len 1). `paper_decoding=True` keeps the paper's decoding instead."""
     config = fsmt_model.config
     for field, token in (("pad_token_id", 1), ("bos_token_id", 0), ("eos_token_id", 2), ("decoder_start_token_id", 2)):
         if getattr(config, field) != token:
@@ -64,7 +67,21 @@ def fsmt_to_vaswani(fsmt_model, paper_decoding: bool = False) -> VaswaniForCondi
         set_decoding(model, paper_decoding=True)
     else:
         decode_as_peer(model, fsmt_model.generation_config)
+        generation = model.generation_config
+        generation.max_length = (generation.max_length or 200) + 2  # the decoder's start, max_len_b tokens, </s>
+        generation.min_new_tokens = 1
     return model.to(fsmt_model.dtype).eval()  # FSMT's dtype, as the Marian converter keeps Marian's
+
+
+def name_the_tokenizer(path: Path) -> None:
+    """Transformers' FSMT conversion script writes `tokenizer_config.json` without `tokenizer_class` (the Hub's
+    `allenai/wmt16-*` folders): `AutoTokenizer` read the class from FSMT's config.json, which the converted folder's
+    Vaswani config replaces, so the class is named here."""
+    if path.is_file():
+        config = json.loads(path.read_text(encoding="utf-8"))
+        if not config.get("tokenizer_class"):
+            config["tokenizer_class"] = "FSMTTokenizer"
+            path.write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
 def convert_fsmt_checkpoint(src_dir: str | Path, out_dir: str | Path, paper_decoding: bool = False) -> Path:
@@ -83,5 +100,6 @@ def convert_fsmt_checkpoint(src_dir: str | Path, out_dir: str | Path, paper_deco
         model.save_pretrained(folder)
         write_languages(folder, *fsmt.config.langs, {"format": "fsmt", "folder": src_dir.name})
         copy_files(src_dir, folder, TOKENIZER_FILES)
+        name_the_tokenizer(folder / "tokenizer_config.json")
 
     return write_folder(out_dir, fill)

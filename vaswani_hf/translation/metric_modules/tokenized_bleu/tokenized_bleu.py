@@ -1,8 +1,15 @@
-"""Tokenized BLEU as the paper reports it (section 6.1, Table 2): hypotheses and references Moses-tokenized, hyphenated
-compounds split (`##AT##-##AT##`), then multi-bleu.perl's corpus BLEU (sacreBLEU with `tokenize="none"`), the
-procedure of tensor2tensor's `get_ende_bleu.sh` and fairseq's `compound_split_bleu.sh`. A 🤗 Evaluate metric that
-loads offline by path; its configuration name is the Moses language (`--metric tokenized_bleu:de`; default en).
-Needs sacremoses (`pip install "vaswani-hf[fairseq]"`)."""
+"""Tokenized BLEU as the paper and Ott et al. (2018) report it (section 6.1, Table 2), then multi-bleu.perl's corpus
+BLEU (sacreBLEU with `tokenize="none"`). A 🤗 Evaluate metric that loads offline by path; its configuration name is
+the Moses language (`--metric tokenized_bleu:de`; default en), which picks the procedure:
+
+- French (`fr`): fairseq's `prepare-wmt14en2fr.sh` for its test set: `’` -> `'`, then Moses with `-a` (aggressive
+  dash splits) and escaping; no compound splitting. newstest2014's French reference: 82,787 tokens.
+- any other language (`de`): tensor2tensor's `get_ende_bleu.sh` and fairseq's `compound_split_bleu.sh`: Moses
+  without `-a`, with escaping, then hyphenated compounds split (`##AT##-##AT##`). newstest2014's German reference:
+  64,496 tokens.
+
+`<unk>` in a hypothesis (as fairseq prints it) stays one token. Needs sacremoses (`pip install "vaswani-hf[fairseq]"`).
+"""
 
 import re
 
@@ -15,7 +22,8 @@ Args:
     predictions: list of detokenized hypotheses, one string each.
     references: list of detokenized references, one string each.
 Returns:
-    tokenized_bleu: the corpus BLEU of the tokenized, compound-split text (0-100); tokenized_bleu_signature.
+    tokenized_bleu: the corpus BLEU of the tokenized text (0-100); tokenized_bleu_signature; tokenized_bleu_sys_len and
+    tokenized_bleu_ref_len, the token counts BLEU's brevity penalty compares (fairseq prints them).
 """
 
 
@@ -41,11 +49,18 @@ class TokenizedBleu(evaluate.Metric):
 
         language = self.config_name if self.config_name not in (None, "default") else "en"
         moses = MosesTokenizer(lang=language)
+        french = language == "fr"  # prepare-wmt14en2fr.sh's test set
 
         def tokenized(text: str) -> str:
-            return split_compounds(moses.tokenize(text, return_str=True, escape=True))
+            words = []
+            for part in text.split("<unk>"):
+                part = part.replace("\u2019", "'") if french else part
+                words.append(moses.tokenize(part, aggressive_dash_splits=french, return_str=True, escape=True))
+            text = " <unk> ".join(words)
+            return " ".join((text if french else split_compounds(text)).split())
 
         bleu = sacrebleu.metrics.BLEU(tokenize="none", force=True)
         result = bleu.corpus_score([tokenized(p) for p in predictions], [[tokenized(r) for r in references]])
-        signature = f"moses-{language}+compound-split|{bleu.get_signature()}"
-        return {"tokenized_bleu": result.score, "tokenized_bleu_signature": signature}
+        procedure = "quote+moses-a-fr" if french else f"moses-{language}+compound-split"
+        return {"tokenized_bleu": result.score, "tokenized_bleu_signature": f"{procedure}|{bleu.get_signature()}",
+                "tokenized_bleu_sys_len": result.sys_len, "tokenized_bleu_ref_len": result.ref_len}  # fmt: skip
