@@ -217,7 +217,7 @@ def overlapping_searches(draw):
 
 
 @given(case=overlapping_searches())
-@settings(max_examples=12, deadline=None, suppress_health_check=FAST_TIER.suppress_health_check)
+@settings(max_examples=8, deadline=None, suppress_health_check=FAST_TIER.suppress_health_check)
 def test_overlapping_phrases_and_word_ends_follow_the_reference(case, monkeypatch):
     holds_to_the_reference(case, monkeypatch)
 

@@ -102,3 +102,35 @@ def test_generate_without_input_ids_starts_from_bos_as_transformers(num_beams):
     model.generation_config.bos_token_id = model.config.bos_token_id = None
     with pytest.raises(ValueError, match="`bos_token_id` has to be defined"):
         model.generate(**kwargs)
+
+
+@pytest.mark.parametrize("num_beams", [1, 3])
+def test_return_dict_in_generate_carries_the_cache_a_caller_continues_from(num_beams):
+    """Greedy: Transformers' own cache (every returned token but the last). Beam search: the returned sequences'
+    cache; the next step's logits from it are a whole forward pass's."""
+    from transformers.cache_utils import EncoderDecoderCache
+
+    from vaswani_hf.model.modeling_vaswani import CACHE_FIELD
+
+    model = tiny_model()
+    mask = SOURCE.ne(0).long()
+    kwargs = dict(attention_mask=mask, num_beams=num_beams, num_return_sequences=num_beams, max_new_tokens=5,
+                  return_dict_in_generate=True)  # fmt: skip
+    ours = model.generate(input_ids=SOURCE, length_penalty_type="hf", max_length_offset=None, **kwargs)
+    cache = ours[CACHE_FIELD]
+    assert isinstance(cache, EncoderDecoderCache)
+    assert cache.get_seq_length() == ours.sequences.shape[1] - 1
+    if num_beams == 1:
+        theirs = GenerationMixin.generate(model, input_ids=SOURCE, **kwargs)
+        assert torch.equal(ours.sequences, theirs.sequences)
+        for mine, their in zip(cache.self_attention_cache.layers, theirs[CACHE_FIELD].self_attention_cache.layers,
+                               strict=True):  # fmt: skip
+            torch.testing.assert_close(mine.keys, their.keys)
+            torch.testing.assert_close(mine.values, their.values)
+    rows = ours.sequences.shape[0] // SOURCE.shape[0]
+    source, source_mask = SOURCE.repeat_interleave(rows, 0), mask.repeat_interleave(rows, 0)
+    whole = model(input_ids=source, attention_mask=source_mask, decoder_input_ids=ours.sequences).logits[:, -1]
+    step = model(input_ids=source, attention_mask=source_mask, decoder_input_ids=ours.sequences[:, -1:],
+                 **{CACHE_FIELD: cache}).logits[:, -1]  # fmt: skip
+    torch.testing.assert_close(step, whole, atol=1e-4, rtol=1e-4)
+    assert CACHE_FIELD not in model.generate(input_ids=SOURCE, output_sequence_scores=True, num_beams=2)  # not asked

@@ -25,6 +25,7 @@ import os
 from dataclasses import dataclass
 
 import torch
+from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 from transformers.generation import (
     GenerateBeamEncoderDecoderOutput,
     GenerateEncoderDecoderOutput,
@@ -49,6 +50,9 @@ from .search_vaswani import (
 )
 
 logger = logging.get_logger(__name__)
+
+# Transformers 5.24 renamed the outputs' key/value cache from `past_key_values` to `cache`
+CACHE_FIELD = "cache" if "cache" in GenerateEncoderDecoderOutput.__dataclass_fields__ else "past_key_values"
 
 
 # Transformers' values for generation settings that neither the call nor the model sets.
@@ -149,6 +153,8 @@ class VaswaniGenerationMixin:
         if penalty_type not in LENGTH_PENALTY_TYPES:
             raise ValueError(f"length_penalty_type must be one of {LENGTH_PENALTY_TYPES}, got {penalty_type!r}.")
         explicit_length = self._length_asked(generation_config, kwargs)
+        # the cache comes back where the caller asks for a dict (not where only our own options need one)
+        cache_asked = bool(kwargs.get("return_dict_in_generate", config.return_dict_in_generate))
         return_alignments = kwargs.pop("return_alignments", False)
         if return_alignments:
             if not isinstance(self, torch.nn.Module):
@@ -191,6 +197,8 @@ class VaswaniGenerationMixin:
         if reason is None:
             output = self._decode(config, model_kwargs, source, limits, penalty_type, logits_processor, lexical,
                                   shortlist, sequence_scores, fast, graphs)  # fmt: skip
+            if cache_asked and config.use_cache and isinstance(self, torch.nn.Module):
+                output[CACHE_FIELD] = self._cache_of(output.sequences, source)
             return with_alignments(self, output, source) if return_alignments else output
         if penalty_type == "gnmt" and config.num_beams > 1 and config.length_penalty != 0:
             logger.warning_once(
@@ -415,6 +423,21 @@ class VaswaniGenerationMixin:
             columns = result["sequences"]
             result["sequences"] = torch.where(columns >= 0, state.shortlist[columns.clamp(min=0)], columns)
         return self._output(settings, result)
+
+    def _cache_of(self, sequences: torch.LongTensor, source: Source):
+        """The decoder's key/value cache of the returned `sequences` but their last token, which a caller continues
+        from (`decoder_input_ids=sequences[:, -1:]`), as from Transformers' greedy output. The search dropped its
+        own as sentences finished; one decoder pass over the outputs rebuilds it (only where a caller asks for
+        `return_dict_in_generate`). Its rows are the returned sequences' (Transformers' beam search returns its
+        running beams' cache instead, which no returned sequence continues)."""
+        hidden = self._encode(source)
+        rows = sequences.shape[0] // hidden.shape[0]
+        mask = source.attention_mask
+        mask = mask.to(hidden.device).repeat_interleave(rows, dim=0) if mask is not None else None
+        cache = EncoderDecoderCache(DynamicCache(config=self.config), DynamicCache(config=self.config))
+        self.get_decoder()(input_ids=sequences[:, :-1], encoder_hidden_states=hidden.repeat_interleave(rows, dim=0),
+                           encoder_attention_mask=mask, cache=cache, use_cache=True)  # fmt: skip
+        return cache
 
     def _output(self, settings: DecodingSettings, result: dict):
         """A search's result as generate() returns it: the start token, then each row's tokens."""
