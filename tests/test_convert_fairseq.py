@@ -559,16 +559,18 @@ def test_fairseq_itself_translates_as_vaswani_translate(trained_archive, tmp_pat
     settings = json.dumps({name: kwargs for name, (kwargs, _) in ORACLE_SETTINGS.items()})
     out = tmp_path / "fairseq.json"
     oracle = Path(__file__).with_name("fairseq_oracle.py")
+    log = open(tmp_path / "fairseq.log", "w+", encoding="utf-8")  # a file, not a pipe: fairseq logs as it goes
     fairseq = subprocess.Popen([str(python), str(oracle), str(trained_archive.archive), str(sources), settings,
-                                str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+                                str(out)], stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
     ours = {}  # while fairseq translates
     for name, (_, flags) in ORACLE_SETTINGS.items():
         result = vaswani("translate", str(trained_archive.converted), "--precision", "fp32", *flags,
                          stdin=sources.read_text())  # fmt: skip
         assert result.returncode == 0, result.stderr[-2000:]
         ours[name] = result.stdout.splitlines()
-    _, errors = fairseq.communicate(timeout=600)
-    assert fairseq.returncode == 0, errors[-4000:]
+    fairseq.wait(timeout=600)
+    log.close()
+    assert fairseq.returncode == 0, (tmp_path / "fairseq.log").read_text(encoding="utf-8")[-4000:]
     theirs = json.loads(out.read_text(encoding="utf-8"))
     assert theirs["generation"] == {"max_len_a": 0, "max_len_b": 200, "min_len": 1, "lenpen": 1}
     lengths, tokenizer = set(), AutoTokenizer.from_pretrained(trained_archive.converted)
