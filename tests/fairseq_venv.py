@@ -1,9 +1,9 @@
 """fairseq itself, for the tests that hold `vaswani convert fairseq` and `vaswani translate` to it: PyPI's
 `fairseq-fixed==0.12.3.1` (fairseq 0.12 with its build fixed for today's Python) in a virtual environment of its own,
-built once and kept in ~/.cache/vaswani-tests (VASWANI_TEST_CACHE elsewhere). fairseq builds from source (about 4.5
-minutes on 2 cores): against the environment's own CPU torch, with Cython and numpy present and without pip's build
-isolation, which would otherwise pull a CUDA torch of several GB. A build that fails raises: the oracle test fails,
-it does not skip.
+built once and kept in ~/.cache/vaswani-tests (VASWANI_TEST_CACHE elsewhere). fairseq builds from source (6.2
+minutes on this project's 2 shared cores, 2.7 minutes of CPU): against the environment's own CPU torch, with Cython
+and numpy present and without pip's build isolation, which would otherwise pull a CUDA torch of several GB. A build
+that fails raises: the oracle test fails, it does not skip.
 
 `python -m tests.fairseq_venv` builds it and prints the interpreter's path."""
 
