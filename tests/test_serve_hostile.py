@@ -431,3 +431,85 @@ def test_libretranslate_fields_fuzzed_give_no_5xx(server):
     fuzz_files()
     assert not failures, failures[:10]
     alive(server)
+
+
+# --- what an attacker found in the first version, each a test that failed then -----------------------------------
+
+
+def multipart_body(fields: dict[str, bytes], filename: bytes | None = None) -> bytes:
+    parts = [b'--X\r\nContent-Disposition: form-data; name="%s"\r\n\r\n%s\r\n' % (k.encode(), v) for k, v in
+             fields.items()]  # fmt: skip
+    if filename is not None:
+        parts.append(b'--X\r\nContent-Disposition: form-data; name="file"; filename="%s"\r\n\r\nHello\r\n' % filename)
+    return b"".join(parts) + b"--X--\r\n"
+
+
+def test_a_form_charset_that_makes_a_lone_surrogate_is_a_json_400(service):
+    headers = {"content-type": "multipart/form-data; boundary=X; charset=unicode_escape"}
+    text = multipart_body({"q": b"Hello \\ud800", "source": b"en", "target": b"de"})
+    named = multipart_body({"source": b"en", "target": b"de"}, filename=b"\\ud800.txt")
+    for path, body in (("/translate", text), ("/translate_file", named)):
+        (answer,) = call(service, ("POST", path, {"content": body, "headers": headers}))
+        refused(answer, 400, "lone surrogate")
+
+
+def test_the_sentence_splitter_is_linear_on_any_line():
+    from vaswani_hf.serving.sentences import sentences_of
+
+    timed = {}
+    for size in (25_000, 100_000):
+        line = '?"' * (size // 2)
+        start = time.perf_counter()
+        pieces = sentences_of(line, "en")
+        timed[size] = time.perf_counter() - start
+        assert "".join(a + b + c for a, b, c in pieces) == line
+    # sentencex alone is quadratic here (0.36 s, then 4.8 s on 2 cores): four times the text, four times the time
+    assert timed[100_000] < 8 * timed[25_000] + 0.05 and timed[100_000] < 1.0 * slack()
+
+
+def test_a_translated_file_of_any_name_downloads_from_its_url(service):
+    from vaswani_hf.serving.app import create_app
+
+    app = create_app(service)
+    for name in ("Report #3.txt", "q?x=1.txt", "50%41.txt", "a%2fb.txt"):
+        files = {"file": (name, LINES[0].encode())}
+        (upload,) = call(service, ("POST", "/translate_file", {"data": {"source": "en", "target": "de"},
+                                                               "files": files}), app=app)  # fmt: skip
+        url = upload.json()["translatedFileUrl"].removeprefix("http://serve")
+        (download,) = call(service, ("GET", url, {}), app=app)
+        assert download.status_code == 200, (name, url, download.text)
+
+
+def test_a_form_keeps_every_character_but_turns_crlf_into_a_line_end(service):
+    html = "<pre>a\r\n  b\r\n</pre><!-- a\u2028b --><p>Hi</p>\n"
+    (answer,) = call(service, ("POST", "/translate", {"data": {"q": html, "source": "en", "target": "de",
+                                                               "format": "html"}}))  # fmt: skip
+    out = answer.json()["translatedText"]
+    assert out.startswith("<pre>a\n  b\n</pre><!-- a\u2028b --><p>") and out.endswith("</p>\n")
+
+
+@pytest.mark.parametrize(("markup", "translated"), [
+    ('<span translate="no"><div>Acme Widget</span> Pro Max</div>', []),  # the span's end ignored inside a div
+    ('<span class="notranslate"/>Acme Widget</span>', []),  # a trailing slash opens a span all the same
+    ('<ul><li class="notranslate">Acme<li>Free shipping<li>Easy returns</ul>', ["Free shipping", "Easy returns"]),
+    ("<table><tr><td translate=no>SKU-42<td>Blue cotton shirt</table>", ["Blue cotton shirt"]),
+    ("<p translate=no>Acme<div>Free shipping</div>", ["Free shipping"]),
+    ("<dl><dt translate=no>Acme<dd>A widget</dl>", ["A widget"]),
+    ("<p>x <\u017f y z</p>", ["x <\u017f y z"]),  # no tag starts with a long s
+    ("<plaintext>Hello <b>world", []),
+])  # fmt: skip
+def test_the_tokenizer_opens_and_closes_elements_as_the_standard_does(markup, translated):
+    from vaswani_hf.serving.markup import Document
+
+    document = Document(markup)
+    assert document.texts() == translated
+    assert document.render(document.texts()).replace("&lt;", "<") == markup  # the markup kept byte for byte
+
+
+def test_auto_with_html_reads_the_text_not_the_markup(service):
+    spanish = "el perro corre rápidamente por el prado verde junto al río y la casa de mi abuela está en la montaña"
+    html = f'<img alt="{spanish}"><p>Good morning, how are you today, my dear friend?</p>'
+    (answer,) = call(service, ("POST", "/translate", {"json": {"q": html, "source": "auto", "target": "de",
+                                                               "format": "html"}}))  # fmt: skip
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["detectedLanguage"]["language"] == "en"

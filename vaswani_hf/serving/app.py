@@ -85,7 +85,8 @@ def create_app(catalog: Catalog | Service, routers: Routers | None = None) -> Fa
         with Retry-After past them); its characters per request (None: the server's) are returned for `run`."""
         if not settings.api_keys:
             return None
-        bearer = authorization[7:].strip() if authorization and authorization.startswith("Bearer ") else None
+        # the scheme is case-insensitive (RFC 9110, 11.1): "bearer KEY" as well
+        bearer = authorization[7:].strip() if authorization and authorization[:7].lower() == "bearer " else None
         key = given or bearer
         if not key:
             # the words Dialect matches to tell a user that the server wants a key (LibreTranslate's older wording)

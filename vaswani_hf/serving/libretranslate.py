@@ -59,7 +59,7 @@ def languages_of(fields: dict) -> tuple[str, str]:
     """The request's source and target, lower-cased (codes are case-insensitive); each must be given, as a code."""
     for name in ("source", "target"):
         value = fields.get(name)
-        if value is None or value == "":
+        if value is None or (isinstance(value, str) and not value.strip()):
             raise missing(name)
         if not isinstance(value, str) or len(value) > 32 or not value.strip().isprintable():
             raise invalid(f"{name} must be a language code such as en, not {shown(value)}")
@@ -111,11 +111,14 @@ def libretranslate_router(catalog: Catalog, run, check_key) -> APIRouter:
         except NoRoute as err:
             raise ApiError(400, str(err), "language") from None
 
-    def detected(texts: list[str], target: str) -> tuple[dict, str]:
+    def detected(texts: list[str], target: str, html: bool = False) -> tuple[dict, str]:
         """`source: auto`: the language of the texts (one detection for all, as LibreTranslate makes), as reported,
         and the source to translate from: the likeliest served source that reaches `target` (where the identifier
         is guessing, the first model's, or the first that reaches it). Refused when the identifier is sure, on
-        enough text, that it is a language no model reads to `target`."""
+        enough text, that it is a language no model reads to `target`. For `html`, the text nodes that would be
+        translated, not the markup (attributes, scripts and class names would be read as a language)."""
+        if html:
+            texts = [" ".join(Document(text).texts()) for text in texts]
         text = "\n".join(texts)
         reaching = [code for code in catalog.sources() if (code, target) in catalog.routes and code != target]
         itself = (target, target) in catalog.routes  # the target is served: text in it comes back unchanged
@@ -185,7 +188,8 @@ def libretranslate_router(catalog: Catalog, run, check_key) -> APIRouter:
             raise ApiError(400, f"Invalid request: request ({len(texts)}) exceeds text limit ({settings.batch_limit})"
                            " (--batch_limit texts a request)", "too_long")  # fmt: skip
         check_chars(settings, True, sum(map(len, texts)), char_limit)  # before the detection and the parsing
-        found, source = await asyncio.to_thread(detected, texts, target) if source == "auto" else (None, source)
+        found, source = (await asyncio.to_thread(detected, texts, target, form == "html") if source == "auto"
+                         else (None, source))  # fmt: skip
         route = route_of(source, target)
         html = form == "html"  # as LibreTranslate: no alternatives for html
         texts_out, results = await translated(texts, html, {"nbest": count + 1} if count and not html else {},
@@ -246,6 +250,8 @@ def libretranslate_router(catalog: Catalog, run, check_key) -> APIRouter:
         upload = (await form_of(request)).get("file")  # the form read once: Starlette keeps it
         if not isinstance(upload, UploadFile) or not upload.filename:
             raise missing("file")
+        if not_text(upload.filename):
+            raise invalid("the file's name is not text: it holds a lone surrogate, which UTF-8 cannot write")
         source, target = languages_of(fields)
         name = PurePath(upload.filename).name
         suffix = PurePath(name).suffix.lower()
@@ -258,7 +264,8 @@ def libretranslate_router(catalog: Catalog, run, check_key) -> APIRouter:
             raise ApiError(400, f"Invalid request: the file is not UTF-8 text ({err.reason} at byte {err.start})",
                            "invalid") from None  # fmt: skip
         check_chars(settings, True, len(text), char_limit)  # before the detection and the parsing
-        route = route_of((await asyncio.to_thread(detected, [text], target))[1] if source == "auto" else source,
+        route = route_of((await asyncio.to_thread(detected, [text], target, suffix != ".txt"))[1] if source == "auto"
+                         else source,
                          target)  # fmt: skip
         (out,), _ = await translated([text], suffix != ".txt", {}, request, route, char_limit)
         stored = f"{uuid.uuid4().hex}.{PurePath(name).stem}_{target}{suffix}"
@@ -268,7 +275,8 @@ def libretranslate_router(catalog: Catalog, run, check_key) -> APIRouter:
         files[stored] = (now, out.encode("utf-8"))
         while len(files) > KEPT_FILES:
             files.popitem(last=False)
-        return {"translatedFileUrl": str(request.url_for("download_file", filename=stored))}
+        # the stored name quoted: '#', '?', '%' or '/' in a file's name would otherwise cut or change the URL
+        return {"translatedFileUrl": str(request.url_for("download_file", filename=quote(stored, safe="")))}
 
     @router.get("/download_file/{filename}", name="download_file", summary="A translated file, once translated")
     async def download_file(filename: str) -> Response:
@@ -320,8 +328,13 @@ async def read_fields(request: Request) -> dict[str, Any]:
     fields.update((name, value) for name, value in request.query_params.items() if name != "api_key")
     if request.query_params.getlist("q")[1:]:
         fields["q"] = request.query_params.getlist("q")
+    for name, value in fields.items():  # a form's charset (utf-7, unicode_escape) can make a lone surrogate too
+        if not_text(value) or not_text(name):
+            raise invalid(f"{shown(name)} is not text: it holds a lone surrogate, which UTF-8 cannot write")
     if isinstance(fields.get("q"), str):
-        fields["q"] = "\n".join(fields["q"].splitlines())  # as LibreTranslate: a form's CRLF is one line end
+        # as LibreTranslate: a form's CRLF (or CR) is one line end; every other character is kept, so HTML comes
+        # back byte for byte (str.splitlines would also split at form feeds, U+2028 and the like)
+        fields["q"] = fields["q"].replace("\r\n", "\n").replace("\r", "\n")
     return fields
 
 

@@ -24,11 +24,28 @@ from __future__ import annotations
 import html
 import re
 
-UNTRANSLATED = frozenset({"script", "style", "code", "pre", "textarea", "template"})
+UNTRANSLATED = frozenset({"script", "style", "code", "pre", "textarea", "template", "plaintext"})
 VOID = frozenset({"area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta", "source", "track", "wbr"})
 # elements whose content is not markup, through their end tag: the standard's RAWTEXT and script data (kept as they
 # are) and RCDATA (text: a title's is translated, a textarea's kept)
-RAW = ("script", "style", "xmp", "iframe", "noembed", "noframes", "title", "textarea")
+RAW = ("script", "style", "xmp", "iframe", "noembed", "noframes", "plaintext", "title", "textarea")
+# the standard's "special" elements (13.2.4.2, those a page's structure is made of): an end tag of another element
+# (a span's, say) is ignored where one of these stands open inside it, as the standard's "any other end tag" rule says
+SPECIAL = frozenset({"address", "applet", "area", "article", "aside", "blockquote", "body", "caption", "center", "dd",
+                     "details", "dialog", "dir", "div", "dl", "dt", "fieldset", "figcaption", "figure", "footer",
+                     "form", "h1", "h2", "h3", "h4", "h5", "h6", "header", "hgroup", "html", "li", "main", "marquee",
+                     "menu", "nav", "object", "ol", "p", "section", "select", "summary", "table", "tbody", "td",
+                     "tfoot", "th", "thead", "tr", "ul"})  # fmt: skip
+# end tags the standard implies: a start tag of these closes an open element of the same family on top of the stack
+# (a list item the next item, a cell the next cell, a paragraph the next block), so that a `translate="no"` item
+# does not swallow its siblings
+IMPLIED = {"li": {"li"}, "dt": {"dt", "dd"}, "dd": {"dt", "dd"}, "option": {"option"},
+           "optgroup": {"option", "optgroup"}, "td": {"td", "th"}, "th": {"td", "th"}, "tr": {"td", "th", "tr"},
+           "tbody": {"td", "th", "tr", "tbody", "thead"}, "tfoot": {"td", "th", "tr", "tbody", "thead"},
+           "rb": {"rb", "rt", "rp"}, "rt": {"rb", "rt", "rp"}, "rp": {"rb", "rt", "rp"}}  # fmt: skip
+CLOSES_P = frozenset({"address", "article", "aside", "blockquote", "details", "div", "dl", "fieldset", "figcaption",
+                      "figure", "footer", "form", "h1", "h2", "h3", "h4", "h5", "h6", "header", "hr", "main", "menu",
+                      "nav", "ol", "p", "pre", "section", "table", "ul"})  # fmt: skip
 SPACE = re.compile(r"\s+")
 
 _WS = r"\t\n\f\r "
@@ -36,7 +53,7 @@ _WS = r"\t\n\f\r "
 # part of it), then maybe '=' and a value, quoted (an unclosed quote runs to the end of the document) or not
 _ATTRIBUTE = rf"""[^{_WS}/>][^{_WS}/=>]*+(?:[{_WS}]*=[{_WS}]*+(?:"[^"]*+"?|'[^']*+'?|[^{_WS}>]*+))?"""
 ATTRIBUTE = re.compile(
-    rf"""([^{_WS}/>][^{_WS}/=>]*+)(?:[{_WS}]*=[{_WS}]*+(?:"([^"]*+)"?|'([^']*+)'?|([^{_WS}>]*+)))?"""
+    rf"""([^{_WS}/>][^{_WS}/=>]*+)(?:[{_WS}]*=[{_WS}]*+(?:"([^"]*+)"?|'([^']*+)'?|([^{_WS}>]*+)))?""", re.ASCII
 )
 _ATTRIBUTES = rf"(?:[{_WS}/]++|{_ATTRIBUTE})*+"
 # one token a match, in document order: text ('<' included where no tag can start), a comment, a declaration or
@@ -51,7 +68,7 @@ TOKEN = re.compile(
     rf"|<(?P<start>[A-Za-z][^{_WS}/>]*+)(?P<attributes>{_ATTRIBUTES})(?P<closed>>?)"
     rf"|</(?P<end>[A-Za-z][^{_WS}/>]*+){_ATTRIBUTES}>?"
     rf"|</[^>]*+>?",
-    re.IGNORECASE,
+    re.IGNORECASE | re.ASCII,  # ASCII: with IGNORECASE alone, [A-Za-z] also matches "ſ" and the Kelvin sign
 )
 
 
@@ -102,20 +119,35 @@ class Document:
                 or "notranslate" in html.unescape(found.get("class", "")).split())  # fmt: skip
 
     def _start(self, name: str, attributes: str, closed: bool) -> None:
-        if not closed or name in VOID or attributes.endswith("/"):
-            return  # unclosed (the document ended inside it), void, or written self-closing: no content
+        family = IMPLIED.get(name, ())
+        while self.open and (self.open[-1][0] in family or (name in CLOSES_P and self.open[-1][0] == "p")):
+            self._pop()  # the end tag the standard implies
+        foreign = self.counts.get("svg") or self.counts.get("math")
+        if not closed or name in VOID or (attributes.endswith("/") and (foreign or name in ("svg", "math"))):
+            # unclosed (the document ended inside it), void, or self-closing (only in svg and math: in HTML a
+            # trailing slash is ignored, `<span/>` opens a span): no content
+            return
         self.open.append((name, self._kept(name, attributes)))
         self.counts[name] = self.counts.get(name, 0) + 1
 
+    def _pop(self) -> str:
+        popped, _ = self.open.pop()
+        self.counts[popped] -= 1
+        return popped
+
     def _close(self, name: str) -> None:
-        """An end tag closes the innermost open element of its name and those inside it; of none open, nothing."""
+        """An end tag closes the innermost open element of its name and those inside it; of none open, nothing;
+        an end tag of an element that is not special is ignored where a special element stands open inside it."""
         if not self.counts.get(name):
             return
-        while self.open:
-            popped, _ = self.open.pop()
-            self.counts[popped] -= 1
-            if popped == name:
-                return
+        if name not in SPECIAL:
+            for open_name, _ in reversed(self.open):
+                if open_name == name:
+                    break
+                if open_name in SPECIAL:
+                    return
+        while self.open and self._pop() != name:
+            pass
 
     def _text(self, start: int, end: int) -> None:
         raw = self.text[start:end]

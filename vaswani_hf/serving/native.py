@@ -80,7 +80,8 @@ def native_router(catalog: Catalog, run, check_key) -> APIRouter:
     def route_of(source: str | None, target: str | None) -> Route:
         default = catalog.default_pair()
         try:
-            return catalog.route((source or default[0]).strip().lower(), (target or default[1]).strip().lower())
+            source, target = (source or "").strip() or default[0], (target or "").strip() or default[1]
+            return catalog.route(source.lower(), target.lower())
         except NoRoute as err:
             raise ApiError(422, f"invalid request: {err}", "language") from None
 

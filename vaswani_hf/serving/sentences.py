@@ -13,28 +13,53 @@ their scores summed.
 
 The split comes first (`split`), so that a request's sentences, the lines the model is sent, are counted against
 --max_lines and the queue before anything is queued (app.py's `run`): one line of 5,000 characters of "a! " is
-1,666 sentences. Its cost is linear in the text (a 5,000-character line of 1,666 sentences in 3 ms, a line of
-100,000 characters in a few ms, on 2 cores); `run` still calls it off the event loop."""
+1,666 sentences. sentencex's own time grows with the square of a line's length on some text (100,000 characters of
+'?"' took 4.8 s, holding the GIL, so a thread does not keep the event loop free), so a line is given to it in
+windows of at most WINDOW characters, cut at white space where there is some: the cost is linear in the text (a
+window's is bounded), and a sentence is never longer than a window (the model cuts far shorter ones anyway)."""
 
 from __future__ import annotations
 
 from .service import Translation
 
 Pieces = list[tuple[str, str, str]]  # a line's sentences as (spaces before, sentence, spaces after)
+WINDOW = 1000  # characters given to the segmenter at once
+
+
+def windows(text: str) -> list[str]:
+    """`text` in consecutive pieces of at most WINDOW characters, each cut after white space where the second half
+    of the window has some: joined, they give the text back."""
+    out, at = [], 0
+    while len(text) - at > WINDOW:
+        cut = max(text.rfind(" ", at + WINDOW // 2, at + WINDOW), text.rfind("\t", at + WINDOW // 2, at + WINDOW))
+        end = cut + 1 if cut >= 0 else at + WINDOW
+        out.append(text[at:end])
+        at = end
+    out.append(text[at:])
+    return out
+
+
+def segmented(text: str, language: str) -> list[str]:
+    """sentencex's sentences of `text`, window by window; a window it cannot split exactly is one piece."""
+    import sentencex
+
+    parts = []
+    for window in windows(text):
+        try:
+            found = [part for part in sentencex.segment(language, window) if part]
+        except Exception:  # whatever the segmenter cannot do, the window goes whole
+            found = [window]
+        parts += found if "".join(found) == window else [window]
+    return parts
 
 
 def sentences_of(line: str, language: str) -> Pieces:
     """The line's sentences as (spaces before, sentence, spaces after): joined, they give the line back. A line of
     one sentence (or none) is one piece, the line itself."""
-    import sentencex
-
     stripped = line.strip()
     if not stripped:
         return [("", line, "")]
-    try:
-        parts = [part for part in sentencex.segment(language, stripped) if part.strip()]
-    except Exception:  # whatever the segmenter cannot do, the line goes whole
-        parts = [stripped]
+    parts = _merged_spaces(segmented(stripped, language))
     if len(parts) < 2 or "".join(parts) != stripped:
         return [("", line, "")]
     pieces = [(part[: len(part) - len(part.lstrip())], part.strip(), part[len(part.rstrip()) :]) for part in parts]
@@ -43,6 +68,17 @@ def sentences_of(line: str, language: str) -> Pieces:
     before, last, after = pieces[-1]
     pieces[-1] = (before, last, after + line[len(line.rstrip()) :])
     return pieces
+
+
+def _merged_spaces(parts: list[str]) -> list[str]:
+    """Parts of white space alone joined to the part before (a window may end between sentences)."""
+    merged: list[str] = []
+    for part in parts:
+        if merged and not part.strip():
+            merged[-1] += part
+        else:
+            merged.append(part)
+    return merged
 
 
 def split(lines: list[str], language: str) -> list[Pieces]:
