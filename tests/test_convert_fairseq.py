@@ -743,3 +743,21 @@ def test_the_documented_commands_for_ott_s_figures_run_on_converted_archives(arc
         result = vaswani(*words[1:2], str(tmp_path / words[2]), *words[3:])
         assert result.returncode == 0, result.stderr[-2000:]
         assert "tokenized_bleu" in result.stdout + result.stderr and "fp32" in result.stdout + result.stderr
+
+
+def test_unk_stays_glued_to_its_letters_in_tokenized_bleu_as_in_fairseq_s_output():
+    """fairseq prints `Bü<unk>t` (one token after BPE removal) and splits `<unk>-Haus` as a compound."""
+    from vaswani_hf.translation.metrics import load_metrics, score_with
+
+    metrics = load_metrics(["tokenized_bleu:de"])
+    lengths = [score_with(metrics, [hypothesis], ["ein gutes Haus ."])["tokenized_bleu_sys_len"]
+               for hypothesis in ("ein Bü<unk>t Haus .", "ein <unk>-Haus .")]  # fmt: skip
+    assert lengths == [4, 5]  # ein Bü<unk>t Haus . | ein <unk> ##AT##-##AT## Haus .
+
+
+def test_a_lone_hyphen_piece_is_no_evidence_against_aggressive_dash_splits():
+    from vaswani_hf.interop.convert.fairseq import moses_evidence
+
+    # what -a text gives where BPE leaves `@-@` in single characters: `@@@ -@@ @`
+    found = moses_evidence(["<s>", "<pad>", "</s>", "<unk>", "@@@", "-@@", "@", "well", "known"])
+    assert found["aggressive_dash_splits"][0] is not False

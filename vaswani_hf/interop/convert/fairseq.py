@@ -351,7 +351,11 @@ def moses_evidence(symbols: list[str], separator: str = "@@") -> dict[str, tuple
     symbols = symbols[len(FAIRSEQ_SPECIALS) :]
     # `@-@` whole, or cut by BPE where it is rare (`@-@@ @`, `@@@ -@`)
     dash = any(re.fullmatch(r"@-@?|-@", s.removesuffix(separator)) for s in symbols)
-    inner = [s for s in symbols if s == f"-{separator}" or re.search(r"\w-|-\w", s.removesuffix(separator))]
+    # a hyphen beside a letter or digit inside a piece; or a lone `-@@` where no piece holds an `@` of the text:
+    # -a text whose `@-@` BPE cut into characters gives `@@@ -@@ @`, a lone `-@@` beside `@` pieces
+    at_signs = any("@" in s.removesuffix(separator) for s in symbols if s != separator)
+    inner = [s for s in symbols if re.search(r"\w-|-\w", s.removesuffix(separator))
+             or (s == f"-{separator}" and not at_signs)]  # fmt: skip
     escaped = [s for s in symbols if any(entity in s for entity in ESCAPED)]
     bare = [s for s in symbols if '"' in s or "'" in s]
     if dash:

@@ -51,12 +51,15 @@ class TokenizedBleu(evaluate.Metric):
         moses = MosesTokenizer(lang=language)
         french = language == "fr"  # prepare-wmt14en2fr.sh's test set
 
+        # `<unk>` through Moses as a word of letters, which it neither splits nor escapes, so that it stays glued to
+        # the letters beside it as in fairseq's output (`Bü<unk>t` one token, `<unk>-Haus` split as a compound)
+        unknown = "UNKXQZPLACEHOLDER"
+
         def tokenized(text: str) -> str:
-            words = []
-            for part in text.split("<unk>"):
-                part = part.replace("\u2019", "'") if french else part
-                words.append(moses.tokenize(part, aggressive_dash_splits=french, return_str=True, escape=True))
-            text = " <unk> ".join(words)
+            text = text.replace("<unk>", unknown)
+            text = text.replace("\u2019", "'") if french else text
+            text = moses.tokenize(text, aggressive_dash_splits=french, return_str=True, escape=True)
+            text = text.replace(unknown, "<unk>")
             return " ".join((text if french else split_compounds(text)).split())
 
         bleu = sacrebleu.metrics.BLEU(tokenize="none", force=True)
