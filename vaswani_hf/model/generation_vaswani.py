@@ -133,10 +133,11 @@ class VaswaniGenerationMixin:
     Extra arguments of `generate()`: `vocabulary_shortlist` (target ids to score, `vaswani_hf.translation.shortlist`),
     `output_sequence_scores=True` (beam search's `sequences_scores` alone; Transformers' `output_scores` also keeps
     every step's (rows x vocabulary) scores), `return_alignments`, `force_words`, `target_prefix`, `word_start_ids`,
-    `cpu_fast_paths` (False: the model's own products, without the package's fast products; default: on unless the
-    environment sets `VASWANI_CPU_FAST_PATHS=0`), `graph_decoding` (the package's static-shape search, its step a
-    CUDA graph on CUDA; default: on for CUDA unless `VASWANI_GRAPH_DECODING=0`). Remote code, where the package is
-    absent, has neither: both then decode with the plain products and the eager search.
+    `output_cache=False` (no decoder cache in a `return_dict_in_generate` output, which then costs no decoder pass
+    to rebuild), `cpu_fast_paths` (False: the model's own products, without the package's fast products; default:
+    on unless the environment sets `VASWANI_CPU_FAST_PATHS=0`), `graph_decoding` (the package's static-shape search,
+    its step a CUDA graph on CUDA; default: on for CUDA unless `VASWANI_GRAPH_DECODING=0`). Remote code, where the
+    package is absent, has neither: both then decode with the plain products and the eager search.
     """
 
     @torch.no_grad()
@@ -155,6 +156,7 @@ class VaswaniGenerationMixin:
         explicit_length = self._length_asked(generation_config, kwargs)
         # the cache comes back where the caller asks for a dict (not where only our own options need one)
         cache_asked = bool(kwargs.get("return_dict_in_generate", config.return_dict_in_generate))
+        cache_asked = kwargs.pop("output_cache", None) is not False and cache_asked
         return_alignments = kwargs.pop("return_alignments", False)
         if return_alignments:
             if not isinstance(self, torch.nn.Module):

@@ -219,7 +219,7 @@ def _translate_texts(
         with torch.no_grad():
             # the hypotheses' scores only: Transformers' `output_scores` would also keep every step's scores
             generated = model.generate(**batch.to(model.device), num_return_sequences=nbest,
-                                       output_sequence_scores=beam, return_dict_in_generate=True,
+                                       output_sequence_scores=beam, return_dict_in_generate=True, output_cache=False,
                                        return_alignments=alignments, **lexical, **generate_kwargs)  # fmt: skip
         texts = tokenizer.batch_decode(generated.sequences, skip_special_tokens=True)
         scores = generated.sequences_scores.tolist() if beam else [None] * len(texts)
