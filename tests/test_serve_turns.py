@@ -236,7 +236,7 @@ def test_slow_clients_are_cut_off_and_connections_bounded():
 
 def test_waiting_for_a_load_counts_in_the_queue_and_one_client_has_half_of_it():
     settings = {"max_queue_lines": 10, "max_client_lines": 5, "request_timeout": 20}
-    with Stub([A, {**C, "load_s": 3}], max_loaded=1, preload=["en-de"], settings=settings) as stub:
+    with Stub([{**A, "load_s": 2}, {**C, "load_s": 3}], max_loaded=1, preload=["en-de"], settings=settings) as stub:
         other = httpx.Client(transport=httpx.HTTPTransport(local_address="127.0.0.2"), timeout=30)
         waiting, out = in_thread(lambda: stub.translate("\n".join(["a"] * 5), "en", "fr"))  # waits for the load
         time.sleep(0.5)

@@ -47,6 +47,7 @@ CLOSES_P = frozenset({"address", "article", "aside", "blockquote", "details", "d
                       "figure", "footer", "form", "h1", "h2", "h3", "h4", "h5", "h6", "header", "hr", "main", "menu",
                       "nav", "ol", "p", "pre", "section", "table", "ul"})  # fmt: skip
 SPACE = re.compile(r"\s+")
+MARKING = ("translate", "class")  # the attributes that can keep an element's text untranslated
 
 _WS = r"\t\n\f\r "
 # an attribute as the standard's tokenizer reads one: a name (its first character may be '=', quotes and '<' are
@@ -109,7 +110,8 @@ class Document:
         """Whether the content of this element, opened here, is left untranslated."""
         if (self.open and self.open[-1][1]) or name in UNTRANSLATED:
             return True
-        if not attributes or ("translate" not in attributes.lower() and "class" not in attributes.lower()):
+        lowered = attributes.lower()
+        if not any(attribute in lowered for attribute in MARKING):
             return False
         found: dict[str, str] = {}
         for attribute in ATTRIBUTE.finditer(attributes):  # the first of a name counts, as in the standard

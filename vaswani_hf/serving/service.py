@@ -195,7 +195,9 @@ class Service:
         queueing anything, when the queue is full; LineTooLong for a line over the model's limit with --long-lines
         error; TimeoutError past the request timeout; ConnectionAbortedError as soon as the client leaves (its
         waiting lines are dropped either way); TranslationError when its line failed in the model."""
-        tokens = [self.count_tokens(line) for line in lines]
+        # a megabyte of text is seconds of tokenizing: off the event loop, where /health and the other pairs wait
+        count = lambda: [self.count_tokens(line) for line in lines]  # noqa: E731
+        tokens = await asyncio.to_thread(count) if sum(map(len, lines)) > 20_000 else count()
         if self.settings.long_lines == "error":
             for number, count in enumerate(tokens, 1):
                 if count > self.limit:
