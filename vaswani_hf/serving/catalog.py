@@ -230,7 +230,7 @@ class Catalog:
     @property
     def depth(self) -> int:
         """Lines waiting: for a batch, and for their model to load."""
-        batched = sum(service.batcher.depth for service in [*self.loaded.values()])
+        batched = sum(service.batcher.depth for service in self.loaded.values())
         return batched + sum(turn.lines for turn in self.turns.values())
 
     @property
@@ -260,6 +260,11 @@ class Catalog:
     def default_pair(self) -> tuple[str, str]:
         first = (self.translators or self.models)[0]
         return first.source, first.target
+
+    def state_facts(self, model: ServedModel) -> dict:
+        """The model's `state` and, where it failed, its `failure` (cause, attempts, seconds to the next try)."""
+        return {"state": self.state_of(model), **({"failure": self.failed[model].describe()} if model in self.failed
+                                                  else {})}  # fmt: skip
 
     def state_of(self, model: ServedModel) -> str:
         """loaded, loading, unloading, failed or unloaded."""
@@ -518,6 +523,5 @@ class Catalog:
     def describe(self) -> list[dict]:
         """Each model: its folder, pair, whether requests are routed to it by pair, and whether it is in memory."""
         return [{"model": m.name, "source": m.source, "target": m.target, "routed": m.routed,
-                 "loaded": m in self.loaded, "state": self.state_of(m),
-                 **({"failure": self.failed[m].describe()} if m in self.failed else {})}
+                 "loaded": m in self.loaded, **self.state_facts(m)}
                 for m in self.models]  # fmt: skip

@@ -170,8 +170,7 @@ def describe(catalog: Catalog, model: ServedModel) -> dict:
         | {"heads": config.get("encoder_attention_heads")},
         "scores": {k: v for k, v in evaluation.items() if isinstance(v, int | float) and not isinstance(v, bool)},
         "loaded": service is not None,
-        "state": catalog.state_of(model),  # loaded, loading, unloading, failed (see "failure") or unloaded
-        **({"failure": catalog.failed[model].describe()} if model in catalog.failed else {}),
+        **catalog.state_facts(model),  # loaded, loading, unloading, failed (see "failure") or unloaded
         "char_limit": settings.max_chars,
         "key_required": bool(settings.api_keys),
         "max_nbest": settings.max_nbest,
