@@ -21,6 +21,7 @@ from .test_serve import Server, free_port
 from .test_serve_clients import multipart
 
 LINES = [source for source, _ in builtin_splits()["test"][:3]]
+FRENCH = "Un homme en chemise bleue se tient sur une échelle et nettoie les fenêtres de la maison."
 GERMAN = "Ein Mann in einem blauen Hemd steht auf einer Leiter und putzt die Fenster des Hauses."
 DIRECT = [("en", "de"), ("de", "en"), ("en", "fr")]
 COMPOSED = [("de", "fr")]  # de->en, then en->fr
@@ -156,8 +157,14 @@ def test_source_auto_routes_to_the_detected_language_s_model(server, expected):
     assert composed["translatedText"] == expected[("de", "fr")][GERMAN]
     english = server.post("/translate", json={"q": LINES[0], "source": "auto", "target": "fr"}).json()
     assert english["translatedText"] == expected[("en", "fr")][LINES[0]]
-    refused = server.post("/translate", json={"q": GERMAN, "source": "auto", "target": "de"})
-    assert refused.status_code == 400 and "translates English (en) to German (de)" in refused.json()["error"]
+    # already in the target language: back as it is (LibreTranslate's answer to source == target)
+    itself = server.post("/translate", json={"q": GERMAN, "source": "auto", "target": "de"}).json()
+    assert itself == {"detectedLanguage": itself["detectedLanguage"], "translatedText": GERMAN}
+    assert itself["detectedLanguage"]["language"] == "de"
+    # sure of a language no model reads to the target: refused, naming it and what is served
+    refused = server.post("/translate", json={"q": FRENCH, "source": "auto", "target": "de"})
+    error = refused.json()["error"]
+    assert refused.status_code == 400 and "French (fr" in error and "translates English (en) to German (de)" in error
 
 
 def test_a_line_of_several_sentences_comes_back_sentence_by_sentence_with_its_spacing(server, models):
