@@ -60,7 +60,7 @@ def test_push_then_load_anywhere_with_remote_code(trained, hub, tmp_path):
     expected = {"model.safetensors", "config.json", "generation_config.json", "configuration_vaswani.py",
                 "modeling_vaswani.py", "tokenizer.json", "tokenizer_config.json", "README.md",
                 "training_facts.json", "attention-cross.png", "pipeline_vaswani.py", "generation_vaswani.py",
-                "search_vaswani.py", "lexical_vaswani.py", "decoding_state_vaswani.py",
+                "search_vaswani.py", "beam_history_vaswani.py", "lexical_vaswani.py", "decoding_state_vaswani.py",
                 "alignment_vaswani.py", "remote_code_vaswani.py"}  # fmt: skip
     assert expected <= set(files), set(files)
     assert not any("fast_products" in name or "graph_search" in name for name in files)  # the package's alone

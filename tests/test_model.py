@@ -277,8 +277,9 @@ def test_remote_code_loading_without_the_package(tmp_path):
     model.save_pretrained(tmp_path)
     shipped = {path.name for path in tmp_path.glob("*.py")}
     assert shipped == {"configuration_vaswani.py", "modeling_vaswani.py", "generation_vaswani.py", "search_vaswani.py",
-                       "lexical_vaswani.py", "decoding_state_vaswani.py", "alignment_vaswani.py",
-                       "validation_vaswani.py", "remote_code_vaswani.py", "pipeline_vaswani.py"}, shipped  # fmt: skip
+                       "lexical_vaswani.py", "beam_history_vaswani.py", "decoding_state_vaswani.py",
+                       "alignment_vaswani.py", "validation_vaswani.py", "remote_code_vaswani.py",
+                       "pipeline_vaswani.py"}, shipped  # fmt: skip
     src, mask, tgt = batch()
     force_words = [[[11, 12]], [[30]], [[40], [41, 42]]]
     remote = remote_code_outputs(tmp_path, {"input_ids": src, "attention_mask": mask, "decoder_input_ids": tgt,

@@ -3,21 +3,27 @@
 tokens) and lexical constraints (`force_words`: every phrase appears in the output), and the checks of what a caller
 asks for (`LexicalRequests`).
 
-Constraints are Post & Vilar's (2018) dynamic beam allocation, as a hook on the one beam step
-(`search_vaswani.advance_beams`), in tensors: `PhraseBanks` keeps every hypothesis' progress through its phrases,
-lets each beam also propose the tokens that advance them, orders the candidates by bank (constraint tokens in
-place) and makes EOS wait for the phrases; the step does the rest as it does without constraints. A prefix is
-forced by the search's own processors (`search_vaswani.apply_processors`).
+Constraints are Post & Vilar's (2018) dynamic beam allocation, in tensors: `ConstrainedBeamStep` is their beam
+step, behind the plain step's interface (`search_vaswani.BeamStep`), as fairseq's `LexicallyConstrainedBeamSearch`
+stands beside its `BeamSearch`; `PhraseBanks` keeps every hypothesis' progress through its phrases, lets each beam
+also propose the tokens that advance them, orders the candidates by bank (constraint tokens in place) and makes EOS
+wait for the phrases. A prefix is forced by the search's own processors (`search_vaswani.apply_processors`).
 Shipped as Hub remote code: imports only torch, transformers and the files beside it.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from transformers.generation import GenerationConfig
+
+from .search_vaswani import IMPOSSIBLE, BeamStep, Candidates, Proposals, StepResult, sentence_done
+
+if TYPE_CHECKING:
+    from .beam_history_vaswani import BeamHistory
+    from .search_vaswani import Beams, DecodingSettings
 
 
 @dataclass(frozen=True)
@@ -48,9 +54,52 @@ class LexicalConstraints:
             boundaries = boundaries.to(device)
         return PhraseBanks(tokens.to(device), num_beams, eos.to(device), boundaries)
 
+    def beam_step(self, settings: DecodingSettings, history: BeamHistory | None) -> BeamStep:
+        """The beam step that meets these phrases (the banks are made at the first step, when the vocabulary of
+        the scores is known)."""
+        return ConstrainedBeamStep(settings, self, history)
+
+
+class ConstrainedBeamStep(BeamStep):
+    """Section 6.1's beam step under lexical constraints (Post & Vilar's dynamic beam allocation): `BeamStep`'s
+    interface and decoder, masks and processors, with its own `advance`. EOS waits for the phrases (`mask`); every
+    beam also proposes the tokens that advance its phrases; the candidates are taken in the banks' order rather
+    than by score alone; a finished hypothesis that met every phrase ranks first, and only those stop the search."""
+
+    def __init__(self, settings: DecodingSettings, constraints: LexicalConstraints, history: BeamHistory | None):
+        super().__init__(settings, history=history)
+        self.constraints = constraints
+        self.banks: PhraseBanks | None = None
+
+    def mask(self, log_probs: torch.Tensor) -> None:
+        if self.banks is None:
+            s = self.settings
+            self.banks = self.constraints.banks(s.num_beams, log_probs.shape[-1], s.eos, log_probs.device)
+        self.banks.block_eos(log_probs)
+
+    def advance(self, step: int | torch.Tensor, log_probs: torch.Tensor, beams: Beams) -> StepResult:
+        settings, k, banks = self.settings, self.settings.num_beams, self.banks
+        proposals = Proposals.of(*banks.propose(log_probs, *self.proposals(log_probs)), beams)
+        every = proposals.scores.shape[1]
+        top = Candidates.take(settings, step, beams, proposals, *banks.order(proposals.scores, None, every))
+        running_scores, next_index = banks.order(top.going_on(), top.index, k)
+        finished_scores, merged_index = banks.merge_finished(beams.finished_scores, beams.is_finished,
+                                                             top.finished_scores(settings), top.just_finished,
+                                                             top.index, k)  # fmt: skip
+        new = beams.advanced(top, running_scores, next_index, finished_scores, merged_index)
+        done, new.improvable = sentence_done(settings, step, running_scores,
+                                             *banks.met_only(finished_scores, new.is_finished), beams.improvable,
+                                             beams.limits)  # fmt: skip
+        banks.follow(top.index, next_index)
+        return StepResult(new, top.parent_rows(next_index), done, top.beams, next_index, merged_index)
+
+    def keep(self, sentences: torch.Tensor) -> None:
+        super().keep(sentences)
+        self.banks.select(sentences)
+
 
 class PhraseBanks:
-    """Post & Vilar's dynamic beam allocation as a hook on the beam step, for a batch of sentences.
+    """Post & Vilar's dynamic beam allocation for a batch of sentences, the state `ConstrainedBeamStep` keeps.
 
     Each hypothesis has a state: which phrases are met (`met`, (batch, beams, phrases)) and the longest end of its
     output that begins an unmet phrase: that phrase (`phrase`, -1 for none; the first such phrase) and its length
@@ -159,7 +208,7 @@ class PhraseBanks:
         """(batch * beams, vocabulary) scores: EOS impossible where a hypothesis' phrases are not all in place."""
         if self.eos.numel():
             done = self._done(self.met, self.phrase, self.matched).flatten()
-            log_probs[:, self.eos] = torch.where(done[:, None], log_probs[:, self.eos], -math.inf)
+            log_probs[:, self.eos] = torch.where(done[:, None], log_probs[:, self.eos], IMPOSSIBLE)
 
     def propose(self, log_probs: torch.Tensor, values: torch.Tensor, token_ids: torch.LongTensor):
         """Each row's candidates (values, token_ids: (rows, C)) plus the tokens that advance its constraints (for
@@ -179,7 +228,7 @@ class PhraseBanks:
         repeated[:, 1:] = wanted[:, 1:] == wanted[:, :-1]
         repeated |= (wanted[:, :, None] == token_ids[:, None, :]).any(-1)
         wanted = torch.where(repeated, -1, wanted)
-        wanted_values = log_probs.gather(1, wanted.clamp(min=0)).masked_fill(wanted < 0, -math.inf)
+        wanted_values = log_probs.gather(1, wanted.clamp(min=0)).masked_fill(wanted < 0, IMPOSSIBLE)
         values, token_ids = torch.cat([values, wanted_values], 1), torch.cat([token_ids, wanted.clamp(min=0)], 1)
         # the states the candidates lead to, in the step's pool layout (batch, beams * width)
         width = best + count
@@ -205,7 +254,7 @@ class PhraseBanks:
         bank, arrival = self.pool_bank, self.pool_arrival.expand_as(self.pool_bank)
         if positions is not None:
             bank, arrival = bank.gather(1, positions), arrival.gather(1, positions)
-        possible = scores > -math.inf
+        possible = scores > IMPOSSIBLE
         # each candidate's rank inside its bank (0 for its best; equal scores in the order they arrived), by sorting:
         # by arrival, then score, then bank, each stable, so a bank's candidates stand together, best first
         # (O(m log m): a beam of 21 with constraints pools about 900 candidates a sentence)
@@ -238,7 +287,7 @@ class PhraseBanks:
     def met_only(self, finished_scores: torch.Tensor, is_finished: torch.Tensor):
         """The finished hypotheses the stopping rule reads: those that met every phrase (ranked first)."""
         met = is_finished & self.merged_met
-        return finished_scores.masked_fill(~met, -1e9), met
+        return finished_scores.masked_fill(~met, IMPOSSIBLE), met
 
     def follow(self, top_index: torch.LongTensor, next_index: torch.LongTensor) -> None:
         """The states of the hypotheses that go on, and which finished ones met every phrase."""

@@ -2,13 +2,15 @@
 """Section 6.1 of the paper, the search, the decoding core: beam search with beam size 4, the GNMT length penalty
 (alpha = 0.6), output length at most source length + 50 and early stopping, and greedy decoding.
 
-Read it beside the paper: `gnmt_length_penalty` is lp(Y); `beam_step` is one step of beam search, scores and
-processors, then `advance_beams`: candidates, reordering, finished hypotheses; `sentence_done` is the one
+Read it beside the paper: `gnmt_length_penalty` is lp(Y); `BeamStep` is one step of beam search, read top to
+bottom: the decoder's log-probabilities, the processors (`apply_processors`, each of Transformers' rules written
+once), then `advance`: candidates, the beams that go on, finished hypotheses, and `sentence_done`, the one
 stopping rule; `limit_reached` is "input length + 50", the one source-length rule (Transformers' loop gets it as
 `SourceLengthLimitLogitsProcessor`). `beam_search` runs the step with the eager batching policy (`drop_finished`);
 the package's static-shape search (`vaswani_hf/model/speed/graph_search.py`) runs the same step with finished
-sentences kept in place. Hooks on the step (`StepHooks`): the candidate columns, lexical constraints
-(`lexical_vaswani.PhraseBanks`), the per-step outputs (`BeamHistory`); a new constraint goes there (docs/decoding.md).
+sentences kept in place. Lexical constraints are their own step behind the same interface
+(`lexical_vaswani.ConstrainedBeamStep`); the per-step outputs of `return_dict_in_generate` are kept by
+`beam_history_vaswani.BeamHistory`. What cannot happen scores `IMPOSSIBLE` (-inf), everywhere.
 
 The beam search is Transformers' algorithm (the same candidates, finished-hypothesis rules and scores, so
 `length_penalty_type="hf"` and `max_length_offset=None` give exactly Transformers' sequences and scores) with the
@@ -40,9 +42,11 @@ from transformers.generation import (
     NoBadWordsLogitsProcessor,
 )
 
+from .beam_history_vaswani import BeamHistory
+
 if TYPE_CHECKING:
     from .decoding_state_vaswani import DecodingState
-    from .lexical_vaswani import LexicalConstraints, PhraseBanks
+    from .lexical_vaswani import LexicalConstraints
 
 
 # The paper's decoding (section 6.1), written into every new model's generation config.
@@ -65,6 +69,8 @@ FAIRSEQ_GENERATION_DEFAULTS = {
 }
 DECODING_PRESETS = {"paper": PAPER_GENERATION_DEFAULTS, "fairseq": FAIRSEQ_GENERATION_DEFAULTS}
 LENGTH_PENALTY_TYPES = ("gnmt", "hf")
+# The one score of what cannot happen: a masked token, a candidate a row cannot give, an empty finished slot.
+IMPOSSIBLE = -math.inf
 
 
 def gnmt_length_penalty(length: int | float | torch.Tensor, alpha: float) -> float | torch.Tensor:
@@ -216,8 +222,8 @@ def candidate_columns(settings: DecodingSettings, vocabulary: int) -> torch.Long
     return columns if 2 * columns.numel() <= vocabulary else None
 
 
-def apply_processors(settings: DecodingSettings, scores: torch.Tensor, step: int, limits: torch.Tensor, input_ids,
-                     row_examples: torch.Tensor | None, sync_free: bool = False,
+def apply_processors(settings: DecodingSettings, scores: torch.Tensor, step: int | torch.Tensor,
+                     limits: torch.Tensor, input_ids, row_examples: torch.Tensor | None,
                      any_at_limit: bool | None = None) -> torch.Tensor:  # fmt: skip
     """The logits processors of Transformers' loop for the supported settings, in its order, in place where it can,
     then a target prefix's tokens. The per-example limit's EOS comes after the caller's processors, as
@@ -227,38 +233,32 @@ def apply_processors(settings: DecodingSettings, scores: torch.Tensor, step: int
     `scores` are (rows, vocabulary); `step` tokens were generated before this one; `limits` are each row's most
     generated tokens; `input_ids()` builds the decoder input so far, only for the processors that read it;
     `row_examples` is the example each row decodes (on the CPU; needed with a target prefix, and told, with each
-    row's tokens left, to a user processor that declares `reads_row_examples`); `sync_free` never
-    reads a device value on the host (a captured search step, whose `step` is a device tensor), at the price of a
-    masked copy every step for each rule that depends on the step; `any_at_limit`: whether a row takes its last
-    token now, where the host knows it (the eager searches: the limits and the rows' examples are host values),
-    else read from `limits`.
+    row's tokens left, to a user processor that declares `reads_row_examples`); `any_at_limit`: whether a row
+    takes its last token now, where the host knows it (the eager searches), so that a step where none does
+    skips the limit's rule.
+
+    Each rule is written once, for either kind of `step`: a host integer in the eager searches, where a rule that
+    does not apply now costs nothing, or a device tensor in a captured step (`speed.graph_search`), which reads
+    no device value on the host and so pays a masked copy every step for each rule that depends on the step.
 
     A target prefix is Transformers' `decoder_input_ids` prompt: a row with a prefix token at the first step takes
     it, not the forced BOS (Transformers forces BOS only where the prompt is the start token alone).
     """
+    captured = isinstance(step, torch.Tensor)
     prefix = None
-    if settings.prefix is not None and not sync_free and step < settings.prefix.shape[1]:
+    if settings.prefix is not None and not captured and step < settings.prefix.shape[1]:
         prefix = settings.prefix[row_examples, step]  # on the host: which rows it forces, known without a read
         prefix = prefix.to(scores.device) if bool((prefix >= 0).any()) else None
     if settings.bad_words is not None:
         scores = settings.bad_words(input_ids(), scores)
-    if sync_free:
-        rows = scores.shape[:1]
-        if settings.min_new_tokens:
-            scores[:, settings.eos] = torch.where(step < settings.min_new_tokens, -math.inf, scores[:, settings.eos])
-        if settings.forced_bos is not None:
-            force(scores, (step == 0).expand(rows), settings.forced_bos)
-        if settings.forced_eos is not None:  # the last step is the longest limit's (`limits.max()` is max_new_tokens)
-            force(scores, limit_reached(step, limits.max()).expand(rows), settings.forced_eos)
-    else:
-        if step < settings.min_new_tokens:
-            scores[:, settings.eos] = -math.inf
-        if settings.forced_bos is not None and step == 0:
-            force(scores, None if prefix is None else prefix < 0, settings.forced_bos)
-        if settings.forced_eos is not None and step == settings.max_new_tokens - 1:
-            force(scores, None, settings.forced_eos)
+    if settings.min_new_tokens:
+        forbid(scores, step < settings.min_new_tokens, settings.eos)
+    if settings.forced_bos is not None:
+        force(scores, step == 0, settings.forced_bos, rows=None if prefix is None else prefix < 0)
+    if settings.forced_eos is not None:  # at the longest limit (a captured step's `max_new_tokens` is a bucket's)
+        force(scores, limit_reached(step, limits.max() if captured else settings.max_new_tokens), settings.forced_eos)
     if settings.suppress is not None:
-        scores[:, settings.suppress] = -math.inf
+        forbid(scores, True, settings.suppress)
     if settings.user_processors:
         # a processor that declares `reads_row_examples` is told, just before the call, which example each row
         # decodes (rows of sentences already done leave the batch, so a row's index no longer names its sentence)
@@ -268,10 +268,8 @@ def apply_processors(settings: DecodingSettings, scores: torch.Tensor, step: int
             if getattr(processor, "reads_row_examples", False):
                 processor.search_rows(row_examples, limits - step)
         scores = settings.user_processors(input_ids(), scores)
-    if settings.limit_eos is not None:
-        at_limit = limit_reached(step, limits)
-        if sync_free or (any_at_limit if any_at_limit is not None else bool(at_limit.any())):
-            force(scores, at_limit, settings.limit_eos)
+    if settings.limit_eos is not None and any_at_limit is not False:
+        force(scores, True, settings.limit_eos, rows=limit_reached(step, limits))
     if settings.renormalize:
         scores = scores.log_softmax(dim=-1)
     if prefix is not None:
@@ -305,7 +303,7 @@ class SourceLengthLimitLogitsProcessor(LogitsProcessor):
         at_limit = limit_reached(input_ids.shape[1] - self.prompt_length, self.max_output_lengths)
         if bool(at_limit.any()):
             scores = scores.clone()  # Transformers' processors return new scores
-            force(scores, at_limit, self.eos_token_id)
+            force(scores, True, self.eos_token_id, rows=at_limit)
         return scores
 
 
@@ -318,17 +316,29 @@ def force_prefix(scores: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
     return torch.where(rows[:, None], forced, scores)
 
 
-def force(scores: torch.Tensor, rows: torch.Tensor | None, token: int | tuple[int, ...]) -> None:
-    """Transformers' forced-token rule: the token (each of the tokens) scores 0, everything else -inf (in the
-    chosen rows)."""
+def force(scores: torch.Tensor, when: bool | torch.Tensor, token: int | tuple[int, ...],
+          rows: torch.BoolTensor | None = None) -> None:  # fmt: skip
+    """Transformers' forced-token rule, in place: the token (each of the tokens) scores 0, every other token is
+    impossible, `when` holds (a host bool, or a device one in a captured step) in `rows` (None: every row)."""
+    if when is False:
+        return
     token = list(token) if isinstance(token, tuple) else token
-    if rows is None:
-        scores.fill_(-math.inf)
+    if when is True and rows is None:
+        scores.fill_(IMPOSSIBLE)
         scores[:, token] = 0
-    else:
-        forced = torch.full_like(scores[:1], -math.inf)
-        forced[:, token] = 0
-        scores.copy_(torch.where(rows[:, None], forced, scores))
+        return
+    forced = torch.full_like(scores[:1], IMPOSSIBLE)
+    forced[:, token] = 0
+    chosen = when if rows is None else rows & when
+    scores.copy_(torch.where(chosen.view(-1, 1) if chosen.dim() else chosen, forced, scores))
+
+
+def forbid(scores: torch.Tensor, when: bool | torch.Tensor, tokens: torch.LongTensor) -> None:
+    """These tokens impossible in every row, in place, `when` holds (a host bool, or a device one)."""
+    if when is True:
+        scores[:, tokens] = IMPOSSIBLE
+    elif when is not False:
+        scores[:, tokens] = torch.where(when, IMPOSSIBLE, scores[:, tokens])
 
 
 def greedy_search(settings: DecodingSettings, state: DecodingState) -> dict:
@@ -399,8 +409,8 @@ class Beams:
         running_scores = torch.zeros(batch, beams, device=device)
         # the beams start identical: only the first one proposes at step 0 (Transformers starts the others at -1e9,
         # which lets them end as hypotheses of about -1e9 where a row has fewer possible tokens than candidates)
-        running_scores[:, 1:] = -math.inf
-        return cls(running, running_scores, running.clone(), torch.full((batch, beams), -1e9, device=device),
+        running_scores[:, 1:] = IMPOSSIBLE
+        return cls(running, running_scores, running.clone(), torch.full((batch, beams), IMPOSSIBLE, device=device),
                    torch.zeros(batch, beams, dtype=torch.long, device=device),
                    torch.zeros(batch, beams, dtype=torch.bool, device=device),
                    torch.ones(batch, dtype=torch.bool, device=device), settings.limits)  # fmt: skip
@@ -424,6 +434,19 @@ class Beams:
 
         return Beams(*(pick(getattr(self, f.name), getattr(before, f.name)) for f in fields(self)))
 
+    def advanced(self, top: Candidates, running_scores: torch.Tensor, next_index: torch.LongTensor,
+                 finished_scores: torch.Tensor, merged_index: torch.LongTensor) -> Beams:  # fmt: skip
+        """The beams after a step: the `next_index` candidates of `top` go on with `running_scores`; the finished
+        hypotheses are the `merged_index` entries of these finished ones followed by the candidates."""
+        steps = self.running.shape[-1]
+        running = top.sequences.gather(1, next_index[..., None].expand(-1, -1, steps))
+        merged = merged_index[..., None].expand(-1, -1, steps)
+        finished = torch.cat([self.finished, top.sequences], dim=1).gather(1, merged)
+        lengths = torch.cat([self.finished_lengths, torch.zeros_like(top.index) + top.length], dim=1)
+        is_finished = torch.cat([self.is_finished, top.just_finished], dim=1)
+        return Beams(running, running_scores, finished, finished_scores, lengths.gather(1, merged_index),
+                     is_finished.gather(1, merged_index), self.improvable, self.limits)  # fmt: skip
+
     def copy_(self, other: Beams) -> None:
         """Take `other`'s values into these tensors, in place (a captured step writes where its graph reads)."""
         for f in fields(self):
@@ -431,8 +454,77 @@ class Beams:
 
 
 @dataclass
-class BeamStep:
-    """One step of beam search: the new `beams`, each new beam's parent row, which sentences' searches are over,
+class Candidates:
+    """A step's best candidates of each sentence, (batch, n) each, best first (or in the order a step ranks them):
+    their scores (log-probabilities), their places in the pool of every beam's proposals (`index`), the beam each
+    continues, its token, its hypothesis (the beam's tokens and the new one, `length` tokens), whether it ends here
+    (EOS, or the sentence's limit: `limit_reached`), and whether it becomes a finished hypothesis."""
+
+    scores: torch.Tensor
+    index: torch.LongTensor
+    beams: torch.LongTensor
+    tokens: torch.LongTensor
+    sequences: torch.LongTensor
+    ends: torch.BoolTensor
+    just_finished: torch.BoolTensor
+    length: int | torch.Tensor
+
+    @classmethod
+    def take(cls, settings: DecodingSettings, step: int | torch.Tensor, beams: Beams, proposals: Proposals,
+             scores: torch.Tensor, index: torch.LongTensor) -> Candidates:  # fmt: skip
+        """The candidates at these `index` places of the `proposals`, with these `scores`. Those that end among the
+        first `num_beams` become finished hypotheses, where possible (a candidate scored impossible, where a row
+        had fewer possible tokens than it proposes, is never a hypothesis, whichever token fills it)."""
+        k = settings.num_beams
+        parents = (index // proposals.width).clamp(max=k - 1)
+        tokens = proposals.token_ids.gather(1, index)
+        sequences = beams.running.gather(1, parents[..., None].expand(-1, -1, beams.running.shape[-1]))
+        write_step(sequences, step, tokens)
+        ends = torch.isin(tokens, settings.eos) | limit_reached(step, beams.limits)[:, None]
+        first = torch.arange(scores.shape[1], device=scores.device) < k
+        just_finished = ends & first & (scores > IMPOSSIBLE)
+        return cls(scores, index, parents, tokens, sequences, ends, just_finished, step + 1)
+
+    def going_on(self) -> torch.Tensor:
+        """Their scores, an ended one impossible: an ended hypothesis never goes on."""
+        return self.scores.masked_fill(self.ends, IMPOSSIBLE)
+
+    def finished_scores(self, settings: DecodingSettings) -> torch.Tensor:
+        """Their scores as finished hypotheses, log-probability over lp(Y); impossible where none is."""
+        return (self.scores / settings.penalty(self.length)).masked_fill(~self.just_finished, IMPOSSIBLE)
+
+    def parent_rows(self, next_index: torch.LongTensor) -> torch.LongTensor:
+        """The row of batch x beams each beam that goes on came from."""
+        k = next_index.shape[1]
+        batch = torch.arange(next_index.shape[0], device=next_index.device)[:, None]
+        return self.beams.gather(1, next_index) + batch * k
+
+
+@dataclass
+class Proposals:
+    """What every beam proposes at a step, in the pool of its sentence: (batch, beams * width) `scores` (the
+    beam's score plus the token's log-probability) and `token_ids`, each beam's `width` proposals side by side."""
+
+    scores: torch.Tensor
+    token_ids: torch.LongTensor
+    width: int
+
+    @classmethod
+    def of(cls, values: torch.Tensor, token_ids: torch.LongTensor, beams: Beams, at_least: int = 0) -> Proposals:
+        """(rows, width) proposals of each row, scored with their beam; padded with impossible ones to `at_least`
+        (fewer columns than a sentence takes candidates)."""
+        batch, width = beams.running.shape[0], values.shape[-1]
+        scores = (values + beams.running_scores.view(-1, 1)).reshape(batch, -1)
+        token_ids = token_ids.reshape(batch, -1)
+        if scores.shape[1] < at_least:
+            scores = torch.nn.functional.pad(scores, (0, at_least - scores.shape[1]), value=IMPOSSIBLE)
+            token_ids = torch.nn.functional.pad(token_ids, (0, at_least - token_ids.shape[1]), value=0)
+        return cls(scores, token_ids, width)
+
+
+@dataclass
+class StepResult:
+    """One beam step's outcome: the new `beams`, each new beam's parent row, which sentences' searches are over,
     and the indices `BeamHistory` follows (the top candidates' beams, the running and finished selections)."""
 
     beams: Beams
@@ -443,80 +535,88 @@ class BeamStep:
     merged_index: torch.LongTensor
 
 
-def advance_beams(settings: DecodingSettings, step: int, log_probs: torch.Tensor, beams: Beams,
-                  columns: torch.LongTensor | None = None, banks: PhraseBanks | None = None) -> BeamStep:  # fmt: skip
-    """Section 6.1, one step, for (batch * num_beams, vocabulary) processed log-probabilities: every beam proposes
-    its best `candidates` continuations; the best `candidates` of a sentence's beams are kept; those ending in EOS
-    among the first `num_beams` become finished hypotheses (scored with the length penalty), the best `num_beams`
-    others go on. A hypothesis that reaches its sentence's limit ends there (`limit_reached`). Tensor work only (no
-    value goes to the host), so a captured search step (`speed.graph_search`) runs it as it is, `step` a device
-    tensor.
+class BeamStep:
+    """Section 6.1, one step of beam search, the step both batching policies run (the eager `beam_search` drops
+    finished sentences; the static-shape search of `speed.graph_search` keeps them, frozen). Called with the rows'
+    newest tokens, it reads top to bottom:
 
-    Hooks: `columns`, the only token ids whose scores may be finite (`candidate_columns`), where the beams propose;
-    `banks`, lexical constraints (`lexical_vaswani.PhraseBanks`): the beams also propose the tokens that advance
-    their phrases, and the candidates are taken in the order of Post & Vilar's banks rather than by score alone."""
-    k, candidates, steps = settings.num_beams, settings.candidates, beams.running.shape[-1]
-    batch, device = beams.running.shape[0], log_probs.device
-    scored = log_probs if columns is None else log_probs.index_select(1, columns)
-    # a row's best `candidates`, or all its columns where it has fewer (a sentence's best lie among its rows' best)
-    per_row = min(candidates, scored.shape[-1])
-    values, token_ids = top_k_per_row(scored, per_row)
-    if columns is not None:
-        token_ids = columns[token_ids]
-    if banks is not None:
-        values, token_ids = banks.propose(log_probs, values, token_ids)
-    width = values.shape[-1]
-    totals = (values + beams.running_scores.view(-1, 1)).reshape(batch, k * width)
-    token_ids = token_ids.reshape(batch, k * width)
-    if banks is not None:  # every candidate, in the banks' order
-        top_scores, top_index = banks.order(totals, None, k * width)
-    else:
-        if k * width < candidates:  # fewer columns than a sentence's candidates: the rest are impossible
-            totals = torch.nn.functional.pad(totals, (0, candidates - k * width), value=-math.inf)
-            token_ids = torch.nn.functional.pad(token_ids, (0, candidates - k * width), value=settings.fill)
-        top_scores, top_index = totals.topk(candidates, dim=-1)
-    top_beams = (top_index // width).clamp(max=k - 1)
-    top_tokens = token_ids.gather(1, top_index)
-    top_sequences = beams.running.gather(1, top_beams[..., None].expand(-1, -1, steps))  # a new tensor
-    write_step(top_sequences, step, top_tokens)
-    at_limit = limit_reached(step, beams.limits)
-    ends = torch.isin(top_tokens, settings.eos) | at_limit[:, None]
+    1. the decoder's log-probabilities of every row's next token;
+    2. what the settings rule out or force: the step's own masks (`mask`), then the logits processors of
+       Transformers' loop (`apply_processors`);
+    3. `advance`: every beam proposes its best continuations; a sentence keeps the best `candidates` of its beams'
+       proposals; the best `num_beams` that do not end go on; those among the first `num_beams` that end become
+       finished hypotheses, scored with lp(Y); then the stopping rule (`sentence_done`).
 
-    # the best beams that go on
-    # (an ended hypothesis never goes on: where too few others are possible, the rest of the beams are impossible)
-    going_on = top_scores.masked_fill(ends, -math.inf)
-    if banks is not None:
-        running_scores, next_index = banks.order(going_on, top_index, k)
-    else:
-        running_scores, next_index = going_on.topk(k, dim=-1)
-    running = top_sequences.gather(1, next_index[..., None].expand(-1, -1, steps))
-    parent_rows = top_beams.gather(1, next_index) + torch.arange(batch, device=device)[:, None] * k
+    Lexical constraints are their own step behind this interface (`lexical_vaswani.ConstrainedBeamStep`), as
+    fairseq's `LexicallyConstrainedBeamSearch` stands beside its `BeamSearch`. Tensor work only after the decoder
+    (no value goes to the host), so a captured search step runs it as it is, `step` a device tensor.
 
-    # the hypotheses that end here, if among the first `beams` candidates and good enough; an impossible one (scored
-    # -inf: a row had fewer possible tokens than it takes candidates) is never a hypothesis, whichever token fills it
-    possible = top_scores > -math.inf
-    just_finished = ends & (torch.arange(top_scores.shape[1], device=device) < k) & possible
-    scored = top_scores / settings.penalty(step + 1) + (~just_finished).float() * -1e9
-    if banks is not None:
-        finished_scores, merged_index = banks.merge_finished(beams.finished_scores, beams.is_finished, scored,
-                                                             just_finished, top_index, k)  # fmt: skip
-    else:
-        finished_scores, merged_index = torch.cat([beams.finished_scores, scored], dim=1).topk(k, dim=-1)
-    merged = torch.cat([beams.finished, top_sequences], dim=1)
-    finished = merged.gather(1, merged_index[..., None].expand(-1, -1, steps))
-    lengths = torch.cat([beams.finished_lengths, torch.zeros_like(top_scores, dtype=torch.long) + (step + 1)], dim=1)
-    is_finished = torch.cat([beams.is_finished, just_finished], dim=1).gather(1, merged_index)
+    `seek_columns`: at the first step, find the only token ids the processors can leave possible
+    (`candidate_columns`), among which the beams then propose; `history`: the per-step outputs of
+    `return_dict_in_generate` (`BeamHistory`)."""
 
-    final_scores, final = (finished_scores, is_finished) if banks is None else banks.met_only(finished_scores,
-                                                                                              is_finished)  # fmt: skip
-    done, improvable = sentence_done(settings, step, running_scores, final_scores, final, beams.improvable,
-                                     beams.limits)  # fmt: skip
-    done |= (ends | ~possible).all(dim=1) | at_limit  # nothing possible goes on
-    if banks is not None:
-        banks.follow(top_index, next_index)
-    new = Beams(running, running_scores, finished, finished_scores, lengths.gather(1, merged_index), is_finished,
-                improvable, beams.limits)  # fmt: skip
-    return BeamStep(new, parent_rows, done, top_beams, next_index, merged_index)
+    def __init__(self, settings: DecodingSettings, seek_columns: bool = True, history: BeamHistory | None = None):
+        self.settings, self.seek_columns, self.history = settings, seek_columns, history
+        self.columns: torch.LongTensor | None = None
+
+    def __call__(self, step: int | torch.Tensor, state: DecodingState, tokens: torch.LongTensor, beams: Beams,
+                 input_ids, row_examples: torch.Tensor | None, fold: bool = False,
+                 any_at_limit: bool | None = None) -> StepResult:  # fmt: skip
+        """One step for the rows' newest `tokens`. `fold`: the first step of a state whose beams share one encoder
+        row runs one row per sentence (its beams are still identical). `input_ids`, `row_examples` and
+        `any_at_limit` are the processors' (`apply_processors`)."""
+        settings, k, history = self.settings, self.settings.num_beams, self.history
+        if fold:
+            logits = repeat_rows(state.logits(tokens[::k]), k)  # (vocabulary, rows)
+            # the self-attention cache's next copy gives each beam its own row (reorderings are applied lazily)
+            state.reorder(torch.arange(beams.running.shape[0], device=tokens.device).repeat_interleave(k))
+        else:
+            logits = state.logits(tokens)  # (vocabulary, rows)
+        if history is not None and settings.output_logits:
+            history.record(history.logits, logits.t(), state.example_ids)
+        log_probs = log_softmax_in_place(logits)  # (rows, vocabulary)
+        self.mask(log_probs)
+        log_probs = apply_processors(settings, log_probs, step, beams.limits.repeat_interleave(k), input_ids,
+                                     row_examples, any_at_limit)  # fmt: skip
+        if history is not None and settings.output_scores:
+            history.record(history.scores, log_probs, state.example_ids)
+        if self.seek_columns:
+            self.seek_columns, self.columns = False, candidate_columns(settings, log_probs.shape[-1])
+            self.columns = self.columns.to(log_probs.device) if self.columns is not None else None
+        result = self.advance(step, log_probs, beams)
+        if history is not None:
+            history.follow(result, state.example_ids, step)
+        return result
+
+    def mask(self, log_probs: torch.Tensor) -> None:
+        """What this step rules out before the processors run (the plain step: nothing)."""
+
+    def proposals(self, log_probs: torch.Tensor) -> tuple[torch.Tensor, torch.LongTensor]:
+        """Each row's best `candidates` continuations, (rows, C) log-probabilities and token ids (all its columns
+        where it has fewer: a sentence's best lie among its rows' best), sought among `columns` where known."""
+        searched = log_probs if self.columns is None else log_probs.index_select(1, self.columns)
+        values, token_ids = top_k_per_row(searched, min(self.settings.candidates, searched.shape[-1]))
+        return values, token_ids if self.columns is None else self.columns[token_ids]
+
+    def advance(self, step: int | torch.Tensor, log_probs: torch.Tensor, beams: Beams) -> StepResult:
+        """Transformers' beam step with the paper's options, for (batch * num_beams, vocabulary) processed
+        log-probabilities."""
+        settings, k = self.settings, self.settings.num_beams
+        proposals = Proposals.of(*self.proposals(log_probs), beams, at_least=settings.candidates)
+        top = Candidates.take(settings, step, beams, proposals, *proposals.scores.topk(settings.candidates, dim=-1))
+        running_scores, next_index = top.going_on().topk(k, dim=-1)
+        # (stable: where fewer than `num_beams` have finished, the empty slots stay before the candidates that go on)
+        ended = torch.cat([beams.finished_scores, top.finished_scores(settings)], dim=1)
+        finished_scores, merged_index = (x[:, :k] for x in ended.sort(dim=1, descending=True, stable=True))
+        new = beams.advanced(top, running_scores, next_index, finished_scores, merged_index)
+        done, new.improvable = sentence_done(settings, step, running_scores, finished_scores, new.is_finished,
+                                             beams.improvable, beams.limits)  # fmt: skip
+        return StepResult(new, top.parent_rows(next_index), done, top.beams, next_index, merged_index)
+
+    def keep(self, sentences: torch.Tensor) -> None:
+        """Only these sentences (indices into the batch) go on: the step's own state drops the others."""
+        if self.history is not None:
+            self.history.keep(sentences)
 
 
 def write_step(tensor: torch.Tensor, step: int | torch.Tensor, values: torch.Tensor) -> None:
@@ -527,62 +627,10 @@ def write_step(tensor: torch.Tensor, step: int | torch.Tensor, values: torch.Ten
         tensor.index_copy_(-1, step.view(1), values.unsqueeze(-1))
 
 
-@dataclass
-class StepHooks:
-    """What one beam step is given besides the paper's rules: `columns`, the only token ids the scores may leave
-    finite (`candidate_columns`, sought at the first step where `seek_columns`); `banks`, lexical constraints
-    (`lexical_vaswani.PhraseBanks`, made at the first step where the settings have constraints); `history`, the
-    per-step outputs of `return_dict_in_generate` (`BeamHistory`)."""
-
-    seek_columns: bool = True
-    columns: torch.LongTensor | None = None
-    banks: PhraseBanks | None = None
-    history: BeamHistory | None = None
-
-
-def beam_step(settings: DecodingSettings, step: int | torch.Tensor, state: DecodingState, tokens: torch.LongTensor,
-              search: Beams, input_ids, row_examples: torch.Tensor | None, hooks: StepHooks, fold: bool = False,
-              sync_free: bool = False, any_at_limit: bool | None = None) -> BeamStep:  # fmt: skip
-    """Section 6.1, one step of beam search, the step both batching policies run (the eager search below drops
-    finished sentences; the static-shape search of `speed.graph_search` keeps them, frozen): the decoder's logits
-    for the newest `tokens`, log-softmax, the constraints' and the logits processors' masks, then `advance_beams`
-    (candidates, reordering, finished hypotheses, the stopping rule). `fold`: the first step of a state whose beams
-    share one encoder row runs one row per sentence (its beams are still identical). `any_at_limit`: whether a
-    sentence takes its last token now, where the host knows it (`apply_processors`)."""
-    beams, device = settings.num_beams, search.running.device
-    if fold:
-        # let the self-attention cache's next copy give each beam its own row (reorderings are applied lazily)
-        columns = repeat_columns(state.logits(tokens[::beams]), beams)  # (vocabulary, rows)
-        state.reorder(torch.arange(search.running.shape[0], device=device).repeat_interleave(beams))
-    else:
-        columns = state.logits(tokens)  # (vocabulary, rows)
-    history = hooks.history
-    if history is not None and settings.output_logits:
-        history.record(history.logits, columns.t(), state.example_ids)
-    log_probs = log_softmax_in_place(columns)
-    if settings.constraints is not None:
-        if hooks.banks is None:
-            hooks.banks = settings.constraints.banks(beams, log_probs.shape[-1], settings.eos, device)
-        hooks.banks.block_eos(log_probs)
-    row_limits = search.limits.repeat_interleave(beams)
-    log_probs = apply_processors(settings, log_probs, step, row_limits, input_ids, row_examples, sync_free,
-                                 any_at_limit)  # fmt: skip
-    if history is not None and settings.output_scores:
-        history.record(history.scores, log_probs, state.example_ids)
-    if hooks.seek_columns:
-        hooks.seek_columns = False
-        hooks.columns = candidate_columns(settings, log_probs.shape[-1])
-        hooks.columns = hooks.columns.to(device) if hooks.columns is not None else None
-    advanced = advance_beams(settings, step, log_probs, search, hooks.columns, hooks.banks)
-    if history is not None:
-        history.follow(advanced, state.example_ids, step)
-    return advanced
-
-
 def beam_search(settings: DecodingSettings, state: DecodingState) -> dict:
-    """Beam search (section 6.1): `beam_step` after step, with Transformers' candidate and finished-hypothesis
-    rules (`advance_beams`). A sentence is done when its search can no longer change its result (`sentence_done`);
-    it then leaves the batch (`drop_finished`), so long sentences do not keep short ones computing.
+    """Beam search (section 6.1): `BeamStep` after step (`lexical_vaswani.ConstrainedBeamStep` with constraints).
+    A sentence is done when its search can no longer change its result (`sentence_done`); it then leaves the batch
+    (`drop_finished`), so long sentences do not keep short ones computing.
     """
     beams = settings.num_beams
     device = state.encoder_hidden.device
@@ -599,7 +647,11 @@ def beam_search(settings: DecodingSettings, state: DecodingState) -> dict:
     tokens = torch.full((batch * beams,), settings.start, dtype=torch.long, device=device)
     # Transformers returns beam_indices with the scores they index (its docs: "returned when output_scores=True");
     # without them, translation with return_dict_in_generate (n-best scores) pays nothing for the bookkeeping
-    hooks = StepHooks(history=BeamHistory(settings, batch, steps, device) if settings.per_step_outputs else None)
+    history = BeamHistory(settings, batch, steps, device) if settings.per_step_outputs else None
+    if settings.constraints is not None:
+        step_rule = settings.constraints.beam_step(settings, history)
+    else:
+        step_rule = BeamStep(settings, history=history)
     # only a target prefix and user processors read which example a row decodes
     examples_read = settings.prefix is not None or bool(settings.user_processors)
 
@@ -613,27 +665,27 @@ def beam_search(settings: DecodingSettings, state: DecodingState) -> dict:
 
         row_examples = state.example_ids.repeat_interleave(beams) if examples_read else None
         any_at_limit = bool((host_limits[state.example_ids] <= step + 1).any())  # host values: no read
-        advanced = beam_step(settings, step, state, tokens, search, input_ids, row_examples, hooks,
-                             fold=step == 0 and getattr(state, "fold", False), any_at_limit=any_at_limit)  # fmt: skip
-        search, parent_rows = advanced.beams, advanced.parent_rows
-        if bool(advanced.done.any()):
-            search, parent_rows = drop_finished(settings, state, advanced, hooks, out)
+        result = step_rule(step, state, tokens, search, input_ids, row_examples,
+                           fold=step == 0 and getattr(state, "fold", False), any_at_limit=any_at_limit)  # fmt: skip
+        search, parent_rows = result.beams, result.parent_rows
+        if bool(result.done.any()):
+            search, parent_rows = drop_finished(settings, state, result, step_rule, out)
             if search is None:
                 break
         state.reorder(parent_rows.flatten())
         tokens = search.running[:, :, step].flatten()
-    if hooks.history is not None:
-        out.update(hooks.history.outputs())
+    if history is not None:
+        out.update(history.outputs())
     return out
 
 
-def drop_finished(settings: DecodingSettings, state: DecodingState, advanced: BeamStep, hooks: StepHooks,
+def drop_finished(settings: DecodingSettings, state: DecodingState, result: StepResult, step_rule: BeamStep,
                   out: dict) -> tuple[Beams | None, torch.LongTensor | None]:  # fmt: skip
     """The eager search's batching policy: the sentences whose search is over write their results into `out` and
-    leave the batch (the decoding state, the beams and every hook drop their rows). The beams and parent rows of
-    the sentences that go on, renumbered (None once none does)."""
-    search, done, beams, n_return = advanced.beams, advanced.done, settings.num_beams, settings.num_return_sequences
-    device, history = search.running.device, hooks.history
+    leave the batch (the decoding state, the beams and the step's own state drop their rows). The beams and
+    parent rows of the sentences that go on, renumbered (None once none does)."""
+    search, done, beams, n_return = result.beams, result.done, settings.num_beams, settings.num_return_sequences
+    device, history = search.running.device, step_rule.history
     leaving = done.nonzero().flatten()
     ids = state.example_ids[leaving.cpu()].to(device)
     rows = (ids[:, None] * n_return + torch.arange(n_return, device=device)).flatten()
@@ -650,27 +702,24 @@ def drop_finished(settings: DecodingSettings, state: DecodingState, advanced: Be
     position = torch.full((done.shape[0] * beams,), -1, dtype=torch.long, device=device)
     position[row_stay] = torch.arange(row_stay.numel(), device=device)
     state.keep(stay)
-    if hooks.banks is not None:
-        hooks.banks.select(stay)
-    if history is not None:
-        history.running, history.finished = history.running[stay], history.finished[stay]
-    return search.select(stay), position[advanced.parent_rows[stay]]
+    step_rule.keep(stay)
+    return search.select(stay), position[result.parent_rows[stay]]
 
 
-def repeat_columns(columns: torch.Tensor, times: int) -> torch.Tensor:
+def repeat_rows(logits: torch.Tensor, times: int) -> torch.Tensor:
     """Each row's (vocabulary, rows) logits `times` times, in the layout they came in: the log-softmax then runs
     over a contiguous dimension (on a GPU, over a strided one it took 35 ms for 256 rows of 58,000 logits)."""
-    if columns.t().is_contiguous():
-        return columns.t().repeat_interleave(times, dim=0).t()
-    return columns.repeat_interleave(times, dim=1)
+    if logits.t().is_contiguous():
+        return logits.t().repeat_interleave(times, dim=0).t()
+    return logits.repeat_interleave(times, dim=1)
 
 
-def log_softmax_in_place(columns: torch.Tensor) -> torch.Tensor:
+def log_softmax_in_place(logits: torch.Tensor) -> torch.Tensor:
     """(vocabulary, rows) logits -> (rows, vocabulary) log-probabilities, in place where the layout allows (the
     logits are the search's alone)."""
-    log_probs = columns.t()
-    if columns.is_contiguous():
-        torch.log_softmax(columns, dim=0, out=columns)
+    log_probs = logits.t()
+    if logits.is_contiguous():
+        torch.log_softmax(logits, dim=0, out=logits)
     elif log_probs.is_contiguous():
         torch.log_softmax(log_probs, dim=-1, out=log_probs)
     else:
@@ -678,68 +727,10 @@ def log_softmax_in_place(columns: torch.Tensor) -> torch.Tensor:
     return log_probs
 
 
-class BeamHistory:
-    """What `return_dict_in_generate` adds to a beam search's result, as Transformers' beam search returns it:
-    `beam_indices` (for each returned hypothesis and step, the row of batch x beams its token came from, -1 after
-    its end), and with `output_scores` / `output_logits` the per-step processed log-probabilities / raw logits of
-    every row, (batch * beams, vocabulary) each, which `compute_transition_scores` reads through `beam_indices`.
-
-    A sentence leaves the batch once its search is over (`beam_search`); Transformers' loop goes on computing its
-    rows, which no hypothesis reads. Here those rows of later steps hold -inf (nothing was computed there).
-    """
-
-    def __init__(self, settings: DecodingSettings, batch: int, steps: int, device: torch.device):
-        self.beams = settings.num_beams
-        self.total_rows = batch * self.beams
-        self.running = torch.full((batch, self.beams, steps), -1, dtype=torch.int32, device=device)
-        self.finished = self.running.clone()
-        self.out = torch.full((batch * settings.num_return_sequences, steps), -1, dtype=torch.int32, device=device)
-        self.scores: list[torch.Tensor] = []
-        self.logits: list[torch.Tensor] = []
-        self._ids: tuple[torch.Tensor, torch.Tensor] | None = None  # (host example ids, their copy on the device)
-
-    def on_device(self, example_ids: torch.Tensor, device: torch.device) -> torch.Tensor:
-        """The host's example ids on the device, copied once each time the batch changes, not at every step."""
-        if self._ids is None or self._ids[0] is not example_ids or self._ids[1].device != device:
-            self._ids = (example_ids, example_ids.to(device))
-        return self._ids[1]
-
-    def rows(self, example_ids: torch.Tensor, device: torch.device) -> torch.Tensor:
-        beams = torch.arange(self.beams, device=device)
-        return (self.on_device(example_ids, device)[:, None] * self.beams + beams).flatten()
-
-    def record(self, steps: list[torch.Tensor], values: torch.Tensor, example_ids: torch.Tensor) -> None:
-        """One step's (rows, vocabulary) values of the sentences still in the batch, in the full batch's rows."""
-        full = values.new_full((self.total_rows, values.shape[-1]), -math.inf, dtype=torch.float32)
-        full[self.rows(example_ids, values.device)] = values
-        steps.append(full)
-
-    def top_origins(self, top_beams: torch.Tensor, example_ids: torch.Tensor, step: int) -> torch.Tensor:
-        """The beam indices of the step's top candidates: their parents' history, then the parent's row."""
-        origins = self.running.gather(1, top_beams[..., None].expand(-1, -1, self.running.shape[-1]))
-        parent_rows = self.on_device(example_ids, top_beams.device)[:, None] * self.beams + top_beams
-        origins[:, :, step] = parent_rows.to(origins.dtype)
-        return origins
-
-    def follow(self, advanced: BeamStep, example_ids: torch.Tensor, step: int) -> None:
-        """The beam indices of a step's new running and finished hypotheses."""
-        steps = self.running.shape[-1]
-        top_origins = self.top_origins(advanced.top_beams, example_ids, step)
-        self.running = top_origins.gather(1, advanced.next_index[..., None].expand(-1, -1, steps))
-        merged = torch.cat([self.finished, top_origins], dim=1)
-        self.finished = merged.gather(1, advanced.merged_index[..., None].expand(-1, -1, steps))
-
-    def outputs(self) -> dict:
-        return {
-            "beam_indices": self.out,
-            "step_scores": tuple(self.scores) or None,
-            "step_logits": tuple(self.logits) or None,
-        }
-
-
 def sentence_done(settings: DecodingSettings, step: int, running_scores: torch.Tensor, finished_scores: torch.Tensor,
                   is_finished: torch.Tensor, improvable: torch.Tensor, limits: torch.Tensor):  # fmt: skip
-    """Which sentences' searches are over after `step + 1` generated tokens (and the updated `improvable`).
+    """Which sentences' searches are over after `step + 1` generated tokens (and the updated `improvable`): those
+    where no running hypothesis is possible any more (every candidate ended or was impossible), and by this rule:
 
     GNMT (the paper, as tensor2tensor's beam search): over when the best score a running beam can still reach,
     its log-probability (which only falls) over the largest length penalty it can still get, is below the
@@ -748,19 +739,20 @@ def sentence_done(settings: DecodingSettings, step: int, running_scores: torch.T
     "hf": Transformers' rules: `early_stopping=True` once `num_beams` hypotheses are finished; otherwise its
     heuristic with the current length (False) or the longest possible one ("never", for a positive penalty).
     """
+    nothing_goes_on = (running_scores == IMPOSSIBLE).all(dim=1)
     if settings.gnmt:
         n = settings.num_return_sequences if settings.early_stopping is True else settings.num_beams
         largest_penalty = torch.maximum(
             torch.as_tensor(settings.penalty(limits.float())), torch.as_tensor(settings.penalty(step + 2))
         )
         reachable = running_scores.amax(dim=1) / largest_penalty
-        return finished_scores[:, n - 1] > reachable, improvable
+        return (finished_scores[:, n - 1] > reachable) | nothing_goes_on, improvable
     alpha = settings.length_penalty
     if settings.early_stopping == "never" and alpha > 0.0:
         length = settings.max_new_tokens
     else:
         length = step + 1
     best_running = running_scores.amax(dim=1, keepdim=True) / length**alpha
-    worst_finished = torch.where(is_finished, finished_scores.min(dim=1, keepdim=True).values, -1.0e9)
+    worst_finished = torch.where(is_finished, finished_scores.min(dim=1, keepdim=True).values, IMPOSSIBLE)
     improvable = improvable & (best_running > worst_finished).any(dim=1)
-    return (is_finished.all(dim=1) & (settings.early_stopping is True)) | ~improvable, improvable
+    return (is_finished.all(dim=1) & (settings.early_stopping is True)) | ~improvable | nothing_goes_on, improvable

@@ -4,7 +4,7 @@ the graph for the next call of the same shape.
 
 On a GPU a decoding step's arithmetic takes microseconds, while its few hundred kernel launches and the Python
 around them take milliseconds. This room runs the same searches as `search_vaswani.py`: greedy's argmax rule, and
-beam search through the very same `advance_beams`. Every shape is fixed, so that the whole step (cache reordering,
+beam search through the very same `BeamStep`. Every shape is fixed, so that the whole step (cache reordering,
 decoder, output projection, log-softmax, the logits processors, top-k and the beam update) is captured once and
 replayed:
 - the self- and cross-attention caches are preallocated (`StaticBeamCacheLayer`, `StaticLayer`), and beam
@@ -45,10 +45,9 @@ from transformers.cache_utils import Cache, StaticLayer
 from ..decoding_state_vaswani import DecodingState, ModelProducts
 from ..search_vaswani import (
     Beams,
+    BeamStep,
     DecodingSettings,
-    StepHooks,
     apply_processors,
-    beam_step,
     limit_reached,
     write_step,
 )
@@ -300,7 +299,7 @@ class GraphedGreedySearch(GraphedSearch):
     def advance(self) -> None:
         settings, step, done = self.settings, self.step_index, self.done
         scores = apply_processors(settings, self.state.logits(self.tokens).t(), step, settings.limits,
-                                  self.input_ids, self.row_examples, sync_free=True)  # fmt: skip
+                                  self.input_ids, self.row_examples)  # fmt: skip
         tokens = scores.argmax(-1)
         write_step(self.generated, step, torch.where(done, settings.fill, tokens))
         ends = ~done & (torch.isin(tokens, settings.eos) | limit_reached(step, settings.limits))
@@ -326,19 +325,19 @@ class GraphedBeamSearch(GraphedSearch):
     def __init__(self, settings: DecodingSettings, state: StaticDecodingState, capture: bool):
         super().__init__(settings, state, capture)
         self.beams = Beams.start(self.settings, self.done.shape[0], self.done.device, steps=state.steps)
+        self.step_rule = BeamStep(self.settings, seek_columns=False)
 
     def begin(self, settings: DecodingSettings, encoder_hidden: torch.Tensor, mask: torch.Tensor | None) -> None:
         super().begin(settings, encoder_hidden, mask)
         self.beams.copy_(Beams.start(self.settings, self.done.shape[0], self.done.device, steps=self.state.steps))
 
     def advance(self) -> None:
-        settings, step, search = self.settings, self.step_index, self.beams
+        step, search = self.step_index, self.beams
         # the one beam step, with the static batching policy: sentences already done keep their results
-        advanced = beam_step(settings, step, self.state, self.tokens, search, self.input_ids, self.row_examples,
-                             StepHooks(seek_columns=False), sync_free=True)  # fmt: skip
-        search.copy_(advanced.beams.keep_where(self.done, search))
-        self.done.logical_or_(advanced.done)
-        self.state.reorder(advanced.parent_rows.flatten())
+        result = self.step_rule(step, self.state, self.tokens, search, self.input_ids, self.row_examples)
+        search.copy_(result.beams.keep_where(self.done, search))
+        self.done.logical_or_(result.done)
+        self.state.reorder(result.parent_rows.flatten())
         self.tokens.copy_(search.running.index_select(2, step.view(1)).flatten())
         step.add_(1)
 
