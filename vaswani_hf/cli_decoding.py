@@ -264,12 +264,15 @@ def score_command(argv: list[str]) -> int:
 
 
 def _read_lines(path: str | None) -> list[str]:
-    if path is None:
-        return sys.stdin.read().splitlines()
+    """A file's (or stdin's) lines, ending at \\n only, as `_stream_lines` reads --input (str.splitlines would also
+    split at U+2028, NEL, form feeds and the like, giving more lines than the input has), each without its line
+    end: a final \\n ends the last line, and a CR before a \\n is part of the line end."""
+    data = sys.stdin.buffer.read() if path is None else Path(path).read_bytes()
     try:
-        return Path(path).read_text(encoding="utf-8").splitlines()
+        text = data.decode("utf-8")
     except UnicodeDecodeError as err:
-        raise ValueError(f"{path} is not UTF-8 text (byte {err.start}).") from None
+        raise ValueError(f"{path or 'stdin'} is not UTF-8 text (byte {err.start}).") from None
+    return [line.removesuffix("\r") for line in text.removesuffix("\n").split("\n")] if text else []
 
 
 def evaluate_command(argv: list[str]) -> int:

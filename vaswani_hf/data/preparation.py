@@ -94,7 +94,10 @@ def _writing_error(err: OSError, final: Path, given: bool) -> OSError | None:
     """A read-only folder or a full disk, said with the path and the fix (the system's message names neither the
     folder nor what to do, and Arrow's names no path); None for any other error, which is raised as it is."""
     where = "--output_dir DIR" if given else "VASWANI_PREPARED_CACHE=DIR"
-    if err.errno in (errno.EROFS, errno.EACCES, errno.EPERM) and err.filename is not None:
+    # no such file, for the lock file in a folder that is there: the folder takes no new files (as /proc)
+    no_lock = err.errno == errno.ENOENT and err.filename is not None and os.path.isdir(os.path.dirname(err.filename))
+    no_lock = no_lock and Path(err.filename).name == f".{final.name}.lock"
+    if (err.errno in (errno.EROFS, errno.EACCES, errno.EPERM) and err.filename is not None) or no_lock:
         path = Path(os.path.abspath(err.filename))
         final = Path(os.path.abspath(final))
         ours = (
@@ -104,8 +107,9 @@ def _writing_error(err: OSError, final: Path, given: bool) -> OSError | None:
             or (path.parent == final.parent and path.name.startswith(f".{final.name}."))
         )  # its lock and staging folders
         if ours:
-            return OSError(f"cannot write in {path if path in final.parents else final.parent} ({err.strerror}): "
-                           f"prepare into a folder you can write to ({where}).")  # fmt: skip
+            folder = path.parent if no_lock else path if path in final.parents else final.parent
+            reason = "it takes no new files" if no_lock else err.strerror
+            return OSError(f"cannot write in {folder} ({reason}): prepare into a folder you can write to ({where}).")
     if err.errno in (errno.ENOSPC, errno.EDQUOT) or "No space left on device" in str(err):
         return OSError(f"the disk holding {final.parent} is full (No space left on device, while preparing "
                        f"{final}; what was written is removed): free some space, or prepare on another disk "

@@ -217,18 +217,40 @@ def _built_name(entry: str) -> str:
 @contextlib.contextmanager
 def locked(final: Path, say) -> Iterator[None]:
     """Hold `final`'s lock: processes that want the same preparation wait here, on a file, never in a collective
-    that a distributed run could time out. Sweeps staging folders that killed preparations left beside it."""
+    that a distributed run could time out. Sweeps staging folders that killed preparations left beside it. A
+    failure removes the lock file (a process waiting on it then takes a new one: `_acquire`); a folder where the
+    lock file cannot be created is the system's error, at once, not a wait."""
     final.parent.mkdir(parents=True, exist_ok=True)
     lock = _lock(final)
     try:
-        lock.acquire(timeout=1)
+        _acquire(lock, timeout=1)
     except Timeout:
+        if not os.path.exists(lock.lock_file):  # no one holds it, yet it was not taken: can it be created at all?
+            os.close(os.open(lock.lock_file, os.O_WRONLY | os.O_CREAT, 0o644))
         say(f"data: waiting for another process that is preparing {final} (lock {lock.lock_file})")
-        lock.acquire()
+        _acquire(lock)
     try:
         sweep_staging(final.parent, held=final.name)
         yield
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(lock.lock_file)  # while it is held: no one else holds this file
+        raise
     finally:
+        lock.release()
+
+
+def _acquire(lock: FileLock, timeout: float = -1) -> None:
+    """Take `lock`, on the file its path names now: a process that failed removes the file it held, and a process
+    that was waiting on that file then holds a file no one else opens (recent filelock releases check this too)."""
+    while True:
+        lock.acquire(timeout=timeout)
+        held = getattr(getattr(lock, "_context", None), "lock_file_fd", None)
+        try:
+            if held is None or os.path.samestat(os.fstat(held), os.stat(lock.lock_file)):
+                return
+        except FileNotFoundError:
+            pass
         lock.release()
 
 
@@ -245,7 +267,7 @@ def sweep_staging(parent: Path, held: str | None = None) -> None:
             continue
         lock = _lock(parent / name)
         try:
-            lock.acquire(timeout=0)
+            _acquire(lock, timeout=0)
         except Timeout:
             continue  # being built right now
         try:
@@ -259,9 +281,16 @@ def check_free_space(folder: Path, needed: int, what: str) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     free = shutil.disk_usage(folder).free
     if free < needed:
-        raise OSError(f"not enough free disk space in {folder} to prepare {what}: about {needed / 1e9:.1f} GB is "
-                      f"needed while preparing, {free / 1e9:.1f} GB is free. Free some space, or prepare elsewhere "
+        raise OSError(f"not enough free disk space in {folder} to prepare {what}: about {_size(needed)} is needed "
+                      f"while preparing, {_size(free)} is free. Free some space, or prepare elsewhere "
                       "(vaswani prepare --output_dir DIR, or VASWANI_PREPARED_CACHE=DIR).")  # fmt: skip
+
+
+def _size(count: int) -> str:
+    """Bytes as GB, below one GB as MB, below 0.1 MB as kB (a small need is not "0.0 GB")."""
+    if count >= 1e9:
+        return f"{count / 1e9:.1f} GB"
+    return f"{count / 1e6:.1f} MB" if count >= 1e5 else f"{count / 1e3:.0f} kB"
 
 
 def clear_cache(say) -> tuple[Path, int]:
@@ -281,7 +310,7 @@ def clear_cache(say) -> tuple[Path, int]:
             continue
         lock = _lock(folder / _built_name(entry.name))
         try:
-            lock.acquire(timeout=0)
+            _acquire(lock, timeout=0)
         except Timeout:
             say(f"data: {entry} is being prepared by another process: left in place")
             continue

@@ -17,7 +17,10 @@ import gzip
 import io
 import json
 import logging
+import re
+import zlib
 from collections.abc import Iterator
+from contextlib import contextmanager
 from itertools import islice, zip_longest
 from pathlib import Path
 
@@ -44,6 +47,8 @@ class _Notes:
                 "pair is dropped and counted)",
         "break": "{count:,} values held a line break (\\n or \\r), each replaced by a space, the first on line {line}",
         "header": "line {line} is a header naming the languages: skipped",
+        "headers": "{count:,} lines are headers naming the languages (the first line, and one after each byte-order "
+                   "mark inside the file, where files were joined with `cat`), the first on line {line}: skipped",
         "quoted": "every field of the first {count:,} lines is in double quotes, as a spreadsheet's export writes "
                   "them: they are read as written, quotes included; export the file without quoting if the quotes "
                   "are not part of the sentences",
@@ -59,7 +64,8 @@ class _Notes:
 
     def say(self) -> None:
         for kind, count in self.counts.items():
-            logger.warning("%s: %s", self.where, self.SAID[kind].format(count=count, line=self.lines[kind]))
+            said = self.SAID[f"{kind}s" if count > 1 and f"{kind}s" in self.SAID else kind]
+            logger.warning("%s: %s", self.where, said.format(count=count, line=self.lines[kind]))
 
 
 def _first(mask: pa.Array | pa.ChunkedArray, numbers: pa.Array) -> int:
@@ -96,15 +102,19 @@ def _pairs(sources, targets, lines: int | list[int] | pa.Array, notes: _Notes | 
     return pa.table([*sides, numbers], names=["source", "target", "line"])
 
 
-def _decoded_lines(path: Path, data: bytes, first_line: int, notes: _Notes) -> list[str]:
+def _decoded_lines(path: Path, data: bytes, first_line: int, notes: _Notes,
+                   marked: list[int] | None = None) -> list[str]:  # fmt: skip
     """`data`, whole lines (each ending with b"\\n" but maybe the last), as text; bad UTF-8 and a carriage return
-    that is not part of a line end name their line; byte-order marks inside the file are removed and counted."""
+    that is not part of a line end name their line; byte-order marks inside the file are removed and counted, and
+    the number of each line one begins is added to `marked`. More CRs alone than lines are the file's line ends
+    (old Mac files); as many or fewer are strays inside lines (one a line, `a<CR>b<LF>`, is not a line end: the
+    advice to replace each by a space keeps the lines aligned). Each is named as such."""
     if b"\r" in data and data.count(b"\r") - data.count(b"\r\n") - data.endswith(b"\r"):
         at = data.index(b"\r", 0, len(data) - 1)
         while data[at + 1 : at + 2] == b"\n":
             at = data.index(b"\r", at + 1, len(data) - 1)
         line = first_line + data.count(b"\n", 0, at)
-        if data.count(b"\r") > 2 * data.count(b"\n"):
+        if data.count(b"\r") - data.count(b"\r\n") > data.count(b"\n") + (not data.endswith(b"\n")):
             raise ValueError(f"{path}: its lines end with a carriage return alone (CR, old Mac line ends), which "
                              "this reader does not split at (lines end at \\n): convert the file, e.g. "
                              f"`tr '\\r' '\\n' < {path.name} > {path.name}.unix`.")  # fmt: skip
@@ -113,6 +123,8 @@ def _decoded_lines(path: Path, data: bytes, first_line: int, notes: _Notes) -> l
                          f"'\\r' ' ' < {path.name} > {path.name}.fixed` does so for each CR).")  # fmt: skip
     if BOM in data:
         notes.add("bom", data.count(BOM), first_line + data.count(b"\n", 0, data.index(BOM)))
+        if marked is not None:
+            marked += [first_line + data.count(b"\n", 0, m.end()) for m in re.finditer(b"(?:^|\n)" + BOM, data)]
         data = data.replace(BOM, b"")
     try:
         text = data.decode("utf-8")
@@ -127,20 +139,37 @@ def _open(path: Path):
     return gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")
 
 
-def _line_chunks(path: Path, chunk_lines: int, notes: _Notes) -> Iterator[tuple[int, list[str]]]:
-    with _open(path) as file:
+@contextmanager
+def _reading(path: Path) -> Iterator[None]:
+    """A damaged gzip file, said with its path and the fix (gzip and zlib name neither)."""
+    try:
+        yield
+    except (EOFError, gzip.BadGzipFile, zlib.error) as err:
+        if isinstance(err, gzip.BadGzipFile) and "Not a gzipped file" in str(err):
+            raise ValueError(f"{path}: not gzip data, though its name ends in .gz: rename it without .gz if it is "
+                             "plain text, or compress it with gzip.") from None  # fmt: skip
+        what = ("cut short (it ends before its end-of-stream marker, as an interrupted download or copy leaves it)"
+                if isinstance(err, EOFError) else f"damaged ({err})")  # fmt: skip
+        raise ValueError(f"{path}: the gzip file is {what}: fetch or compress it again (`gzip -t {path.name}` "
+                         "checks a file).") from None  # fmt: skip
+
+
+def _line_chunks(path: Path, chunk_lines: int, notes: _Notes,
+                 marked: list[int] | None = None) -> Iterator[tuple[int, list[str]]]:  # fmt: skip
+    """`chunk_lines` lines at a time, as text, with the number of the first; `marked`: see `_decoded_lines`."""
+    with _reading(path), _open(path) as file:
         first = 1
         while raw := list(islice(file, chunk_lines)):
             if first == 1:  # a UTF-8 byte-order mark (Windows editors write one) is no part of the first sentence
                 raw[0] = raw[0].removeprefix(BOM)
-            yield first, _decoded_lines(path, b"".join(raw), first, notes)
+            yield first, _decoded_lines(path, b"".join(raw), first, notes, marked)
             first += len(raw)
 
 
 def _count_lines(path: Path) -> int:
     """Lines in a file, the last one counted whether or not it ends with a newline."""
     count, last = 0, b"\n"
-    with _open(path) as file:
+    with _reading(path), _open(path) as file:
         for block in iter(lambda: file.read(1 << 24), b""):
             count, last = count + block.count(b"\n"), block[-1:]
     return count + (last != b"\n")
@@ -172,7 +201,7 @@ def parallel_chunks(data_dir: str | Path, split: str, src: str, tgt: str,
 
 QUOTE = '"'
 # a field as a spreadsheet or pandas quotes it (csv.QUOTE_MINIMAL): in quotes, a quote inside it doubled
-ESCAPED_FIELD = r'(^|\t)"([^"\t]|"")*""([^"\t]|"")*"(\t|$)'
+ESCAPED_FIELD = r'(^|\t)"([^"\t]|"")*""([^"\t]|"")*"(\t|\r?$)'
 QUOTING_FIX = ("this reader takes no quoting (fields are read as written, and a tab always separates them): write "
                "the file without quoting and without tabs inside sentences (pandas: to_csv(path, sep='\\t', "
                "index=False, quoting=csv.QUOTE_NONE) after replacing the tabs)")  # fmt: skip
@@ -180,18 +209,22 @@ QUOTING_FIX = ("this reader takes no quoting (fields are read as written, and a 
 
 def tsv_chunks(path: str | Path, chunk_lines: int = CHUNK_LINES, src: str | None = None,
                tgt: str | None = None) -> Iterator[pa.Table]:  # fmt: skip
-    """`source<TAB>target` lines; blank lines are skipped, and a first line naming the languages (`src<TAB>tgt`, as
-    pandas and spreadsheets write a header) is skipped and said. No quoting rules: a tab inside a sentence is an
-    error, not a silent shift, and a field quoted as a spreadsheet quotes it is refused as such."""
+    """`source<TAB>target` lines; blank lines are skipped, and a line naming the languages (`src<TAB>tgt`, as
+    pandas and spreadsheets write a header) is skipped and said where it is the first line or follows a byte-order
+    mark inside the file (files joined with `cat`). No quoting rules: a tab inside a sentence is an error, not a
+    silent shift, and a field quoted as a spreadsheet quotes it is refused as such."""
     path = Path(path)
-    notes = _Notes(path)
-    for first, lines in _line_chunks(path, chunk_lines, notes):
+    notes, spans = _Notes(path), _QuotedSpans(path)
+    marked: list[int] = []  # the lines a byte-order mark began, in this chunk
+    for first, lines in _line_chunks(path, chunk_lines, notes, marked):
         lines = pa.array(lines, pa.large_string())
         numbers = pa.array(range(first, first + len(lines)), pa.int64())
         blank = pc.equal(pc.utf8_length(pc.utf8_trim_whitespace(lines)), 0)
         lines, numbers = lines.filter(pc.invert(blank)), numbers.filter(pc.invert(blank))
-        if first == 1 and len(lines) and src is not None:
-            lines, numbers = _skip_header(path, lines, numbers, src, tgt, notes)
+        if (first == 1 or marked) and len(lines) and src is not None:
+            lines, numbers = _skip_headers(path, lines, numbers, [1] * (first == 1) + marked, src, tgt, notes)
+        marked.clear()
+        spans.check(lines, numbers)
         fields = pc.split_pattern(lines, "\t")
         counts = pc.list_value_length(fields)
         bad = pc.not_equal(counts, 2)
@@ -216,19 +249,89 @@ def tsv_chunks(path: str | Path, chunk_lines: int = CHUNK_LINES, src: str | None
     notes.say()
 
 
-def _skip_header(path: Path, lines: pa.Array, numbers: pa.Array, src: str, tgt: str,
-                 notes: _Notes) -> tuple[pa.Array, pa.Array]:  # fmt: skip
-    """The lines without a first one naming the languages (a header); one naming them the other way round is
-    refused, since the columns would be read as each other's language."""
-    names = [name.strip().strip(QUOTE).strip().lower() for name in lines[0].as_py().split("\t")]
-    if names == [src.lower(), tgt.lower()]:
-        notes.add("header", 1, numbers[0].as_py())
-        return lines.slice(1), numbers.slice(1)
-    if names == [tgt.lower(), src.lower()]:
-        raise ValueError(f"{path}: line {numbers[0]} is a header naming {tgt}<TAB>{src}: the first column is {tgt}, "
-                         f"but it is read as --src {src}; swap the columns (e.g. `awk -F'\\t' -v OFS='\\t' "
-                         "'{print $2, $1}'`), or --src and --tgt.")  # fmt: skip
-    return lines, numbers
+def _skip_headers(path: Path, lines: pa.Array, numbers: pa.Array, candidates: list[int], src: str, tgt: str,
+                  notes: _Notes) -> tuple[pa.Array, pa.Array]:  # fmt: skip
+    """The lines without those of `candidates` (line numbers) that name the languages (a header); one naming them
+    the other way round is refused, since the columns would be read as each other's language."""
+    at = pc.indices_nonzero(pc.is_in(numbers, value_set=pa.array(candidates, pa.int64()))).to_pylist()
+    kept = [True] * len(lines)
+    for index in at:
+        names = [name.strip().strip(QUOTE).strip().lower() for name in lines[index].as_py().split("\t")]
+        if names == [src.lower(), tgt.lower()]:
+            notes.add("header", 1, numbers[index].as_py())
+            kept[index] = False
+        elif names == [tgt.lower(), src.lower()]:
+            raise ValueError(f"{path}: line {numbers[index]} is a header naming {tgt}<TAB>{src}: the first column is "
+                             f"{tgt}, but it is read as --src {src}; swap the columns (e.g. `awk -F'\\t' -v "
+                             "OFS='\\t' '{print $2, $1}'`), or --src and --tgt.")  # fmt: skip
+    if all(kept):
+        return lines, numbers
+    return lines.filter(pa.array(kept)), numbers.filter(pa.array(kept))
+
+
+class _QuotedSpans:
+    """Fields in quotes that hold a line break and a tab, as pandas and spreadsheets write such a value
+    (`a<TAB>"b<LF>c<TAB>d"`): read by lines, each of their lines may have two fields, and the pairs would shift
+    silently, so they are refused as quoting. Plain text can look the same (a quotation over two sentence lines, in
+    quotes on one side only), but holds quotes that quoting never writes (one inside a field, not doubled): a chunk
+    that holds one is plain text. A field in quotes is followed into the next chunk."""
+
+    OPENS = '(^|\t)"([^"]|"")*$'  # a field opens a quote that the line does not close
+    PLAIN = '[^\t"]"[^\t"\r]'  # a quote inside a field, not doubled: plain text (\r: a CRLF line end)
+    LONGEST = 100  # lines a field in quotes is followed over
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.open: list | None = None  # a field in quotes the last chunk left open: [its line, tab inside, lines]
+
+    def check(self, lines: pa.Array, numbers: pa.Array) -> None:
+        quoted = pc.indices_nonzero(pc.match_substring(lines, QUOTE))
+        if self.open is None and not len(quoted):
+            return
+        starts = quoted.filter(pc.match_substring_regex(lines.take(quoted), self.OPENS)).to_pylist()
+        if self.open is None and not starts:
+            return
+        texts, found = [text.removesuffix("\r") for text in lines.to_pylist()], None  # CRLF line ends
+        if self.open is not None:
+            opened, self.open = self.open, None
+            found = self._follow(texts, numbers, -1, *opened)
+        for index in starts:
+            found = found or self._follow(texts, numbers, index, numbers[index].as_py(), self._tab(texts[index]))
+        if found and not pc.any(pc.match_substring_regex(lines.take(quoted), self.PLAIN)).as_py():
+            raise ValueError(f"{self.path}: line {found[0]} opens a field in quotes that ends on line {found[1]}, "
+                             "with a line break and a tab inside, as pandas and spreadsheets quote such a value: "
+                             f"{QUOTING_FIX}.")  # fmt: skip
+
+    @staticmethod
+    def _tab(text: str) -> bool:
+        """Whether the field in quotes a line opens (its first field in quotes that no lone quote closes) holds a
+        tab on that line."""
+        fields = text.split("\t")
+        for at, field in enumerate(fields):
+            rest = "\t".join(fields[at:])[1:]
+            if field.startswith(QUOTE) and QUOTE not in rest.replace('""', ""):
+                return "\t" in rest
+        return False
+
+    def _follow(self, texts: list[str], numbers: pa.Array, index: int, line: int, tab: bool,
+                followed: int = 0) -> tuple[int, int] | None:  # fmt: skip
+        """(opening line, closing line) where the field in quotes opened on `line` (at `index`, -1 for a chunk
+        before, after `followed` lines there) closes on a later line with a tab inside; None where it does not,
+        or is not quoting."""
+        for later in range(index + 1, len(texts)):
+            if later - index + followed > self.LONGEST:
+                return None
+            text, at = texts[later], 0
+            while (at := text.find(QUOTE, at)) >= 0 and text[at + 1 : at + 2] == QUOTE:
+                at += 2
+            if at < 0:  # no quote of its own: a line inside the field
+                tab = tab or "\t" in text
+                continue
+            if text[at + 1 : at + 2] not in ("\t", ""):
+                return None  # a lone quote inside a field: not quoting
+            return (line, numbers[later].as_py()) if tab or "\t" in text[:at] else None
+        self.open = [line, tab, followed + len(texts) - index - 1]
+        return None
 
 
 def _value(fields: dict, lang: str, where: str) -> str | None:
@@ -244,7 +347,11 @@ def _value(fields: dict, lang: str, where: str) -> str | None:
 
 
 def _pair_from_record(record: dict, src: str, tgt: str, where: str) -> tuple[str | None, str | None]:
+    """A record's two values. `"translation": null` is no translation: the record's own fields are read, a missing
+    one as null (an empty side), as Arrow reads a chunk of such records."""
     fields = record.get("translation", record) if isinstance(record, dict) else record
+    if fields is None and isinstance(record, dict):
+        fields = {src: record.get(src), tgt: record.get(tgt)}
     if not isinstance(fields, dict) or src not in fields or tgt not in fields:
         keys = sorted(fields) if isinstance(fields, dict) else type(fields).__name__
         raise ValueError(
@@ -269,7 +376,17 @@ def _records_in_python(path: Path, lines: list[str], numbers: list[int], src: st
             raise ValueError(f"{path}: line {number} is not valid JSON ({err.msg}).") from None
         source, target = _pair_from_record(record, src, tgt, f"{path}: line {number}")
         sources.append(source), targets.append(target)
-    return _pairs(sources, targets, numbers, notes, values=True)
+    try:
+        return _pairs(sources, targets, numbers, notes, values=True)
+    except UnicodeEncodeError:  # a JSON escape of half a surrogate pair (\ud800): no character
+        for number, *sides in zip(numbers, sources, targets, strict=True):
+            for lang, value in zip((src, tgt), sides, strict=True):
+                if value is not None and not value.isascii() and re.search("[\ud800-\udfff]", value):
+                    raise ValueError(f"{path}: line {number}: the {lang!r} value holds a lone surrogate (a JSON escape "
+                                     "from \\ud800 to \\udfff without its pair), which is not valid Unicode text: "
+                                     "fix or remove that line (a character beyond U+FFFF is escaped as a pair, e.g. "
+                                     "\\ud83d\\ude00).") from None  # fmt: skip
+        raise
 
 
 def _records_in_arrow(lines: list[str], count: int, src: str, tgt: str) -> list[pa.ChunkedArray] | None:
