@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import GenerationMixin
+from transformers import GenerationMixin, LogitsProcessor, LogitsProcessorList
 
 from vaswani_hf import VaswaniConfig, VaswaniForConditionalGeneration
+from vaswani_hf.model import search_vaswani
 
 EOS = 2
 
@@ -134,3 +135,41 @@ def test_return_dict_in_generate_carries_the_cache_a_caller_continues_from(num_b
                  **{CACHE_FIELD: cache}).logits[:, -1]  # fmt: skip
     torch.testing.assert_close(step, whole, atol=1e-4, rtol=1e-4)
     assert CACHE_FIELD not in model.generate(input_ids=SOURCE, output_sequence_scores=True, num_beams=2)  # not asked
+
+
+class OnlyTokens(LogitsProcessor):
+    """Leaves these tokens alone possible in every row (fewer than a beam search's beams)."""
+
+    def __init__(self, tokens: list[int]):
+        self.tokens = tokens
+
+    def __call__(self, input_ids, scores):
+        kept = torch.full_like(scores, float("-inf"))
+        kept[:, self.tokens] = scores[:, self.tokens]
+        return kept
+
+
+def test_a_finished_slot_no_hypothesis_fills_scores_impossible_as_every_impossible_thing_does():
+    """One marker of what cannot happen (-inf): with EOS the only possible token, three beams end with one
+    hypothesis; the other two returned slots hold none and score -inf (they were -1e9, the marker's other
+    spelling), and no empty slot lengthens the output."""
+    model = tiny_model()
+    out = model.generate(input_ids=SOURCE[:1], num_beams=3, num_return_sequences=3, max_new_tokens=4,
+                         logits_processor=LogitsProcessorList([OnlyTokens([EOS])]), return_dict_in_generate=True,
+                         output_sequence_scores=True)  # fmt: skip
+    assert out.sequences[0].tolist() == [model.config.decoder_start_token_id, EOS]
+    assert torch.isfinite(out.sequences_scores[0])
+    assert out.sequences_scores[1:].tolist() == [float("-inf")] * 2
+
+
+@pytest.mark.parametrize("graph_decoding", [False, True])
+def test_both_batching_policies_run_the_one_beam_step(graph_decoding, monkeypatch):
+    """The eager search and the static-shape search (its CPU stand-in for a CUDA graph) both step `BeamStep`, so a
+    change to the step reaches both: a step that records its calls sees each search's steps."""
+    calls = []
+    advance = search_vaswani.BeamStep.advance
+    monkeypatch.setattr(search_vaswani.BeamStep, "advance", lambda self, *a: calls.append(a[0]) or advance(self, *a))
+    model = tiny_model()
+    model.generate(input_ids=SOURCE, attention_mask=SOURCE.ne(0).long(), num_beams=3, max_new_tokens=4,
+                   min_new_tokens=4, graph_decoding=graph_decoding)  # fmt: skip
+    assert len(calls) >= 4
