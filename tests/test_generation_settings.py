@@ -173,3 +173,36 @@ def test_both_batching_policies_run_the_one_beam_step(graph_decoding, monkeypatc
     model.generate(input_ids=SOURCE, attention_mask=SOURCE.ne(0).long(), num_beams=3, max_new_tokens=4,
                    min_new_tokens=4, graph_decoding=graph_decoding)  # fmt: skip
     assert len(calls) >= 4
+
+
+class Scores(LogitsProcessor):
+    """Gives one token a score of the caller's choosing (+inf to force it, NaN by a bug)."""
+
+    def __init__(self, token: int, value: float):
+        self.token, self.value = token, value
+
+    def __call__(self, input_ids, scores):
+        scores = scores.clone()
+        scores[:, self.token] = self.value
+        return scores
+
+
+def test_a_processor_s_inf_forces_its_token_and_its_nan_is_impossible_never_an_empty_translation():
+    """+inf meets the idle beams' -inf (NaN): the beam search returned an empty translation scored -inf where
+    Transformers and greedy take the token. Now NaN scores no candidate: +inf takes its token, as Transformers does;
+    a processor's NaN makes its token impossible (Transformers returns the NaN token and a NaN score)."""
+    model = tiny_model()
+    for paper in (True, False):
+        kwargs = {} if paper else dict(length_penalty_type="hf", max_length_offset=None, max_new_tokens=4)
+        forced = model.generate(input_ids=SOURCE[:1], num_beams=3, output_sequence_scores=True,
+                                logits_processor=LogitsProcessorList([Scores(7, float("inf"))]), **kwargs)  # fmt: skip
+        assert forced.sequences[0, 1] == 7 and forced.sequences_scores[0] == float("inf")
+        nan = model.generate(input_ids=SOURCE[:1], num_beams=3, output_sequence_scores=True,
+                             logits_processor=LogitsProcessorList([Scores(7, float("nan"))]), **kwargs)  # fmt: skip
+        assert 7 not in nan.sequences[0].tolist() and torch.isfinite(nan.sequences_scores).all()
+        assert nan.sequences.shape[1] > 1
+
+
+def test_an_empty_batch_is_refused_as_transformers_refuses_it():
+    with pytest.raises(ValueError, match="non-empty batch"):
+        tiny_model().generate(input_ids=torch.zeros((0, 3), dtype=torch.long), num_beams=3)

@@ -5,10 +5,11 @@ returns them. Shipped as Hub remote code: imports only torch and the files besid
 
 from __future__ import annotations
 
-import math
 from typing import TYPE_CHECKING
 
 import torch
+
+from .search_vaswani import IMPOSSIBLE
 
 if TYPE_CHECKING:
     from .search_vaswani import DecodingSettings, StepResult
@@ -50,7 +51,7 @@ class BeamHistory:
 
     def record(self, steps: list[torch.Tensor], values: torch.Tensor, example_ids: torch.Tensor) -> None:
         """One step's (rows, vocabulary) values of the sentences still in the batch, in the full batch's rows."""
-        full = values.new_full((self.total_rows, values.shape[-1]), -math.inf, dtype=torch.float32)
+        full = values.new_full((self.total_rows, values.shape[-1]), IMPOSSIBLE, dtype=torch.float32)
         full[self.rows(example_ids, values.device)] = values
         steps.append(full)
 

@@ -11,13 +11,14 @@ Shipped as Hub remote code: imports only torch, transformers and the files besid
 from __future__ import annotations
 
 import contextlib
-import math
 import weakref
 from collections.abc import Callable
 
 import torch
 from transformers.cache_utils import DynamicCache, DynamicLayer, EncoderDecoderCache
 from transformers.masking_utils import create_bidirectional_mask
+
+from .search_vaswani import IMPOSSIBLE
 
 
 def fold_beams(
@@ -232,7 +233,7 @@ class DecodingState:
         if self.within:
             return scores.float()
         vocabulary = self.model.get_output_embeddings().out_features
-        full = scores.new_full((vocabulary, hidden.shape[0]), -math.inf, dtype=torch.float32)
+        full = scores.new_full((vocabulary, hidden.shape[0]), IMPOSSIBLE, dtype=torch.float32)
         return full.index_copy_(0, self.shortlist, scores.float())
 
     def searching(self) -> contextlib.AbstractContextManager:
@@ -244,7 +245,9 @@ class DecodingState:
         self.cache.self_attention_cache.reorder_cache(row_idx)
 
     def keep(self, examples: torch.Tensor) -> None:
-        """Only the sentences in `examples` (indices into the current batch) go on."""
+        """Only the sentences in `examples` (indices into the current batch, on the host) go on."""
+        self.example_ids = self.example_ids[examples]
+        examples = examples.to(self.encoder_hidden.device)
         rows = self.rows_per_example
         row_idx = (examples[:, None] * rows + torch.arange(rows, device=examples.device)).flatten()
         source_idx = examples if self.fold else row_idx
@@ -255,7 +258,6 @@ class DecodingState:
         if self.source_mask is not None:
             self.source_mask = self.source_mask.index_select(0, source_idx)
             self.encoder_mask = self._encoder_mask()
-        self.example_ids = self.example_ids[examples.cpu()]
 
 
 # an int8 output projection's (weight, bias), the weight as int8 rows (a serving model's weights do not change),

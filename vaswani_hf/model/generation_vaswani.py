@@ -326,6 +326,8 @@ class VaswaniGenerationMixin:
         if given is None:
             raise ValueError("generate() needs the source: `input_ids` (with `attention_mask`) or `encoder_outputs`.")
         shape = (given[0] if isinstance(given, (tuple, BaseModelOutput)) else given).shape[:2]
+        if shape[0] == 0:  # Transformers' loop refuses it in the encoder, with the same words
+            raise ValueError("generate(): input_ids must be a non-empty batch: give at least one source sentence.")
         if attention_mask is not None:
             lengths = attention_mask.sum(-1).long().cpu()
         else:

@@ -14,7 +14,7 @@ Shipped as Hub remote code: imports only torch, transformers and the files besid
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 from transformers.generation import GenerationConfig
@@ -83,19 +83,30 @@ class ConstrainedBeamStep(BeamStep):
         every = proposals.scores.shape[1]
         top = Candidates.take(settings, step, beams, proposals, *banks.order(proposals.scores, None, every))
         running_scores, next_index = banks.order(top.going_on(), top.index, k)
-        finished_scores, merged_index = banks.merge_finished(beams.finished_scores, beams.is_finished,
-                                                             top.finished_scores(settings), top.just_finished,
-                                                             top.index, k)  # fmt: skip
+        finished_scores, merged_index, finished_met = banks.merge_finished(
+            beams.finished_scores, beams.is_finished, top.finished_scores(settings), top.just_finished, top.index, k
+        )
         new = beams.advanced(top, running_scores, next_index, finished_scores, merged_index)
         done, new.improvable = sentence_done(settings, step, running_scores,
-                                             *banks.met_only(finished_scores, new.is_finished), beams.improvable,
-                                             beams.limits)  # fmt: skip
-        banks.follow(top.index, next_index)
-        return StepResult(new, top.parent_rows(next_index), done, top.beams, next_index, merged_index)
+                                             *banks.met_only(finished_scores, new.is_finished, finished_met),
+                                             beams.improvable, beams.limits)  # fmt: skip
+        banks.follow(top.index, next_index, finished_met)
+        return StepResult(new, top.parent_rows(next_index), done, top.parents, next_index, merged_index)
 
     def keep(self, sentences: torch.Tensor) -> None:
         super().keep(sentences)
         self.banks.select(sentences)
+
+
+class Pool(NamedTuple):
+    """What a step's candidates would lead to, in the step's pool layout (batch, beams * width): their states
+    (met, phrase, matched), banks, whether every phrase is in place, and their order of arrival. `propose` makes it,
+    `order` and `merge_finished` read it, `follow` spends it."""
+
+    states: tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+    bank: torch.LongTensor
+    done: torch.BoolTensor
+    arrival: torch.LongTensor
 
 
 class PhraseBanks:
@@ -115,7 +126,9 @@ class PhraseBanks:
       on a constraint are not pushed out by freer ones. The step takes the first `num_beams` of this order for its
       finished hypotheses and orders the candidates that go on the same way;
     - `merge_finished`: a finished hypothesis that met every phrase ranks before any that did not;
-    - `met_only`: the stopping rule reads only the finished hypotheses that met every phrase.
+    - `met_only`: the stopping rule reads only the finished hypotheses that met every phrase;
+    - `follow`: the states of the hypotheses that go on. `propose` leaves the candidates' states in a `Pool`, which
+      `order` and `merge_finished` read and `follow` spends.
     With word boundaries a complete phrase waits for its word to end: the next token begins a word, or the output
     ends (EOS, whether or not it is among the word starts). Tensor work only, one state per hypothesis, no value
     read on the host.
@@ -139,6 +152,7 @@ class PhraseBanks:
         self.phrase = torch.full((batch, num_beams), -1, dtype=torch.long, device=tokens.device)
         self.matched = torch.zeros_like(self.phrase)
         self.finished_met = torch.zeros(batch, num_beams, dtype=torch.bool, device=tokens.device)
+        self.pool: Pool | None = None
 
     def select(self, sentences: torch.Tensor) -> None:
         """Only these sentences (indices into the batch) go on."""
@@ -237,21 +251,19 @@ class PhraseBanks:
         phrase = self.phrase[:, :, None].expand(batch, beams, width).reshape(pool)
         matched = self.matched[:, :, None].expand(batch, beams, width).reshape(pool)
         ends = torch.isin(token_ids.view(pool), self.eos)
-        self.pool = self._advance(met, phrase, matched, token_ids.view(pool), ends)
-        self.pool_bank = self._bank(*self.pool)
-        self.pool_done = self._done(*self.pool)
+        states = self._advance(met, phrase, matched, token_ids.view(pool), ends)
         # Post & Vilar's order of equals within a bank: every row's best candidates in turn, then what they want
         column = torch.arange(width, device=values.device)
         beam = torch.arange(beams, device=values.device)[:, None]
-        self.pool_arrival = torch.where(column < best, beam * best + column,
-                                        beams * best + beam * count + column - best).flatten()  # fmt: skip
+        arrival = torch.where(column < best, beam * best + column, beams * best + beam * count + column - best)
+        self.pool = Pool(states, self._bank(*states), self._done(*states), arrival.flatten())
         return values, token_ids
 
     def order(self, scores: torch.Tensor, positions: torch.LongTensor | None, n: int):
         """The first `n` of (batch, m) candidate scores (at these pool `positions`; all of the pool for None) in
         the order of the dynamic beam allocation: rounds, in each of which every bank, most constraint tokens
         first, gives its best remaining candidate. Impossible candidates (-inf) come last. (values, indices)."""
-        bank, arrival = self.pool_bank, self.pool_arrival.expand_as(self.pool_bank)
+        bank, arrival = self.pool.bank, self.pool.arrival.expand_as(self.pool.bank)
         if positions is not None:
             bank, arrival = bank.gather(1, positions), arrival.gather(1, positions)
         possible = scores > IMPOSSIBLE
@@ -274,29 +286,30 @@ class PhraseBanks:
 
     def merge_finished(self, finished_scores, is_finished, scored, just_finished, top_index, k: int):
         """The best `k` of the finished hypotheses and the step's new ones: those that met every phrase first, then
-        the others, each by score (equals in the order they finished). (scores, indices into both)."""
-        met = torch.cat([self.finished_met, self.pool_done.gather(1, top_index)], dim=1)
+        the others, each by score (equals in the order they finished). (scores, indices into both, and which of
+        them met every phrase)."""
+        met = torch.cat([self.finished_met, self.pool.done.gather(1, top_index)], dim=1)
         ended = torch.cat([is_finished, just_finished], dim=1)
         scores = torch.cat([finished_scores, scored], dim=1)
         by_score = scores.argsort(dim=1, descending=True, stable=True)
         group = (ended.long() * (1 + met.long())).gather(1, by_score)  # 2: met all, 1: finished, 0: none
         index = by_score.gather(1, group.argsort(dim=1, descending=True, stable=True))[:, :k]
-        self.merged_met = met.gather(1, index)
-        return scores.gather(1, index), index
+        return scores.gather(1, index), index, met.gather(1, index)
 
-    def met_only(self, finished_scores: torch.Tensor, is_finished: torch.Tensor):
+    @staticmethod
+    def met_only(finished_scores: torch.Tensor, is_finished: torch.Tensor, finished_met: torch.BoolTensor):
         """The finished hypotheses the stopping rule reads: those that met every phrase (ranked first)."""
-        met = is_finished & self.merged_met
+        met = is_finished & finished_met
         return finished_scores.masked_fill(~met, IMPOSSIBLE), met
 
-    def follow(self, top_index: torch.LongTensor, next_index: torch.LongTensor) -> None:
-        """The states of the hypotheses that go on, and which finished ones met every phrase."""
+    def follow(self, top_index: torch.LongTensor, next_index: torch.LongTensor, finished_met: torch.BoolTensor):
+        """The states of the hypotheses that go on (from the step's pool), and which finished ones met every
+        phrase; the pool is spent."""
         chosen = top_index.gather(1, next_index)
-        met, phrase, matched = self.pool
+        met, phrase, matched = self.pool.states
         self.met = met.gather(1, chosen[..., None].expand(-1, -1, met.shape[-1]))
         self.phrase, self.matched = phrase.gather(1, chosen), matched.gather(1, chosen)
-        self.finished_met = self.merged_met
-        del self.pool, self.pool_bank, self.pool_done, self.pool_arrival, self.merged_met
+        self.finished_met, self.pool = finished_met, None
 
 
 @dataclass

@@ -18,7 +18,7 @@ paper's options and less work per step:
 - the log-softmax is computed in place, and the top candidates are found in two stages (`top_k_per_row`);
 - a sentence whose search is over leaves the batch at once, so long sentences do not keep short ones computing;
 - the first step runs one row per sentence (its beams are still identical);
-- the hypotheses' token buffers grow with the search (`WIDTH_STEP` columns at a time), so a step's bookkeeping
+- the hypotheses' token buffers grow with the search (`WIDTH_STEP` positions at a time), so a step's bookkeeping
   copies the tokens written so far, not the longest output allowed (a parse allows input length + 300);
 - where the caller's logits processors name the only tokens they ever leave possible (`possible_tokens`, a
   parser's tree symbols), the top candidates are sought among those columns alone (`candidate_columns`).
@@ -42,9 +42,8 @@ from transformers.generation import (
     NoBadWordsLogitsProcessor,
 )
 
-from .beam_history_vaswani import BeamHistory
-
 if TYPE_CHECKING:
+    from .beam_history_vaswani import BeamHistory
     from .decoding_state_vaswani import DecodingState
     from .lexical_vaswani import LexicalConstraints
 
@@ -78,7 +77,7 @@ def gnmt_length_penalty(length: int | float | torch.Tensor, alpha: float) -> flo
     return ((5 + length) / 6) ** alpha
 
 
-# How many columns the eager beam search's token buffers grow by when they are full.
+# How many positions the eager beam search's token buffers grow by when they are full.
 WIDTH_STEP = 32
 # The switch of `candidate_columns` (0, false, no or off: top-k over every column, as Transformers' search).
 CANDIDATE_COLUMNS = "VASWANI_CANDIDATE_COLUMNS"
@@ -108,7 +107,7 @@ def top_k_per_row(scores: torch.Tensor, k: int, chunk: int = 64) -> tuple[torch.
     offsets = torch.arange(chunk, device=scores.device).view([chunk if i == d + 1 else 1 for i in range(3)])
     index = (best_chunks.unsqueeze(d + 1) * chunk + offsets).flatten(d, d + 1)
     outside = index >= vocab
-    candidates = x.gather(d, index.clamp(max=vocab - 1)).masked_fill_(outside, -math.inf)
+    candidates = x.gather(d, index.clamp(max=vocab - 1)).masked_fill_(outside, IMPOSSIBLE)
     values, position = candidates.topk(k, dim=d)
     index = index.gather(d, position)
     return (values, index) if d == 1 else (values.t(), index.t())
@@ -312,7 +311,7 @@ def force_prefix(scores: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
     log-probability counts in the hypothesis' score, as in fairseq's and CTranslate2's prefix decoding."""
     rows = tokens >= 0
     index = tokens.clamp(min=0)[:, None]
-    forced = torch.full_like(scores, -math.inf).scatter_(1, index, scores.gather(1, index))
+    forced = torch.full_like(scores, IMPOSSIBLE).scatter_(1, index, scores.gather(1, index))
     return torch.where(rows[:, None], forced, scores)
 
 
@@ -372,16 +371,17 @@ def greedy_search(settings: DecodingSettings, state: DecodingState) -> dict:
                                       any_at_limit=any_at_limit)  # fmt: skip
             tokens = scores.argmax(-1)
         generated[:, step] = tokens
-        finished = torch.isin(tokens, eos) | limit_reached(step, limits)
+        finished = (torch.isin(tokens, eos) | limit_reached(step, limits)).cpu()  # the step's one read
         if bool(finished.any()):
             done = finished.nonzero().flatten()
-            ids = state.example_ids[done.cpu()].to(device)
-            output[ids] = generated[done]
+            ids = state.example_ids[done].to(device)
+            output[ids] = generated[done.to(device)]
             lengths[ids] = step + 1
             keep = (~finished).nonzero().flatten()
             if keep.numel() == 0:
                 break
-            state.keep(keep)
+            state.keep(keep)  # host indices
+            keep = keep.to(device)
             tokens, generated, limits = tokens[keep], generated[keep], limits[keep]
     return {"sequences": output, "lengths": lengths}
 
@@ -402,7 +402,7 @@ class Beams:
 
     @classmethod
     def start(cls, settings: DecodingSettings, batch: int, device: torch.device, steps: int | None = None) -> Beams:
-        """The search before its first step; `steps` columns of tokens (max_new_tokens unless given; fewer where
+        """The search before its first step; `steps` positions of tokens (max_new_tokens unless given; fewer where
         the search `widened` them as it goes)."""
         beams, steps = settings.num_beams, steps or settings.max_new_tokens
         running = torch.full((batch, beams, steps), settings.fill, dtype=torch.long, device=device)
@@ -419,9 +419,9 @@ class Beams:
         """Only these sentences (indices into the batch)."""
         return Beams(*(getattr(self, f.name)[sentences] for f in fields(self)))
 
-    def widened(self, columns: int, fill: int) -> Beams:
-        """These beams with token buffers of `columns` columns, the new ones holding `fill`."""
-        more = columns - self.running.shape[-1]
+    def widened(self, positions: int, fill: int) -> Beams:
+        """These beams with token buffers of `positions` tokens, the new ones holding `fill`."""
+        more = positions - self.running.shape[-1]
         running, finished = (torch.nn.functional.pad(t, (0, more), value=fill) for t in (self.running, self.finished))
         return replace(self, running=running, finished=finished)
 
@@ -457,12 +457,12 @@ class Beams:
 class Candidates:
     """A step's best candidates of each sentence, (batch, n) each, best first (or in the order a step ranks them):
     their scores (log-probabilities), their places in the pool of every beam's proposals (`index`), the beam each
-    continues, its token, its hypothesis (the beam's tokens and the new one, `length` tokens), whether it ends here
-    (EOS, or the sentence's limit: `limit_reached`), and whether it becomes a finished hypothesis."""
+    continues (`parents`), its token, its hypothesis (the beam's tokens and the new one, `length` tokens), whether
+    it ends here (EOS, or the sentence's limit: `limit_reached`), and whether it becomes a finished hypothesis."""
 
     scores: torch.Tensor
     index: torch.LongTensor
-    beams: torch.LongTensor
+    parents: torch.LongTensor
     tokens: torch.LongTensor
     sequences: torch.LongTensor
     ends: torch.BoolTensor
@@ -497,7 +497,7 @@ class Candidates:
         """The row of batch x beams each beam that goes on came from."""
         k = next_index.shape[1]
         batch = torch.arange(next_index.shape[0], device=next_index.device)[:, None]
-        return self.beams.gather(1, next_index) + batch * k
+        return self.parents.gather(1, next_index) + batch * k
 
 
 @dataclass
@@ -512,9 +512,12 @@ class Proposals:
     @classmethod
     def of(cls, values: torch.Tensor, token_ids: torch.LongTensor, beams: Beams, at_least: int = 0) -> Proposals:
         """(rows, width) proposals of each row, scored with their beam; padded with impossible ones to `at_least`
-        (fewer columns than a sentence takes candidates)."""
+        (where the rows give fewer than a sentence takes candidates)."""
         batch, width = beams.running.shape[0], values.shape[-1]
         scores = (values + beams.running_scores.view(-1, 1)).reshape(batch, -1)
+        # not a score (a caller's processor gave NaN, or +inf met an impossible beam's -inf): impossible, so that a
+        # NaN never outranks every hypothesis and ends none
+        scores = scores.masked_fill(scores.isnan(), IMPOSSIBLE)
         token_ids = token_ids.reshape(batch, -1)
         if scores.shape[1] < at_least:
             scores = torch.nn.functional.pad(scores, (0, at_least - scores.shape[1]), value=IMPOSSIBLE)
@@ -592,8 +595,8 @@ class BeamStep:
         """What this step rules out before the processors run (the plain step: nothing)."""
 
     def proposals(self, log_probs: torch.Tensor) -> tuple[torch.Tensor, torch.LongTensor]:
-        """Each row's best `candidates` continuations, (rows, C) log-probabilities and token ids (all its columns
-        where it has fewer: a sentence's best lie among its rows' best), sought among `columns` where known."""
+        """Each row's best `candidates` continuations, (rows, C) log-probabilities and token ids (all of them where
+        it has fewer: a sentence's best lie among its rows' best), sought among the candidate columns where known."""
         searched = log_probs if self.columns is None else log_probs.index_select(1, self.columns)
         values, token_ids = top_k_per_row(searched, min(self.settings.candidates, searched.shape[-1]))
         return values, token_ids if self.columns is None else self.columns[token_ids]
@@ -611,7 +614,7 @@ class BeamStep:
         new = beams.advanced(top, running_scores, next_index, finished_scores, merged_index)
         done, new.improvable = sentence_done(settings, step, running_scores, finished_scores, new.is_finished,
                                              beams.improvable, beams.limits)  # fmt: skip
-        return StepResult(new, top.parent_rows(next_index), done, top.beams, next_index, merged_index)
+        return StepResult(new, top.parent_rows(next_index), done, top.parents, next_index, merged_index)
 
     def keep(self, sentences: torch.Tensor) -> None:
         """Only these sentences (indices into the batch) go on: the step's own state drops the others."""
@@ -632,7 +635,7 @@ def beam_search(settings: DecodingSettings, state: DecodingState) -> dict:
     A sentence is done when its search can no longer change its result (`sentence_done`); it then leaves the batch
     (`drop_finished`), so long sentences do not keep short ones computing.
     """
-    beams = settings.num_beams
+    k = settings.num_beams
     device = state.encoder_hidden.device
     host_limits, settings = settings.limits, settings.on(device)
     batch = int(state.example_ids.shape[0])
@@ -644,9 +647,11 @@ def beam_search(settings: DecodingSettings, state: DecodingState) -> dict:
         "scores": torch.zeros(batch * n_return, device=device),
         "lengths": torch.zeros(batch * n_return, dtype=torch.long, device=device),
     }
-    tokens = torch.full((batch * beams,), settings.start, dtype=torch.long, device=device)
+    tokens = torch.full((batch * k,), settings.start, dtype=torch.long, device=device)
     # Transformers returns beam_indices with the scores they index (its docs: "returned when output_scores=True");
     # without them, translation with return_dict_in_generate (n-best scores) pays nothing for the bookkeeping
+    from .beam_history_vaswani import BeamHistory  # (it reads IMPOSSIBLE from here)
+
     history = BeamHistory(settings, batch, steps, device) if settings.per_step_outputs else None
     if settings.constraints is not None:
         step_rule = settings.constraints.beam_step(settings, history)
@@ -660,16 +665,17 @@ def beam_search(settings: DecodingSettings, state: DecodingState) -> dict:
             search = search.widened(min(steps, step + WIDTH_STEP), settings.fill)
 
         def input_ids(step=step, running=search.running):
-            start = torch.full((running.shape[0] * beams, 1), settings.start, dtype=torch.long, device=device)
+            start = torch.full((running.shape[0] * k, 1), settings.start, dtype=torch.long, device=device)
             return torch.cat([start, running[..., :step].flatten(0, 1)], dim=1)
 
-        row_examples = state.example_ids.repeat_interleave(beams) if examples_read else None
+        row_examples = state.example_ids.repeat_interleave(k) if examples_read else None
         any_at_limit = bool((host_limits[state.example_ids] <= step + 1).any())  # host values: no read
         result = step_rule(step, state, tokens, search, input_ids, row_examples,
                            fold=step == 0 and getattr(state, "fold", False), any_at_limit=any_at_limit)  # fmt: skip
         search, parent_rows = result.beams, result.parent_rows
-        if bool(result.done.any()):
-            search, parent_rows = drop_finished(settings, state, result, step_rule, out)
+        done = result.done.cpu()  # the one read of a step: whose search is over (the device alone knows)
+        if bool(done.any()):
+            search, parent_rows = drop_finished(settings, state, result, done, step_rule, out)
             if search is None:
                 break
         state.reorder(parent_rows.flatten())
@@ -679,15 +685,16 @@ def beam_search(settings: DecodingSettings, state: DecodingState) -> dict:
     return out
 
 
-def drop_finished(settings: DecodingSettings, state: DecodingState, result: StepResult, step_rule: BeamStep,
-                  out: dict) -> tuple[Beams | None, torch.LongTensor | None]:  # fmt: skip
-    """The eager search's batching policy: the sentences whose search is over write their results into `out` and
-    leave the batch (the decoding state, the beams and the step's own state drop their rows). The beams and
-    parent rows of the sentences that go on, renumbered (None once none does)."""
-    search, done, beams, n_return = result.beams, result.done, settings.num_beams, settings.num_return_sequences
+def drop_finished(settings: DecodingSettings, state: DecodingState, result: StepResult, done: torch.BoolTensor,
+                  step_rule: BeamStep, out: dict) -> tuple[Beams | None, torch.LongTensor | None]:  # fmt: skip
+    """The eager search's batching policy: the sentences whose search is over (`done`, read to the host) write
+    their results into `out` and leave the batch (the decoding state, the beams and the step's own state drop
+    their rows). The beams and parent rows of the sentences that go on, renumbered (None once none does)."""
+    search, k, n_return = result.beams, settings.num_beams, settings.num_return_sequences
     device, history = search.running.device, step_rule.history
-    leaving = done.nonzero().flatten()
-    ids = state.example_ids[leaving.cpu()].to(device)
+    leaving = done.nonzero().flatten()  # on the host, as `stay` below: no further read
+    ids = state.example_ids[leaving].to(device)
+    leaving = leaving.to(device)
     rows = (ids[:, None] * n_return + torch.arange(n_return, device=device)).flatten()
     out["sequences"][rows, : search.finished.shape[-1]] = search.finished[leaving, :n_return].flatten(0, 1)
     out["scores"][rows] = search.finished_scores[leaving, :n_return].flatten()
@@ -697,11 +704,12 @@ def drop_finished(settings: DecodingSettings, state: DecodingState, result: Step
     stay = (~done).nonzero().flatten()
     if stay.numel() == 0:
         return None, None
-    row_stay = (stay[:, None] * beams + torch.arange(beams, device=device)).flatten()
+    state.keep(stay)  # host indices: the state keeps its example ids on the host
+    stay = stay.to(device)
+    row_stay = (stay[:, None] * k + torch.arange(k, device=device)).flatten()
     # rows of the sentences that go on, renumbered after the others leave
-    position = torch.full((done.shape[0] * beams,), -1, dtype=torch.long, device=device)
+    position = torch.full((done.shape[0] * k,), -1, dtype=torch.long, device=device)
     position[row_stay] = torch.arange(row_stay.numel(), device=device)
-    state.keep(stay)
     step_rule.keep(stay)
     return search.select(stay), position[result.parent_rows[stay]]
 
