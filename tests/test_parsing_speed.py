@@ -154,31 +154,3 @@ def test_the_captured_step_with_the_constraint_reads_nothing_from_the_device(par
         replays.clear()
         decode(model, tokenizer, sentences[:3], graph=True, num_beams=num_beams, max_length_offset=8)
         assert len(replays) >= 4 and counter.count == 0
-
-
-@pytest.mark.parametrize("num_beams", [4, 7])
-def test_candidates_sought_among_the_tree_symbols_are_the_candidates_of_every_column(parser, monkeypatch, num_beams):
-    """The constraint names the only tokens it leaves possible (the tree symbols and the end), and the eager beam
-    search seeks its top candidates among those columns alone (`candidate_columns`); `VASWANI_CANDIDATE_COLUMNS=0`
-    seeks them among every column. Same trees and scores, in batches whose sentences end at different steps."""
-    from vaswani_hf.model import search_vaswani
-
-    model, tokenizer, sentences = parser
-    sought = []
-    columns = search_vaswani.candidate_columns
-
-    def watched(settings, vocabulary):
-        found = columns(settings, vocabulary)
-        sought.append(None if found is None else found.numel())
-        return found
-
-    monkeypatch.setattr(search_vaswani, "candidate_columns", watched)
-    kwargs = dict(num_beams=num_beams, num_return_sequences=2, max_length_offset=16, cpu_fast_paths=False)
-    for batch in (sentences[:1], sentences[3:8]):
-        monkeypatch.setenv("VASWANI_CANDIDATE_COLUMNS", "0")
-        every = decode(model, tokenizer, batch, graph=False, **kwargs)
-        monkeypatch.delenv("VASWANI_CANDIDATE_COLUMNS")
-        symbols = decode(model, tokenizer, batch, graph=False, **kwargs)
-        assert torch.equal(symbols.sequences, every.sequences)
-        assert torch.equal(symbols.sequences_scores, every.sequences_scores)
-    assert sought[0] is None and 0 < sought[1] < model.config.vocab_size / 2

@@ -17,11 +17,10 @@ The beam search is Transformers' algorithm (the same candidates, finished-hypoth
 paper's options and less work per step:
 - the log-softmax is computed in place, and the top candidates are found in two stages (`top_k_per_row`);
 - a sentence whose search is over leaves the batch at once, so long sentences do not keep short ones computing;
-- the first step runs one row per sentence (its beams are still identical);
 - the hypotheses' token buffers grow with the search (`WIDTH_STEP` positions at a time), so a step's bookkeeping
-  copies the tokens written so far, not the longest output allowed (a parse allows input length + 300);
-- where the caller's logits processors name the only tokens they ever leave possible (`possible_tokens`, a
-  parser's tree symbols), the top candidates are sought among those columns alone (`candidate_columns`).
+  copies the tokens written so far, not the longest output allowed (a parse allows input length + 300).
+Two tricks were measured and went (docs/performance.md): seeking a parser's top candidates among its tree symbols
+alone, and a first step of one row per sentence; neither saved time.
 
 The searches step a decoding state (`decoding_state_vaswani.DecodingState`, or an ONNX or ensemble state), which
 owns the model, its caches and its products; nothing here knows how a product is computed. Shipped as Hub remote
@@ -31,7 +30,6 @@ code: imports only torch, transformers and the files beside it.
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass, fields, replace
 from typing import TYPE_CHECKING
 
@@ -79,8 +77,6 @@ def gnmt_length_penalty(length: int | float | torch.Tensor, alpha: float) -> flo
 
 # How many positions the eager beam search's token buffers grow by when they are full.
 WIDTH_STEP = 32
-# The switch of `candidate_columns` (0, false, no or off: top-k over every column, as Transformers' search).
-CANDIDATE_COLUMNS = "VASWANI_CANDIDATE_COLUMNS"
 
 
 def top_k_per_row(scores: torch.Tensor, k: int, chunk: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
@@ -198,27 +194,6 @@ class DecodingSettings:
         if self.gnmt:
             return gnmt_length_penalty(length, self.length_penalty)
         return length**self.length_penalty
-
-
-def candidate_columns(settings: DecodingSettings, vocabulary: int) -> torch.LongTensor | None:
-    """The only token ids a step's processed scores can leave finite, where every caller's processor names its own
-    (`possible_tokens()`: a parser's tree constraint masks every other token, always), with every token these
-    settings may force (`vocabulary_with`); None where any token may be possible, where they are most of the
-    `vocabulary`, or where the environment's `VASWANI_CANDIDATE_COLUMNS` is 0/false/no/off.
-
-    Beam search then takes each row's top candidates among these columns alone: the same candidates, since every
-    other column is -inf, for a fraction of the work (at beam 21 a parser's top-k over 1,046 columns was a third
-    of a step's time on a CPU; its tree symbols are about 70). Only where a row has fewer finite scores than it
-    takes candidates do the -inf ones it takes name other tokens; their hypotheses score -inf and end nowhere."""
-    if os.environ.get(CANDIDATE_COLUMNS, "1").strip().lower() in ("0", "false", "no", "off"):
-        return None
-    processors = settings.user_processors
-    if not processors or not all(hasattr(processor, "possible_tokens") for processor in processors):
-        return None
-    named = torch.cat([processor.possible_tokens().flatten().cpu() for processor in processors])
-    columns = settings.vocabulary_with(named[(named >= 0) & (named < vocabulary)])
-    columns = columns[columns < vocabulary]
-    return columns if 2 * columns.numel() <= vocabulary else None
 
 
 def apply_processors(settings: DecodingSettings, scores: torch.Tensor, step: int | torch.Tensor,
@@ -552,29 +527,19 @@ class BeamStep:
 
     Lexical constraints are their own step behind this interface (`lexical_vaswani.ConstrainedBeamStep`), as
     fairseq's `LexicallyConstrainedBeamSearch` stands beside its `BeamSearch`. Tensor work only after the decoder
-    (no value goes to the host), so a captured search step runs it as it is, `step` a device tensor.
+    (no value goes to the host), so a captured search step runs it as it is, `step` a device tensor. `history`:
+    the per-step outputs of `return_dict_in_generate` (`BeamHistory`)."""
 
-    `seek_columns`: at the first step, find the only token ids the processors can leave possible
-    (`candidate_columns`), among which the beams then propose; `history`: the per-step outputs of
-    `return_dict_in_generate` (`BeamHistory`)."""
-
-    def __init__(self, settings: DecodingSettings, seek_columns: bool = True, history: BeamHistory | None = None):
-        self.settings, self.seek_columns, self.history = settings, seek_columns, history
-        self.columns: torch.LongTensor | None = None
+    def __init__(self, settings: DecodingSettings, history: BeamHistory | None = None):
+        self.settings, self.history = settings, history
 
     def __call__(self, step: int | torch.Tensor, state: DecodingState, tokens: torch.LongTensor, beams: Beams,
-                 input_ids, row_examples: torch.Tensor | None, fold: bool = False,
+                 input_ids, row_examples: torch.Tensor | None,
                  any_at_limit: bool | None = None) -> StepResult:  # fmt: skip
-        """One step for the rows' newest `tokens`. `fold`: the first step of a state whose beams share one encoder
-        row runs one row per sentence (its beams are still identical). `input_ids`, `row_examples` and
-        `any_at_limit` are the processors' (`apply_processors`)."""
+        """One step for the rows' newest `tokens`. `input_ids`, `row_examples` and `any_at_limit` are the
+        processors' (`apply_processors`)."""
         settings, k, history = self.settings, self.settings.num_beams, self.history
-        if fold:
-            logits = repeat_rows(state.logits(tokens[::k]), k)  # (vocabulary, rows)
-            # the self-attention cache's next copy gives each beam its own row (reorderings are applied lazily)
-            state.reorder(torch.arange(beams.running.shape[0], device=tokens.device).repeat_interleave(k))
-        else:
-            logits = state.logits(tokens)  # (vocabulary, rows)
+        logits = state.logits(tokens)  # (vocabulary, rows)
         if history is not None and settings.output_logits:
             history.record(history.logits, logits.t(), state.example_ids)
         log_probs = log_softmax_in_place(logits)  # (rows, vocabulary)
@@ -583,9 +548,6 @@ class BeamStep:
                                      row_examples, any_at_limit)  # fmt: skip
         if history is not None and settings.output_scores:
             history.record(history.scores, log_probs, state.example_ids)
-        if self.seek_columns:
-            self.seek_columns, self.columns = False, candidate_columns(settings, log_probs.shape[-1])
-            self.columns = self.columns.to(log_probs.device) if self.columns is not None else None
         result = self.advance(step, log_probs, beams)
         if history is not None:
             history.follow(result, state.example_ids, step)
@@ -596,10 +558,8 @@ class BeamStep:
 
     def proposals(self, log_probs: torch.Tensor) -> tuple[torch.Tensor, torch.LongTensor]:
         """Each row's best `candidates` continuations, (rows, C) log-probabilities and token ids (all of them where
-        it has fewer: a sentence's best lie among its rows' best), sought among the candidate columns where known."""
-        searched = log_probs if self.columns is None else log_probs.index_select(1, self.columns)
-        values, token_ids = top_k_per_row(searched, min(self.settings.candidates, searched.shape[-1]))
-        return values, token_ids if self.columns is None else self.columns[token_ids]
+        it has fewer: a sentence's best lie among its rows' best)."""
+        return top_k_per_row(log_probs, min(self.settings.candidates, log_probs.shape[-1]))
 
     def advance(self, step: int | torch.Tensor, log_probs: torch.Tensor, beams: Beams) -> StepResult:
         """Transformers' beam step with the paper's options, for (batch * num_beams, vocabulary) processed
@@ -670,8 +630,7 @@ def beam_search(settings: DecodingSettings, state: DecodingState) -> dict:
 
         row_examples = state.example_ids.repeat_interleave(k) if examples_read else None
         any_at_limit = bool((host_limits[state.example_ids] <= step + 1).any())  # host values: no read
-        result = step_rule(step, state, tokens, search, input_ids, row_examples,
-                           fold=step == 0 and getattr(state, "fold", False), any_at_limit=any_at_limit)  # fmt: skip
+        result = step_rule(step, state, tokens, search, input_ids, row_examples, any_at_limit)
         search, parent_rows = result.beams, result.parent_rows
         done = result.done.cpu()  # the one read of a step: whose search is over (the device alone knows)
         if bool(done.any()):
@@ -712,14 +671,6 @@ def drop_finished(settings: DecodingSettings, state: DecodingState, result: Step
     position[row_stay] = torch.arange(row_stay.numel(), device=device)
     step_rule.keep(stay)
     return search.select(stay), position[result.parent_rows[stay]]
-
-
-def repeat_rows(logits: torch.Tensor, times: int) -> torch.Tensor:
-    """Each row's (vocabulary, rows) logits `times` times, in the layout they came in: the log-softmax then runs
-    over a contiguous dimension (on a GPU, over a strided one it took 35 ms for 256 rows of 58,000 logits)."""
-    if logits.t().is_contiguous():
-        return logits.t().repeat_interleave(times, dim=0).t()
-    return logits.repeat_interleave(times, dim=1)
 
 
 def log_softmax_in_place(logits: torch.Tensor) -> torch.Tensor:

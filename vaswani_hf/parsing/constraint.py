@@ -74,11 +74,6 @@ class TreeConstraint(LogitsProcessor):
             self.on_device[device] = Tables.of(self.kinds, self.closing, self.eos, self.words, device)
         return self.on_device[device]
 
-    def possible_tokens(self) -> torch.Tensor:
-        """The only token ids this processor ever leaves a finite score: the tree symbols and the end. The search
-        may seek its top candidates among these alone (`search_vaswani.candidate_columns`)."""
-        return self.tables(self.kinds.device).symbols
-
     def static_key(self) -> tuple:
         """What a captured step of this processor reads as constants (`speed.graph_search.GraphKey`)."""
         symbols = int((self.kinds != OTHER).sum())

@@ -325,7 +325,7 @@ class GraphedBeamSearch(GraphedSearch):
     def __init__(self, settings: DecodingSettings, state: StaticDecodingState, capture: bool):
         super().__init__(settings, state, capture)
         self.beams = Beams.start(self.settings, self.done.shape[0], self.done.device, steps=state.steps)
-        self.step_rule = BeamStep(self.settings, seek_columns=False)
+        self.step_rule = BeamStep(self.settings)
 
     def begin(self, settings: DecodingSettings, encoder_hidden: torch.Tensor, mask: torch.Tensor | None) -> None:
         super().begin(settings, encoder_hidden, mask)
