@@ -522,3 +522,12 @@ def test_command_line_files_split_at_newlines_only(stdin, tmp_path, monkeypatch)
     if stdin:
         monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(data), encoding="utf-8"))
     assert _read_lines(None if stdin else str(tmp_path / "in.txt")) == [line.rstrip("\r") for line in lines]
+
+
+@pytest.mark.parametrize("reader", ["_read_lines", "_stream_lines"])
+def test_command_line_files_lose_a_leading_byte_order_mark_as_prepare_does(reader, tmp_path):
+    # a file saved by Notepad starts with U+FEFF: kept, the first sentence was translated or scored with an <unk>
+    from vaswani_hf import cli_decoding
+
+    (tmp_path / "in.txt").write_bytes("\ufeffhello world\nsecond\n".encode())
+    assert list(getattr(cli_decoding, reader)(str(tmp_path / "in.txt"))) == ["hello world", "second"]

@@ -234,7 +234,8 @@ def _stream_lines(path: str | None):
     try:
         for number, raw in enumerate(stream, 1):
             try:
-                yield raw.rstrip(b"\r\n").decode("utf-8")
+                line = raw.rstrip(b"\r\n").decode("utf-8")
+                yield line.removeprefix("\ufeff") if number == 1 else line  # a byte-order mark, as prepare drops
             except UnicodeDecodeError as err:
                 raise ValueError(f"{path or 'stdin'} is not UTF-8 text (line {number}, byte {err.start}).") from None
     finally:
@@ -272,6 +273,7 @@ def _read_lines(path: str | None) -> list[str]:
         text = data.decode("utf-8")
     except UnicodeDecodeError as err:
         raise ValueError(f"{path or 'stdin'} is not UTF-8 text (byte {err.start}).") from None
+    text = text.removeprefix("\ufeff")  # a byte-order mark (Notepad writes one), as prepare drops it
     return [line.removesuffix("\r") for line in text.removesuffix("\n").split("\n")] if text else []
 
 
