@@ -492,7 +492,7 @@ class Proposals:
         scores = (values + beams.running_scores.view(-1, 1)).reshape(batch, -1)
         # not a score (a caller's processor gave NaN, or +inf met an impossible beam's -inf): impossible, so that a
         # NaN never outranks every hypothesis and ends none
-        scores = scores.masked_fill(scores.isnan(), IMPOSSIBLE)
+        scores.nan_to_num_(nan=IMPOSSIBLE, posinf=math.inf, neginf=IMPOSSIBLE)  # one pass, in place (a new tensor)
         token_ids = token_ids.reshape(batch, -1)
         if scores.shape[1] < at_least:
             scores = torch.nn.functional.pad(scores, (0, at_least - scores.shape[1]), value=IMPOSSIBLE)
