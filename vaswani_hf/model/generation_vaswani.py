@@ -121,6 +121,17 @@ def cpu_fast_paths(asked: bool | None = None) -> bool:
     return os.environ.get("VASWANI_CPU_FAST_PATHS", "1").strip().lower() not in ("0", "false", "no", "off")
 
 
+def forward_wrapped(model) -> str | None:
+    """Why a caller that wrapped this model's `forward()` gets Transformers' loop, or None. The own search steps
+    the decoder directly, without `forward()`; a caller that replaced `forward` on the instance (Transformers'
+    exporters record its calls to cut `generate()` into prefill and decode graphs; a tracer, a counting hook)
+    needs every step to go through it, as Transformers' loop does. Accelerate's device hooks (`_hf_hook`) wrap
+    `forward` too but only move tensors, which the submodules' own hooks also do: they keep the own search."""
+    if not isinstance(model, torch.nn.Module) or "forward" not in vars(model) or hasattr(model, "_hf_hook"):
+        return None
+    return "a wrapped `forward()` (an exporter or tracer recording its calls)"
+
+
 class VaswaniGenerationMixin:
     """`generate()` with the paper's decoding (section 6.1) as defaults; see the module docstring.
 
@@ -282,6 +293,9 @@ class VaswaniGenerationMixin:
 
     def _handed_over_because(self, config: GenerationConfig, model_kwargs: dict) -> str | None:
         """Why this call needs Transformers' loop, or None when the decoder here runs it."""
+        wrapped = forward_wrapped(self)
+        if wrapped is not None:
+            return wrapped
         mode = config.get_generation_mode(model_kwargs.get("assistant_model"))
         if mode not in (GenerationMode.GREEDY_SEARCH, GenerationMode.BEAM_SEARCH):
             return f"the {mode.value} mode"

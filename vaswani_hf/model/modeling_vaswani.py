@@ -6,10 +6,10 @@ interface, `EncoderDecoderCache`, masking utilities, output capturing); the nume
 residual blocks without a final stack norm, interleaved sinusoids, embeddings scaled by sqrt(d_model) and shared
 three ways, beam search with GNMT's length penalty and a per-example output limit of source length + 50.
 
-Shipped as Hub remote code: imports only torch, transformers and the other `*_vaswani.py` files.
+Shipped as Hub remote code: imports only torch, transformers and the other `*_vaswani.py` files. No `from __future__
+import annotations`: Transformers reads `**kwargs: Unpack[TransformersKwargs]` at run time to know that `forward()`
+returns attentions, and a string annotation reads as "it cannot".
 """
-
-from __future__ import annotations
 
 import math
 from collections.abc import Callable
