@@ -15,6 +15,7 @@ except UpstreamUnavailable as err:
         raise
     pytest.skip(f"Transformers' common tests are fetched at test time: {err}", allow_module_level=True)
 
+from transformers import MarianConfig, MarianModel, MarianMTModel  # noqa: E402
 from transformers.models.auto import modeling_auto  # noqa: E402
 
 from tests._upstream.test_configuration_common import ConfigTester  # noqa: E402
@@ -91,6 +92,43 @@ class VaswaniCommonTest(ModelTesterMixin, unittest.TestCase):
 
     def test_config(self):
         self.config_tester.run_common_tests()
+
+
+class MarianModelTester(VaswaniModelTester):
+    """The same shapes and inputs for Transformers' Marian, the control: a test that fails for both is the
+    harness's (or the release's), not the model's."""
+
+    def get_config(self) -> MarianConfig:
+        return MarianConfig(
+            vocab_size=self.vocab_size,
+            d_model=self.hidden_size,
+            encoder_layers=self.num_hidden_layers,
+            decoder_layers=self.num_hidden_layers,
+            encoder_attention_heads=self.num_attention_heads,
+            decoder_attention_heads=self.num_attention_heads,
+            encoder_ffn_dim=self.intermediate_size,
+            decoder_ffn_dim=self.intermediate_size,
+            dropout=0.1,
+            attention_dropout=0.1,
+            max_position_embeddings=20,
+            pad_token_id=self.pad_token_id,
+            eos_token_id=self.eos_token_id,
+            bos_token_id=self.bos_token_id,
+            decoder_start_token_id=self.pad_token_id,
+        )
+
+
+class MarianControlTest(ModelTesterMixin, unittest.TestCase):
+    """Transformers' Marian through the same mixin in the same run (the second tier: tests/extended_tier.txt)."""
+
+    all_model_classes = (MarianModel, MarianMTModel)
+    all_generative_model_classes = ()
+    is_encoder_decoder = True
+    test_missing_keys = True
+    test_resize_embeddings = True
+
+    def setUp(self):
+        self.model_tester = MarianModelTester(self)
 
 
 @pytest.mark.parametrize("attn", ["eager", "sdpa"])
