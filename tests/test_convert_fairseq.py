@@ -186,9 +186,10 @@ class StopwatchMeter:
         raise AssertionError("a class named by the checkpoint was run")
 
 
-def write_archive(folder: Path, fsmt, bpe, form: str, drop: tuple[str, ...] = (), **changes) -> Path:
+def write_archive(folder: Path, fsmt, bpe, form: str, drop: tuple[str, ...] = (), segmenter: str = "subword_nmt",
+                  **changes) -> Path:  # fmt: skip
     """An extracted fairseq archive: model.pt as fairseq of 2018 (form '2018') or today ('current') saves it, the
-    joined dictionary as dict.en.txt and dict.de.txt, and the BPE codes."""
+    joined dictionary as dict.en.txt and dict.de.txt, and the BPE codes; `segmenter` is the checkpoint's `bpe`."""
     folder.mkdir(parents=True, exist_ok=True)
     state, args = fairseq_state(fsmt), architecture(fsmt, **changes)
     package, module = types.ModuleType("fairseq"), types.ModuleType("fairseq.meters")  # importable while saving,
@@ -198,6 +199,7 @@ def write_archive(folder: Path, fsmt, bpe, form: str, drop: tuple[str, ...] = ()
     try:
         extra = {"train_meters": {"wall": StopwatchMeter()}, "epoch": 3}
         if form == "2018":
+            args = {**args, "bpe": segmenter} if segmenter != "subword_nmt" else args
             checkpoint = {"args": argparse.Namespace(**args), "model": as_2018(state), "extra_state": extra,
                           "optimizer_history": [{"criterion_name": "LabelSmoothedCrossEntropyCriterion",
                                                  "optimizer_name": "FairseqAdam", "lr_scheduler_state": {"best": 3.9},
@@ -209,7 +211,7 @@ def write_archive(folder: Path, fsmt, bpe, form: str, drop: tuple[str, ...] = ()
             cfg = {"_name": None, "common": {"fp16": True}, "model": model_cfg,
                    "task": {"_name": "translation", "source_lang": "en", "target_lang": "de"},
                    "tokenizer": {"_name": "moses", "moses_no_dash_splits": True, "moses_no_escape": False},
-                   "bpe": {"_name": "subword_nmt", "bpe_codes": "bpecodes", "bpe_separator": "@@"}}  # fmt: skip
+                   "bpe": {"_name": segmenter, "bpe_codes": "bpecodes", "bpe_separator": "@@"}}  # fmt: skip
             torch.save({"args": None, "cfg": cfg, "model": state, "extra_state": extra}, folder / "model.pt")
     finally:
         del sys.modules["fairseq.meters"], sys.modules["fairseq"]
@@ -541,7 +543,8 @@ def trained_archive(archives, bpe, tmp_path_factory):
         optimizer.step()
     root = tmp_path_factory.mktemp("trained")
     archive = write_archive(root / "2018", fsmt.eval(), bpe, "2018")
-    return types.SimpleNamespace(archive=archive, converted=convert_fairseq_checkpoint(archive, root / "vaswani"))
+    converted = convert_fairseq_checkpoint(archive, root / "vaswani")
+    return types.SimpleNamespace(archive=archive, converted=converted, fsmt=fsmt)
 
 
 def test_fairseq_itself_translates_as_vaswani_translate(trained_archive, tmp_path):
@@ -761,3 +764,124 @@ def test_a_lone_hyphen_piece_is_no_evidence_against_aggressive_dash_splits():
     # what -a text gives where BPE leaves `@-@` in single characters: `@@@ -@@ @`
     found = moses_evidence(["<s>", "<pad>", "</s>", "<unk>", "@@@", "-@@", "@", "well", "known"])
     assert found["aggressive_dash_splits"][0] is not False
+
+
+# --- text fairseq reads as text, its output cap, its detokenizer, and archives it trained otherwise ---
+
+SPECIAL_TEXT = ["A man </s> walks .", "<pad> Two dogs <unk> play in the snow .", "<s> A girl & a boy < > | [ ] .",
+                '"Hello" , she said to the man \'s dog .', "</s>", "<unk>"]  # fmt: skip
+
+
+def fairseq_oracle(archive: Path, lines: list[str], settings: dict, folder: Path, overrides: dict | None = None):
+    """fairseq's hub interface on `lines` (tests/fairseq_oracle.py), started in the background: `.result()` waits
+    for its JSON."""
+    from .fairseq_venv import fairseq_python
+
+    python = fairseq_python()  # a build that fails raises here: the test fails, it does not skip
+    folder.mkdir(parents=True, exist_ok=True)
+    sources, out = folder / "sources.en", folder / "fairseq.json"
+    sources.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    log = open(folder / "fairseq.log", "w+", encoding="utf-8")
+    process = subprocess.Popen([str(python), str(Path(__file__).with_name("fairseq_oracle.py")), str(archive),
+                                str(sources), json.dumps(settings), str(out), json.dumps(overrides or {})],
+                               stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
+
+    def result() -> dict:
+        process.wait(timeout=600)
+        log.close()
+        assert process.returncode == 0, (folder / "fairseq.log").read_text(encoding="utf-8")[-4000:]
+        return json.loads(out.read_text(encoding="utf-8"))
+
+    return types.SimpleNamespace(result=result, sources=sources)
+
+
+def test_fairseq_itself_reads_special_token_text_caps_its_output_and_unescapes(trained_archive, bpe, tmp_path):
+    """fairseq 0.12 decides, on the trained model: `</s>`, `<pad>`, `<unk>`, `<s>` inside a line are text (Moses
+    escapes them, BPE segments them), with escaping on and off; an archive of 24 target positions stops at
+    min(200, 24 - 1) tokens, with its own generation config and with `--decoding fairseq`; and a model trained with
+    Moses escaping off (`moses_no_escape`) has its output unescaped by fairseq's detokenizer all the same."""
+    capped = write_archive(tmp_path / "capped", trained_archive.fsmt, bpe, "2018", max_target_positions=24,
+                           moses_no_escape=True)  # fmt: skip
+    converted = convert_fairseq_checkpoint(capped, tmp_path / "capped-vaswani")
+    lines = SPECIAL_TEXT + read_lines(MULTI30K / "test2016.en", 24)
+    escaped = AutoTokenizer.from_pretrained(trained_archive.converted)
+    entities = [escaped(text)["input_ids"][:-1] for text in ('"Hallo" , sagte er .', "A & B < C > D | [ x ] 's")]
+    assert all(any("&" in t for t in escaped.convert_ids_to_tokens(row)) for row in entities)
+    plain = fairseq_oracle(trained_archive.archive, SPECIAL_TEXT, {"encode": True}, tmp_path / "plain")
+    capped_oracle = fairseq_oracle(capped, lines, {"encode": True, "fairseq-generate": {}, "decode": entities},
+                                   tmp_path / "capped-oracle")  # fmt: skip
+    ours = {}  # while fairseq translates
+    for name, flags in (("fairseq-generate", ["--decoding", "fairseq"]), ("own config", [])):
+        result = vaswani("translate", str(converted), "--precision", "fp32", *flags,
+                         stdin=capped_oracle.sources.read_text(encoding="utf-8"))  # fmt: skip
+        assert result.returncode == 0, result.stderr[-2000:]
+        ours[name] = result.stdout.splitlines()
+    tokenizer = AutoTokenizer.from_pretrained(converted)
+    theirs, theirs_plain = capped_oracle.result(), plain.result()
+    assert [escaped(line)["input_ids"] for line in SPECIAL_TEXT] == theirs_plain["encode"]
+    assert [tokenizer(line)["input_ids"] for line in lines] == theirs["encode"]
+    assert [tokenizer.decode(row) for row in entities] == theirs["decode"]
+    assert ours["fairseq-generate"] == theirs["fairseq-generate"] and ours["own config"] == theirs["fairseq-generate"]
+    lengths = [len(tokenizer.tokenize(line)) for line in theirs["fairseq-generate"]]
+    assert max(lengths) == 23, lengths  # fairseq's cap, reached by the lines that loop
+
+
+def test_special_token_text_is_text_and_the_folder_keeps_it(archives):
+    tokenizer = AutoTokenizer.from_pretrained(archives.converted["2018"])
+    for line in SPECIAL_TEXT:
+        ids = tokenizer(line)["input_ids"]
+        assert ids.count(2) == 1 and ids[-1] == 2 and not {0, 1} & set(ids), (line, ids)  # </s> ends it, only
+    saved = json.loads((archives.converted["2018"] / "tokenizer_config.json").read_text())
+    assert saved["split_special_tokens"] is True
+
+
+def test_output_is_unescaped_with_moses_escaping_off(archives, tmp_path):
+    """fairseq's MosesTokenizer.decode unescapes whatever its `moses_no_escape` (held to fairseq itself in
+    test_fairseq_itself_reads_special_token_text_caps_its_output_and_unescapes)."""
+    escaped = AutoTokenizer.from_pretrained(archives.converted["2018"])
+    ids = escaped('"Hallo" & <b>')["input_ids"]
+    off = AutoTokenizer.from_pretrained(archives.converted["2018"], escape=False)
+    assert any("&" in token for token in escaped.convert_ids_to_tokens(ids))  # `&quot;`, `&amp;`, `&lt;` pieces
+    decoded = off.decode(ids, skip_special_tokens=True)
+    assert decoded == escaped.decode(ids, skip_special_tokens=True) and decoded.startswith('"Hallo" & <')
+    assert not any(entity in decoded for entity in ("&quot;", "&amp;", "&lt;", "&gt;"))
+
+
+def test_max_target_positions_caps_the_output_as_fairseq(archives, bpe, tmp_path):
+    from vaswani_hf.cli_decoding import _decoding
+
+    archive = write_archive(tmp_path / "capped", archives.fsmt, bpe, "current", max_target_positions=24)
+    model = AutoModelForSeq2SeqLM.from_pretrained(convert_fairseq_checkpoint(archive, tmp_path / "out"))
+    assert model.config.max_target_positions == 24 and model.generation_config.max_length == 25  # start, 23, </s>
+    for preset in ("fairseq", "ott"):
+        settings = _decoding(argparse.Namespace(decoding=preset, num_beams=None, length_penalty=None), model)
+        assert settings["max_length"] == 25
+    uncapped = AutoModelForSeq2SeqLM.from_pretrained(archives.converted["current"])
+    assert uncapped.generation_config.max_length == 202
+    paper = _decoding(argparse.Namespace(decoding="paper", num_beams=None, length_penalty=None), model)
+    assert "max_length" not in paper and paper["max_length_offset"] == 50
+
+
+@pytest.mark.parametrize("form", ["2018", "current"])
+def test_a_layerdrop_archive_converts_with_a_note(archives, bpe, tmp_path, form):
+    """LayerDrop skips layers in training only; fairseq's inference runs them all, as the converted model does."""
+    archive = write_archive(tmp_path / "layerdrop", archives.fsmt, bpe, form, encoder_layerdrop=0.2,
+                            decoder_layerdrop=0.1)  # fmt: skip
+    said = []
+    converted = convert_fairseq_checkpoint(archive, tmp_path / "out", report=said.append)
+    assert any("LayerDrop (encoder_layerdrop=0.2, decoder_layerdrop=0.1)" in line for line in said), said
+    # the same model as the archive without LayerDrop (held to FSMT's numerics above)
+    paths = (converted, archives.converted[form])
+    ours, plain = (AutoModelForSeq2SeqLM.from_pretrained(path).state_dict() for path in paths)
+    assert ours.keys() == plain.keys() and all(torch.equal(ours[k], plain[k]) for k in ours)
+
+
+@pytest.mark.parametrize("codes", [True, False], ids=["stray-bpecodes", "no-codes"])
+@pytest.mark.parametrize("form", ["2018", "current"])
+def test_a_sentencepiece_archive_is_refused_naming_sentencepiece(archives, bpe, tmp_path, form, codes):
+    archive = write_archive(tmp_path / "archive", archives.fsmt, bpe, form, segmenter="sentencepiece",
+                            drop=() if codes else ("bpecodes",))  # fmt: skip
+    with pytest.raises(FairseqArchiveError, match="`bpe`='sentencepiece': the archive segments") as refused:
+        convert_fairseq_checkpoint(archive, tmp_path / "out")
+    assert "--bpe-codes" not in str(refused.value) and str(archive) in str(refused.value)
+    assert not (tmp_path / "out").exists()

@@ -46,14 +46,16 @@ def _add_decoding(parser: argparse.ArgumentParser) -> None:
                         "0.6; tune it on a development set)")  # fmt: skip
 
 
-def _decoding(args: argparse.Namespace) -> dict:
+def _decoding(args: argparse.Namespace, model=None) -> dict:
     """generate() settings the user gave (a preset, then single settings); the rest come from the model's
-    generation config."""
-    from .interop.convert.fairseq import FAIRSEQ_DECODING, OTT_DECODING
+    generation config. fairseq's presets stop where fairseq would for this model (`fairseq_length`)."""
+    from .interop.convert.fairseq import FAIRSEQ_DECODING, OTT_DECODING, fairseq_length
     from .model.search_vaswani import DECODING_PRESETS
 
     presets = {**DECODING_PRESETS, "fairseq": FAIRSEQ_DECODING, "ott": OTT_DECODING}
     settings = dict(presets[args.decoding]) if getattr(args, "decoding", None) else {}
+    if getattr(args, "decoding", None) in ("fairseq", "ott"):
+        settings = fairseq_length(getattr(model, "config", None), settings)
     settings.update({name: value for name, value in (("num_beams", args.num_beams),
                      ("length_penalty", args.length_penalty)) if value is not None})  # fmt: skip
     return settings
@@ -195,7 +197,7 @@ def translate_command(argv: list[str]) -> int:
     results = translate_stream(model, tokenizer, _stream_lines(args.input), window=args.window, progress=progress,
                                total=total, nbest=args.nbest or 1, batch_size=args.batch_size,
                                max_tokens=args.max_tokens, alignments=args.alignments, long_lines=args.long_lines,
-                               report=report, **lexical, **_decoding(args))  # fmt: skip
+                               report=report, **lexical, **_decoding(args, model))  # fmt: skip
     for index, candidates in enumerate(results):
         for text, value, *alignment in candidates[: args.nbest or 1]:
             fields = [text] if args.nbest is None else [str(index), text, f"{value:.6f}" if value is not None else ""]
@@ -310,7 +312,7 @@ def evaluate_command(argv: list[str]) -> int:
     load_metrics(args.metric)  # a metric that does not load stops before any model is read or sentence decoded
     model, tokenizer, precision = _load(args, model_dirs)
     task = task_of(getattr(model, "config", None))
-    if (status := task.evaluate(args, model, tokenizer, precision, _decoding(args))) is not None:
+    if (status := task.evaluate(args, model, tokenizer, precision, _decoding(args, model))) is not None:
         return status
     # every pair of a test set is scored, an empty source too (its hypothesis is empty), so that the hypotheses
     # stay line by line beside the references
@@ -318,7 +320,7 @@ def evaluate_command(argv: list[str]) -> int:
              else builtin_splits()[args.split])  # fmt: skip
     report = LineReport()
     result, hypotheses = evaluate(model, tokenizer, pairs, args.batch_size, metrics=args.metric,
-                                  long_lines=args.long_lines, report=report, **_decoding(args))  # fmt: skip
+                                  long_lines=args.long_lines, report=report, **_decoding(args, model))  # fmt: skip
     if args.hypotheses:
         Path(args.hypotheses).write_text("".join(f"{line}\n" for line in hypotheses), encoding="utf-8")
     lines = {"empty_sources": report.empty, "lines_cut": len(report.cut), "lines_split": len(report.split)}

@@ -38,7 +38,8 @@ class MosesBPETokenizer(PreTrainedTokenizer):
         codes_file: subword-nmt's codes (fairseq's `bpecodes` or `code`), merges in order.
         source_lang / target_lang: the Moses language of inputs and of `text_target` / decoded outputs.
         aggressive_dash_splits: Moses `-a` (split "self-evident" into "self @-@ evident").
-        escape: Moses' XML escaping (`&quot;`, `&apos;`, ...), undone by `decode`.
+        escape: Moses' XML escaping (`&quot;`, `&apos;`, ...) of inputs; `decode` unescapes either way, as fairseq.
+        split_special_tokens (default True): `</s>`, `<pad>`, `<unk>`, `<s>` in a text are text, as in fairseq.
         normalize_punctuation: Moses' `normalize-punctuation.perl` before tokenizing.
         bpe_separator: the continuation mark BPE appends ("@@").
     """
@@ -62,6 +63,9 @@ class MosesBPETokenizer(PreTrainedTokenizer):
         unk_token: str = "<unk>",
         **kwargs,
     ) -> None:
+        # fairseq reads `</s>`, `<pad>`, `<unk>`, `<s>` inside a line as text (Moses escapes and BPE segments them);
+        # Transformers would cut them out as the special tokens themselves (an EOS in mid-source)
+        kwargs.setdefault("split_special_tokens", True)
         sacremoses, apply_bpe = _moses_and_bpe()
         with open(vocab_file, encoding="utf-8") as handle:
             self.encoder: dict[str, int] = json.load(handle)
@@ -134,7 +138,9 @@ class MosesBPETokenizer(PreTrainedTokenizer):
         words = " ".join(tokens).replace(f"{self.bpe_separator} ", "").split()
         if words and words[-1].endswith(self.bpe_separator):  # a cut-off piece: keep its letters
             words[-1] = words[-1][: -len(self.bpe_separator)]
-        return self._detokenizer.detokenize(words, unescape=self.escape)
+        # unescaped whatever `escape` says, as fairseq's MosesTokenizer.decode (a model trained with escaping off
+        # still spells `&quot;` where its training text had one)
+        return self._detokenizer.detokenize(words, unescape=True)
 
     def build_inputs_with_special_tokens(self, token_ids_0: list[int], token_ids_1: list[int] | None = None):
         # fairseq: no <s>; every sequence ends with </s>

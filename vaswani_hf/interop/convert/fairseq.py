@@ -168,8 +168,8 @@ def vaswani_config_from_fairseq(settings: dict, vocab_size: int, tied: bool, whe
         ("adaptive_input", "adaptive input embeddings"),
         ("adaptive_softmax_cutoff", "an adaptive softmax"),
         ("cross_self_attention", "cross+self attention"),
-        ("encoder_layerdrop", "LayerDrop, which the paper's model does not have: set it to 0 first"),
-        ("decoder_layerdrop", "LayerDrop, which the paper's model does not have: set it to 0 first"),
+        ("encoder_layers_to_keep", "layers pruned at load (LayerDrop's pruning), which the converter does not do"),
+        ("decoder_layers_to_keep", "layers pruned at load (LayerDrop's pruning), which the converter does not do"),
     ):
         if get(field):
             raise _refuse(where, field, get(field), why)
@@ -195,6 +195,7 @@ def vaswani_config_from_fairseq(settings: dict, vocab_size: int, tied: bool, whe
             activation_function=activation,
             position_embedding_type="sinusoidal_fairseq",
             max_position_embeddings=max(get("max_source_positions", 1024), get("max_target_positions", 1024)),
+            max_target_positions=get("max_target_positions", 1024),  # fairseq's output cap (`fairseq_length`)
             scale_embedding=not get("no_scale_embedding", False),
             tie_word_embeddings=tied,
             layer_norm_eps=1e-5,  # fairseq's LayerNorm is PyTorch's
@@ -245,16 +246,26 @@ def vaswani_from_fairseq_layout(
     return model.eval()
 
 
+def fairseq_length(config, settings: dict) -> dict:
+    """A fairseq decoding preset for one model: fairseq's SequenceGenerator stops at min(max_len_b,
+    max_target_positions - 1) tokens and then forces </s>, so a model with fewer target positions than 201 gets the
+    smaller `max_length` (the decoder's start, the tokens, </s>); `max_target_positions` is the converted config's."""
+    positions = getattr(config, "max_target_positions", None)
+    if not isinstance(positions, int) or settings.get("max_length") is None:
+        return settings
+    return {**settings, "max_length": min(settings["max_length"], positions + 1)}
+
+
 def set_decoding(model: VaswaniForConditionalGeneration, paper_decoding: bool) -> None:
-    """fairseq's decoding (beam 5, score / length, 200 tokens) unless `paper_decoding` keeps the paper's (beam 4, GNMT
-    penalty 0.6, source + 50); either way as fairseq's search: `<pad>` never chosen, `</s>` never first (min_len 1)
-    and forced at the limit."""
+    """fairseq's decoding (beam 5, score / length, 200 tokens or max_target_positions - 1) unless `paper_decoding`
+    keeps the paper's (beam 4, GNMT penalty 0.6, source + 50); either way as fairseq's search: `<pad>` never chosen,
+    `</s>` never first (min_len 1) and forced at the limit."""
     generation = model.generation_config
     generation.suppress_tokens = [model.config.pad_token_id]
     generation.forced_eos_token_id = model.config.eos_token_id
     generation.min_new_tokens = 1
     if not paper_decoding:
-        for name, value in FAIRSEQ_DECODING.items():
+        for name, value in fairseq_length(model.config, FAIRSEQ_DECODING).items():
             setattr(generation, name, value)
     generation._from_model_config = False  # keep these settings on save and reload
 
@@ -402,6 +413,44 @@ def moses_options(settings: dict, symbols: list[str], given: dict[str, bool | No
     return chosen
 
 
+def segmenter_of(checkpoint: dict) -> str | None:
+    """The subword segmenter a checkpoint names (`cfg.bpe._name`, 2018's `args.bpe`), None where it names none."""
+    cfg = _plain(checkpoint.get("cfg"))
+    if isinstance(cfg, dict) and isinstance(cfg.get("bpe"), dict):
+        return cfg["bpe"].get("_name")
+    args = _plain(checkpoint.get("args"))
+    return args.get("bpe") if isinstance(args, dict) else None
+
+
+def check_segmenter(checkpoint: dict, path: Path) -> None:
+    """The tokenizer written is Moses + subword-nmt: an archive segmented otherwise is refused before any codes are
+    looked for (a stray `bpecodes` beside a SentencePiece model would segment every line wrong, silently)."""
+    name = segmenter_of(checkpoint)
+    if name in (None, "subword_nmt"):
+        return
+    model = " (its `sentencepiece.bpe.model`)" if name == "sentencepiece" else ""
+    raise _refuse(
+        str(path),
+        "bpe",
+        name,
+        f"the archive segments its text with {name}{model}, and the converter "
+        "writes a Moses + subword-nmt tokenizer only: convert archives trained with `--bpe subword_nmt`",
+    )
+
+
+def layerdrop_note(settings: dict) -> str | None:
+    """LayerDrop (Fan et al., 2019) skips layers at random in training only: at inference fairseq runs every layer,
+    as the converted model does, so an archive trained with it converts, with a note."""
+    rates = {f: settings.get(f) for f in ("encoder_layerdrop", "decoder_layerdrop") if settings.get(f)}
+    if not rates:
+        return None
+    given = ", ".join(f"{field}={value}" for field, value in rates.items())
+    return (
+        f"note: the archive was trained with LayerDrop ({given}); LayerDrop acts in training only, and the "
+        "converted model, like fairseq at inference, runs every layer."
+    )
+
+
 def _languages(src_dir: Path, settings: dict, source_lang: str | None, target_lang: str | None) -> tuple[str, str]:
     source_lang = source_lang or settings.get("source_lang")
     target_lang = target_lang or settings.get("target_lang")
@@ -445,10 +494,11 @@ def convert_fairseq_checkpoint(
     if not src_dir.is_dir():
         raise FairseqArchiveError(f"{src_dir}: no such folder; give the extracted fairseq archive's folder.")
     path = find_checkpoint(src_dir, checkpoint)
+    state = load_fairseq_checkpoint(path)
+    check_segmenter(state, path)
     codes = Path(bpe_codes) if bpe_codes else _one(src_dir, CODES_NAMES, "BPE codes", "--bpe-codes FILE")
     if not codes.is_file():
         raise FairseqArchiveError(f"{codes}: no such BPE codes file.")
-    state = load_fairseq_checkpoint(path)
     settings = fairseq_settings(state)
     if settings.get("task", "translation") not in ("translation", None) or "encoder.embed_tokens.weight" not in \
             state["model"]:  # fmt: skip
@@ -461,7 +511,10 @@ def convert_fairseq_checkpoint(
     model = vaswani_from_fairseq_layout(settings, weights, where=str(path))
     set_decoding(model, paper_decoding)
     given = {"aggressive_dash_splits": aggressive_dash_splits, "escape": escape}
-    moses = moses_options(settings, symbols, given, report or (lambda line: None))
+    report = report or (lambda line: None)
+    moses = moses_options(settings, symbols, given, report)
+    if note := layerdrop_note(settings):
+        report(note)
 
     def fill(folder: Path) -> None:
         model.save_pretrained(folder)
