@@ -205,7 +205,8 @@ def test_every_name_in_the_second_tier_is_a_test():
         path, _, rest = name.partition("::")
         function, _, param = rest.partition("[")
         tree = ast.parse((ROOT / path).read_text())
-        functions = {node.name for node in ast.walk(tree) if isinstance(node, ast.FunctionDef)}
+        # a test, or a test class (all its tests)
+        functions = {node.name for node in ast.walk(tree) if isinstance(node, (ast.FunctionDef, ast.ClassDef))}
         # a file alone takes all its tests
         assert function in functions if function else any(f.startswith("test_") for f in functions), name
         if path == "tests/test_docs.py":
