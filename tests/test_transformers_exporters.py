@@ -76,6 +76,28 @@ def test_an_accelerate_hook_keeps_the_own_search():
     assert seen == [], "the own search steps the decoder, not forward()"
 
 
+def test_accelerate_s_mixed_precision_keeps_the_own_search():
+    """`Accelerator(mixed_precision=...).prepare(model)` (Seq2SeqTrainer's bf16/fp16 evaluation) wraps `forward` on
+    the instance in autocast: generate() keeps the paper's search (its GNMT penalty) there, as before."""
+    accelerate = pytest.importorskip("accelerate")
+    model = tiny_model()
+    inputs = source(model)
+    own = model.generate(**inputs, max_new_tokens=9)
+    from accelerate.state import AcceleratorState
+
+    AcceleratorState._reset_state(reset_partial_state=True)  # Accelerate's state is one per process, as its tests do
+    try:
+        prepared = accelerate.Accelerator(cpu=True, mixed_precision="bf16").prepare(model)
+    finally:
+        AcceleratorState._reset_state(reset_partial_state=True)
+    assert prepared is model and "forward" in vars(model)
+    seen = []
+    model.register_forward_pre_hook(lambda module, args: seen.append(1))
+    model.generate(**inputs, max_new_tokens=9)
+    assert seen == [], "the own search steps the decoder, not forward()"
+    assert torch.equal(model.generate(**inputs, max_new_tokens=9), own)
+
+
 @pytest.mark.parametrize("generation_config", [None, GenerationConfig(num_beams=1, max_new_tokens=5)],
                          ids=["the paper's defaults", "greedy"])  # fmt: skip
 def test_transformers_decomposes_generate_into_prefill_and_decode(generation_config):

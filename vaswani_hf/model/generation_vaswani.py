@@ -125,9 +125,12 @@ def forward_wrapped(model) -> str | None:
     """Why a caller that wrapped this model's `forward()` gets Transformers' loop, or None. The own search steps
     the decoder directly, without `forward()`; a caller that replaced `forward` on the instance (Transformers'
     exporters record its calls to cut `generate()` into prefill and decode graphs; a tracer, a counting hook)
-    needs every step to go through it, as Transformers' loop does. Accelerate's device hooks (`_hf_hook`) wrap
-    `forward` too but only move tensors, which the submodules' own hooks also do: they keep the own search."""
-    if not isinstance(model, torch.nn.Module) or "forward" not in vars(model) or hasattr(model, "_hf_hook"):
+    needs every step to go through it, as Transformers' loop does. Accelerate wraps `forward` too, and keeps the own
+    search: its device hooks (`_hf_hook`) only move tensors, which the submodules' own hooks also do; its mixed
+    precision (`_original_forward`, Seq2SeqTrainer's bf16/fp16 evaluation) is autocast around a forward pass."""
+    if not isinstance(model, torch.nn.Module) or "forward" not in vars(model):
+        return None
+    if hasattr(model, "_hf_hook") or "_original_forward" in vars(model):
         return None
     return "a wrapped `forward()` (an exporter or tracer recording its calls)"
 
