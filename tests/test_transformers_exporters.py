@@ -49,9 +49,9 @@ def counting(model) -> list:
     [
         dict(num_beams=1, max_new_tokens=9),
         dict(num_beams=3, length_penalty_type="hf", max_new_tokens=9),
-        dict(num_beams=1),
+        dict(num_beams=1, max_length_offset=4),
     ],  # fmt: skip
-    ids=["greedy", "beam", "paper limit"],
+    ids=["greedy", "beam", "source limit"],
 )
 def test_a_wrapped_forward_sees_every_step_with_the_same_tokens(settings):
     model = tiny_model()
