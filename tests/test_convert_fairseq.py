@@ -892,3 +892,23 @@ def test_a_sentencepiece_archive_is_refused_naming_sentencepiece(archives, bpe, 
         convert_fairseq_checkpoint(archive, tmp_path / "out")
     assert "--bpe-codes" not in str(refused.value) and str(archive) in str(refused.value)
     assert not (tmp_path / "out").exists()
+
+
+def test_vaswani_serve_s_fairseq_decoding_keeps_the_archive_s_cap(archives, bpe, tmp_path):
+    """`vaswani serve --decoding fairseq` decodes a batch as `translate` does: random weights loop to the limit,
+    which is min(200, max_target_positions - 1) for fairseq."""
+    from vaswani_hf.interop.convert.fairseq import FAIRSEQ_DECODING
+    from vaswani_hf.serving.service import Service, Settings
+    from vaswani_hf.translation.inference import load_for_inference
+
+    archive = write_archive(tmp_path / "capped", archives.fsmt, bpe, "current", max_target_positions=12)
+    loaded, tokenizer = load_for_inference(convert_fairseq_checkpoint(archive, tmp_path / "out"), device="cpu",
+                                           precision="fp32")  # fmt: skip
+    settings = Settings(decoding={**FAIRSEQ_DECODING, "num_beams": 1})  # as `--decoding fairseq --num-beams 1`
+    service = Service(loaded, tokenizer, settings, str(tmp_path / "out"), "cpu", "fp32", ("en", "de"))
+    try:
+        (translation,) = service.translate_batch(["A man in a blue shirt ."], {})
+    finally:
+        service.batcher.stop()
+    pieces = len(tokenizer.tokenize(translation.nbest[0][0]))
+    assert pieces < 20, translation  # fairseq's cap: 11 tokens, then </s> (its text tokenized again: about 11)

@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from ..interop.convert.fairseq import fairseq_length
 from ..model.alignment_vaswani import forced_attentions
 from ..translation.inference import translate_nbest
 from ..translation.source_lines import source_limit
@@ -173,6 +174,7 @@ class Service:
         options = dict(options)
         nbest, attention = options.pop("nbest", 1), options.pop("attention", False)
         decoding = {**self.settings.decoding, **{DECODING_OPTIONS[k]: v for k, v in options.items()}}
+        decoding = fairseq_length(getattr(self.model, "config", None), decoding)  # `--decoding fairseq`'s cap
         results = translate_nbest(self.model, self.tokenizer, texts, nbest=nbest, batch_size=len(texts),
                                   progress=False, long_lines=self.settings.long_lines, **decoding)  # fmt: skip
         translations = [Translation([(text, score) for text, score, *_ in result],
