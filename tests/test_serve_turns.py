@@ -75,16 +75,15 @@ def test_loading_and_unloading_never_stop_the_event_loop():
     """A model whose unload (freeing its memory) takes 2 s, and a load of 2 s: /health answers at once throughout."""
     with Stub([{**A, "unload_s": 2}, {**C, "load_s": 2}], max_loaded=1, preload=["en-de"]) as stub:
         thread, out = in_thread(lambda: stub.translate("hello", "en", "fr"))
-        slowest, start = 0.0, time.monotonic()
-        while thread.is_alive() and time.monotonic() - start < 20:
-            asked = time.monotonic()
-            assert stub.health()["status"] == "ready"
-            slowest = max(slowest, time.monotonic() - asked)
+        seen = set()  # (model, state) as /health told them: a loop held by the unload or the load answers none
+        while thread.is_alive():
+            health = stub.health()
+            assert health["status"] == "ready"
+            seen.update((model["model"], model["state"]) for model in health["models"])
             time.sleep(0.05)
         thread.join()
         assert out["result"].status_code == 200 and out["result"].json()["translatedText"] == "en-fr:hello"
-        assert time.monotonic() - start > 3.5  # the unload and the load did take their time
-        assert slowest < 0.5, f"/health took {slowest:.2f} s while a model unloaded and another loaded"
+        assert {("en-de", "unloading"), ("en-fr", "loading")} <= seen, seen
         assert stub.metric("vaswani_model_unloads_total") == 1 and stub.metric("vaswani_model_loads_total") == 2
 
 
