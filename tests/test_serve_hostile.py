@@ -372,7 +372,7 @@ def test_parse_checks_its_size_before_tokenizing_and_logs_no_client_text(parse_s
 
 def test_a_key_in_the_query_string_is_refused_naming_the_fix_and_metrics_read_the_header(service, monkeypatch):
     monkeypatch.setattr(service.settings, "api_keys", frozenset({"secret"}))
-    in_query, in_body, metrics_query, metrics_header, bearer, listed = call(
+    in_query, in_body, metrics_query, metrics_header, bearer, listed, health, languages = call(
         service,
         ("POST", "/translate?api_key=secret", {"json": GOOD}),
         ("POST", "/translate", {"data": {**GOOD, "api_key": "secret"}}),
@@ -380,11 +380,14 @@ def test_a_key_in_the_query_string_is_refused_naming_the_fix_and_metrics_read_th
         ("GET", "/metrics", {"headers": {"authorization": "Bearer secret"}}),
         ("POST", "/v1/translate", {"json": {"texts": ["one"]}, "headers": {"authorization": "Bearer secret"}}),
         ("POST", "/translate", {"json": {**GOOD, "api_key": ["secret"]}}),
+        ("GET", "/health?api_key=secret", {}),  # routes that need no key: the key is ignored, as the docs say
+        ("GET", "/languages?api_key=secret", {}),
     )
     refused(in_query, 400, "api_key in the query string", "Authorization: Bearer")
     refused(metrics_query, 400, "api_key in the query string")
     refused(listed, 400, "api_key must be a string")
     assert in_body.status_code == metrics_header.status_code == bearer.status_code == 200
+    assert health.status_code == languages.status_code == 200, (health.text, languages.text)
 
 
 # --- defect 6 (second tier): property-based fuzzing of every route --------------------------------------------
@@ -565,3 +568,76 @@ def test_auto_with_html_reads_the_text_not_the_markup(service):
                                                                "format": "html"}}))  # fmt: skip
     assert answer.status_code == 200, answer.text
     assert answer.json()["detectedLanguage"]["language"] == "en"
+
+
+def test_html_parsing_is_inside_the_request_s_deadline(service, monkeypatch):
+    from vaswani_hf.serving import libretranslate
+
+    class SlowDocument(libretranslate.Document):  # a parse that outlasts the request's time
+        def __init__(self, *args) -> None:
+            time.sleep(1.0)
+            super().__init__(*args)
+
+    monkeypatch.setattr(service.settings, "request_timeout", 0.3)
+    monkeypatch.setattr(libretranslate, "Document", SlowDocument)
+    html = {"q": f"<p>{LINES[0]}</p>", "source": "en", "target": "de", "format": "html"}
+    (answer,) = call(service, ("POST", "/translate", {"json": html}))
+    refused(answer, 504, "--request_timeout")
+
+
+@pytest.mark.parametrize("how", ["emptied", "another model's weights", "no tokenizer", "truncated weights"])
+def test_the_check_before_an_unload_reads_what_the_load_will_read(model, tmp_path, how):
+    import shutil
+
+    from vaswani_hf import VaswaniConfig, VaswaniForConditionalGeneration
+    from vaswani_hf.serving.service import check_model_files
+    from vaswani_hf.translation.inference import load_for_inference
+
+    from .helpers import broken_copy
+
+    check_model_files(str(model))  # the good folder passes
+    folder = tmp_path / "broken"
+    if how == "emptied":  # its files deleted, the folder kept
+        folder.mkdir()
+    elif how == "another model's weights":  # a valid safetensors file of another model in its place
+        shutil.copytree(model, folder)
+        other = tmp_path / "other"
+        VaswaniForConditionalGeneration(VaswaniConfig.tiny(vocab_size=50)).save_pretrained(other)
+        shutil.copy(other / "model.safetensors", folder / "model.safetensors")
+    else:
+        broken_copy(model, folder, how)
+    with pytest.raises(ValueError):  # (the catalog then closes no model for it)
+        check_model_files(str(folder))
+    with pytest.raises((ValueError, OSError)):  # ... and rightly: its load fails
+        load_for_inference(folder, device="cpu", precision="fp32")
+
+
+def test_a_client_s_share_counts_every_line_a_composed_request_sends_a_model(service, model, monkeypatch):
+    from vaswani_hf.serving.app import create_app
+    from vaswani_hf.serving.catalog import Catalog, ServedModel
+    from vaswani_hf.serving.shares import ClientShares
+
+    catalog = Catalog([ServedModel(str(model), "en", "de"), ServedModel(str(model), "de", "fr")], service.settings,
+                      load=lambda _model, _metrics: service)  # fmt: skip
+    catalog.ready = True
+    held, hold = [], ClientShares.hold
+    monkeypatch.setattr(ClientShares, "hold", lambda self, client, lines, refused: held.append(lines) or
+                        hold(self, client, lines, refused))  # fmt: skip
+    two = {"q": f"{LINES[0]}\n{LINES[1]}", "source": "en", "target": "fr", "alternatives": 3}
+    (answer,) = call(service, ("POST", "/translate", {"json": two}), app=create_app(catalog))
+    assert answer.status_code == 200, answer.text
+    assert held == [2 * 4]  # 2 lines to the first model, then their 4 candidates each to the second
+
+
+def test_the_schema_declares_every_refusal_and_the_metrics_as_text(service):
+    (schema,) = call(service, ("GET", "/openapi.json", {}))
+    paths = schema.json()["paths"]
+    for path, operations in paths.items():
+        for method, operation in operations.items():
+            if path not in ("/health", "/metrics"):
+                assert {"400", "403", "404", "413", "429", "503", "504"} <= set(operation["responses"]), (path, method)
+            for status, answer in operation["responses"].items():
+                if status != "200" and status != "422":
+                    assert "error" in answer["content"]["application/json"]["schema"]["properties"], (path, status)
+    metrics = paths["/metrics"]["get"]["responses"]["200"]["content"]
+    assert list(metrics) == ["text/plain"], metrics

@@ -516,7 +516,7 @@ class Catalog:
     async def _decode_with(self, model: ServedModel, lines: list[str], options: dict, left, deadline: float):
         service = await self.service(model, deadline, len(lines), left)
         try:
-            return await service.decode(lines, options, left)
+            return await service.decode(lines, options, left, deadline)
         finally:
             self.release(model)
 

@@ -36,9 +36,9 @@ from fastapi.responses import JSONResponse, Response
 from starlette.datastructures import UploadFile
 
 from .catalog import Catalog, NoRoute, Route
-from .guard import ApiError, check_chars, not_text, shown, too_long
+from .guard import ApiError, check_chars, deadline_of, not_text, shown, too_long, too_slow, within
 from .language_id import detect
-from .markup import Document, TooManyTexts
+from .markup import BadMarkup, Document, TooManyTexts
 from .native import alternative, lines_of
 from .service import LANGUAGE_NAMES
 
@@ -111,6 +111,24 @@ def libretranslate_router(catalog: Catalog, run, check_key) -> APIRouter:
         except NoRoute as err:
             raise ApiError(400, str(err), "language") from None
 
+    async def in_time(request: Request, work, *args):
+        """`work(*args)` off the event loop, within the request's time (504 past it): parsing, detection."""
+        try:
+            return await within(deadline_of(request, settings.request_timeout), work, *args)
+        except TimeoutError:
+            raise too_slow(settings.request_timeout, "translation") from None
+
+    def documents_of(texts: list[str]) -> list[Document]:
+        """The HTML texts parsed; refused (400) past --max_lines text nodes or where the parser cannot read one."""
+        try:
+            return [Document(text, settings.max_lines) for text in texts]
+        except TooManyTexts as err:
+            raise too_long(True, f"the document has more than {err.most} text nodes to translate, each a line for "
+                           f"the model; this server takes at most {settings.max_lines} a request (--max_lines): "
+                           "send it in parts") from None  # fmt: skip
+        except BadMarkup as err:
+            raise ApiError(400, f"Invalid request: {err}", "invalid") from None
+
     def detected(texts: list[str], target: str, html: bool = False) -> tuple[dict, str]:
         """`source: auto`: the language of the texts (one detection for all, as LibreTranslate makes), as reported,
         and the source to translate from: the likeliest served source that reaches `target` (where the identifier
@@ -118,7 +136,7 @@ def libretranslate_router(catalog: Catalog, run, check_key) -> APIRouter:
         enough text, that it is a language no model reads to `target`. For `html`, the text nodes that would be
         translated, not the markup (attributes, scripts and class names would be read as a language)."""
         if html:
-            texts = [" ".join(Document(text).texts()) for text in texts]
+            texts = [" ".join(document.texts()) for document in documents_of(texts)]
         text = "\n".join(texts)
         reaching = [code for code in catalog.sources() if (code, target) in catalog.routes and code != target]
         itself = (target, target) in catalog.routes  # the target is served: text in it comes back unchanged
@@ -149,12 +167,7 @@ def libretranslate_router(catalog: Catalog, run, check_key) -> APIRouter:
         results (their n-best)."""
         chars = sum(map(len, texts))  # as the client sent them (LibreTranslate's len(q)), markup included
         if html:  # parsed off the event loop (linear, but a megabyte of tags is a few tenths of a second)
-            try:
-                documents = await asyncio.to_thread(lambda: [Document(text, settings.max_lines) for text in texts])
-            except TooManyTexts as err:
-                raise too_long(True, f"the document has more than {err.most} text nodes to translate, each a line "
-                               f"for the model; this server takes at most {settings.max_lines} a request "
-                               "(--max_lines): send it in parts") from None  # fmt: skip
+            documents = await in_time(request, documents_of, texts)
             lines = [document.texts() for document in documents]
         else:
             lines = [lines_of(text) for text in texts]
@@ -188,7 +201,7 @@ def libretranslate_router(catalog: Catalog, run, check_key) -> APIRouter:
             raise ApiError(400, f"Invalid request: request ({len(texts)}) exceeds text limit ({settings.batch_limit})"
                            " (--batch_limit texts a request)", "too_long")  # fmt: skip
         check_chars(settings, True, sum(map(len, texts)), char_limit)  # before the detection and the parsing
-        found, source = (await asyncio.to_thread(detected, texts, target, form == "html") if source == "auto"
+        found, source = (await in_time(request, detected, texts, target, form == "html") if source == "auto"
                          else (None, source))  # fmt: skip
         route = route_of(source, target)
         html = form == "html"  # as LibreTranslate: no alternatives for html
@@ -264,7 +277,7 @@ def libretranslate_router(catalog: Catalog, run, check_key) -> APIRouter:
             raise ApiError(400, f"Invalid request: the file is not UTF-8 text ({err.reason} at byte {err.start})",
                            "invalid") from None  # fmt: skip
         check_chars(settings, True, len(text), char_limit)  # before the detection and the parsing
-        route = route_of((await asyncio.to_thread(detected, [text], target, suffix != ".txt"))[1] if source == "auto"
+        route = route_of((await in_time(request, detected, [text], target, suffix != ".txt"))[1] if source == "auto"
                          else source,
                          target)  # fmt: skip
         (out,), _ = await translated([text], suffix != ".txt", {}, request, route, char_limit)
