@@ -82,6 +82,8 @@ SHAPES = {  # name -> the shape at about n characters
     "links in links": lambda n: "<a>x" * (n // 4),
     "tables": lambda n: "<table><tr><td>x" * (n // 16),
     "entities": lambda n: "&amp;&#x41;&nbsp;&bogus;&#0;" * (n // 29),
+    # lxml's iterwalk took time growing with the square of a run of sibling comments (the generator found it)
+    "comments in a row": lambda n: "</a>" + "<?pi?><!--c-->" * (n // 14),
     # every parser measured compares a tag's attributes pairwise: 80,000 took libxml2 57 s, Lexbor 109 s
     "distinct attributes": lambda n: "<p " + " ".join(f"a{i}" for i in range(n // 7)) + ">x",
     "tags of many attributes": lambda n: ("<p " + " ".join(f"a{i}" for i in range(500)) + ">x</p>") * (n // 3400),
@@ -641,3 +643,21 @@ def test_the_schema_declares_every_refusal_and_the_metrics_as_text(service):
                     assert "error" in answer["content"]["application/json"]["schema"]["properties"], (path, status)
     metrics = paths["/metrics"]["get"]["responses"]["200"]["content"]
     assert list(metrics) == ["text/plain"], metrics
+
+
+def test_a_composed_pair_goes_through_another_pivot_while_its_first_is_failing(service, model):
+    from vaswani_hf.serving.app import create_app
+    from vaswani_hf.serving.catalog import Catalog, ServedModel
+
+    served = [ServedModel(str(model), *pair) for pair in (("en", "de"), ("de", "fr"), ("en", "es"), ("es", "fr"))]
+    catalog = Catalog(served, service.settings, load=lambda _model, _metrics: service)
+    catalog.ready = True
+    best = catalog.route("en", "fr")
+    catalog._failed(best.models[1], RuntimeError("the weights do not fit the config"))  # its second model is broken
+    other = catalog.route("en", "fr")
+    assert other.pivot not in (None, best.pivot), (best, other)
+    (answer,) = call(service, ("POST", "/translate", {"json": {"q": LINES[0], "source": "en", "target": "fr"}}),
+                     app=create_app(catalog))  # fmt: skip
+    assert answer.status_code == 200, answer.text
+    catalog._failed(other.models[0], RuntimeError("no config.json"))  # both pivots failing: the best is tried
+    assert catalog.route("en", "fr") == best

@@ -94,18 +94,27 @@ class Document:
         self.slots: list[tuple[etree._Element, str, str, str, str]] = []
         if self.root is None:  # a document of nothing but comments or a doctype
             return
-        # in document order: an element's text at its start, its tail (the text after it, its parent's) at its end
-        # or, for a comment or processing instruction, at once; the content of an element left untranslated is
-        # skipped whole, in C (lxml's walk), so that only what is translated takes a Python step
-        walker = etree.iterwalk(self.root, events=("start", "end", "comment", "pi"))
-        for event, element in walker:
-            if event == "start":
-                if self._marked(element):
-                    walker.skip_subtree()
-                else:
-                    self._slot(element, "text", most)
-            else:
-                self._slot(element, "tail", most)
+        # in document order: an element's text at its start, its tail (the text after it, its parent's) once the
+        # walk has left it; `opened` holds the element's ancestors and whether each one's content is kept. One Python
+        # step a node, comments and processing instructions included (lxml's iter is C and linear; its iterwalk is
+        # quadratic in a run of sibling comments, and XPath's `//text()` sorts what it finds)
+        opened: list[tuple[etree._Element, bool]] = []
+        for element in self.root.iter():
+            parent = element.getparent()
+            while opened and opened[-1][0] is not parent:
+                self._left(opened, most)
+            kept = (opened[-1][1] if opened else False) or not isinstance(element.tag, str) or self._marked(element)
+            if not kept:
+                self._slot(element, "text", most)
+            opened.append((element, kept))
+        while opened:
+            self._left(opened, most)
+
+    def _left(self, opened: list[tuple[etree._Element, bool]], most: int | None) -> None:
+        """The walk has left the innermost open element: its tail is its parent's text."""
+        element, _ = opened.pop()
+        if opened and not opened[-1][1]:
+            self._slot(element, "tail", most)
 
     @staticmethod
     def _marked(element: etree._Element) -> bool:

@@ -148,7 +148,9 @@ def bounded_headers_protocol(seconds: float, most_bytes: int, most_fields: int) 
 
         def on_message_complete(self) -> None:
             super().on_message_complete()
-            self.reading_headers = True  # a pipelined request's headers may follow in the same chunk
+            # a pipelined request's headers may follow in the same chunk: counted from the next chunk on (the bytes
+            # before belong to this request's body), so the bound holds within one read
+            self.reading_headers, self.header_bytes = True, 0
 
         # not disarmed when a response completes: a pipelined request's headers may be under way (an idle
         # keep-alive connection has no timer armed here, and is uvicorn's to close: timeout_keep_alive)
