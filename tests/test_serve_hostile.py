@@ -643,6 +643,11 @@ def test_the_schema_declares_every_refusal_and_the_metrics_as_text(service):
                     assert "error" in answer["content"]["application/json"]["schema"]["properties"], (path, status)
     metrics = paths["/metrics"]["get"]["responses"]["200"]["content"]
     assert list(metrics) == ["text/plain"], metrics
+    # LibreTranslate's routes read their fields by hand: the schema names them all the same
+    for path, required in (("/translate", ["q", "source", "target"]), ("/detect", ["q"]),
+                           ("/translate_file", ["file", "source", "target"])):  # fmt: skip
+        for kind, body in paths[path]["post"]["requestBody"]["content"].items():
+            assert body["schema"]["required"] == required and "api_key" in body["schema"]["properties"], (path, kind)
 
 
 def test_a_composed_pair_goes_through_another_pivot_while_its_first_is_failing(service, model):

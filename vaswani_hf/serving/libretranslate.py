@@ -95,6 +95,20 @@ def content_disposition(name: str) -> str:
     return f"attachment; filename=\"{fallback}\"; filename*=UTF-8''{quote(name, safe='')}"
 
 
+# the fields LibreTranslate's routes read (from JSON, a form or the query string), as its own spec declares them
+TEXT = {"type": "string"}
+TEXTS = {"anyOf": [TEXT, {"type": "array", "items": TEXT}]}
+TRANSLATE_FIELDS = {"q": TEXTS, "source": TEXT, "target": TEXT, "format": {"type": "string", "enum": ["text", "html"]},
+                    "alternatives": {"type": "integer", "minimum": 0}, "api_key": TEXT}  # fmt: skip
+FORMS = ["application/json", "application/x-www-form-urlencoded", "multipart/form-data"]
+
+
+def request_body(fields: dict, required: list[str], types: list[str] = FORMS) -> dict:
+    """The OpenAPI request body of a route that reads its fields by hand: these fields, in each content type."""
+    schema = {"type": "object", "properties": fields, "required": required}
+    return {"requestBody": {"required": True, "content": {kind: {"schema": schema} for kind in types}}}
+
+
 def libretranslate_router(catalog: Catalog, run, check_key) -> APIRouter:
     """The routes; `run` translates a request's texts along a route within the bounds, `check_key` checks its key.
     Every served pair answers, and pairs composed through a pivot, and each language to itself (catalog.py)."""
@@ -179,7 +193,11 @@ def libretranslate_router(catalog: Catalog, run, check_key) -> APIRouter:
             return rendered, results
         return ["\n".join(b) for b in best], results
 
-    @router.post("/translate", summary="LibreTranslate's translate: JSON, a form or the query string")
+    @router.post(
+        "/translate",
+        summary="LibreTranslate's translate: JSON, a form or the query string",
+        openapi_extra=request_body(TRANSLATE_FIELDS, ["q", "source", "target"]),
+    )
     async def translate(request: Request) -> JSONResponse:
         fields = await read_fields(request)
         char_limit = check_key(key_of(fields), request.headers.get("authorization"))
@@ -217,7 +235,11 @@ def libretranslate_router(catalog: Catalog, run, check_key) -> APIRouter:
             answer["detectedLanguage"] = found if single else [found] * len(texts)
         return JSONResponse(answer)
 
-    @router.post("/detect", summary="LibreTranslate's detect: the text's likeliest languages, best first")
+    @router.post(
+        "/detect",
+        openapi_extra=request_body({"q": TEXTS, "api_key": TEXT}, ["q"]),
+        summary="LibreTranslate's detect: the text's likeliest languages, best first",
+    )
     async def detect_language(request: Request) -> list[dict]:
         fields = await read_fields(request)
         char_limit = check_key(key_of(fields), request.headers.get("authorization"))
@@ -256,7 +278,10 @@ def libretranslate_router(catalog: Catalog, run, check_key) -> APIRouter:
     async def suggest() -> JSONResponse:
         raise ApiError(403, "Suggestions are disabled on this server.", "suggestions_off")
 
-    @router.post("/translate_file", summary="LibreTranslate's file translation: .txt and .html")
+    @router.post("/translate_file", summary="LibreTranslate's file translation: .txt and .html",
+                 openapi_extra=request_body({"file": {"type": "string", "format": "binary"}, "source": TEXT,
+                                             "target": TEXT, "api_key": TEXT}, ["file", "source", "target"],
+                                            ["multipart/form-data"]))  # fmt: skip
     async def translate_file(request: Request) -> dict:
         fields = await read_fields(request)
         char_limit = check_key(key_of(fields), request.headers.get("authorization"))
