@@ -238,6 +238,8 @@ BAD_INPUT = [
     ("/v1/translate", raw('{"texts": ["one"], "beam_size": ' + "9" * 5000 + "}"), []),
     ("/v1/translate", raw("[" * 100_000), []),
     ("/v1/translate", {"json": {"texts": ["one"], "nbest": 10**30}}, ["nbest"]),
+    ("/v1/translate", {"json": {"texts": ["one"], "length_penalty": False}}, ["length_penalty"]),  # the schema's types
+    ("/v1/translate", {"json": {"texts": ["one"], "attention": 0}}, ["attention"]),
 ]
 
 
@@ -666,3 +668,14 @@ def test_a_composed_pair_goes_through_another_pivot_while_its_first_is_failing(s
     assert answer.status_code == 200, answer.text
     catalog._failed(other.models[0], RuntimeError("no config.json"))  # both pivots failing: the best is tried
     assert catalog.route("en", "fr") == best
+
+
+def test_parse_s_schema_refuses_the_words_its_parser_refuses():
+    from pydantic import ValidationError
+
+    from vaswani_hf.serving.parsing_api import ParseRequest
+
+    assert ParseRequest.model_validate({"sentences": [["a", "b"], "c d", ""]})  # strings, words and nothing
+    for words in ([""], ["a b"], ["a\x1cb"]):  # what the schema allows, the server takes (schemathesis's check)
+        with pytest.raises(ValidationError):
+            ParseRequest.model_validate({"sentences": [words]})

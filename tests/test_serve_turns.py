@@ -23,12 +23,13 @@ A, B, C = ({"name": "en-de", "source": "en", "target": "de"}, {"name": "de-en", 
 class Stub:
     """tests/stub_serve.py in its own process; `ready`: wait for /health 200 (else only for the port)."""
 
-    def __init__(self, models: list[dict], ready: bool = True, **spec) -> None:
+    def __init__(self, models: list[dict], ready: bool = True, hangup_ignored: bool = False, **spec) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         spec = {"models": models, **spec}
+        ignore = (lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN)) if hangup_ignored else None  # as nohup does
         self.process = subprocess.Popen([sys.executable, "-m", "tests.stub_serve", str(self.port), json.dumps(spec)],
-                                        stderr=subprocess.PIPE, text=True)  # fmt: skip
+                                        stderr=subprocess.PIPE, text=True, preexec_fn=ignore)  # fmt: skip
         deadline = time.time() + 60
         while True:
             assert self.process.poll() is None, self.process.communicate()[1][-3000:]
@@ -391,3 +392,10 @@ def test_sighup_drains_as_sigterm_and_a_body_still_uploading_gets_its_answer():
         assert answer.startswith(b"HTTP/1.1 200") and b"en-de:slow" in answer, answer[:300]
         assert out["result"].status_code == 200
         assert stub.process.wait(timeout=30) == 0
+
+
+def test_under_nohup_sighup_stays_ignored():
+    with Stub([A], hangup_ignored=True) as stub:
+        stub.process.send_signal(signal.SIGHUP)
+        time.sleep(0.5)
+        assert stub.health()["status"] == "ready" and stub.translate("hello", "en", "de").status_code == 200

@@ -202,7 +202,8 @@ class DrainingServer:
                 """uvicorn's signals (SIGINT, SIGTERM) and SIGHUP, which a closed terminal sends to a server started
                 in it (`vaswani serve &` over SSH): it drains as SIGTERM does, where it would kill the process."""
                 hangup = getattr(signal, "SIGHUP", None)  # (not on Windows)
-                if hangup is None or threading.current_thread() is not threading.main_thread():
+                ignored = hangup is not None and signal.getsignal(hangup) == signal.SIG_IGN  # nohup's: it stays so
+                if hangup is None or ignored or threading.current_thread() is not threading.main_thread():
                     with super().capture_signals():
                         yield
                     return
