@@ -64,7 +64,8 @@ class TooManyTexts(ValueError):
 
 
 class BadMarkup(ValueError):
-    """A document the parser cannot read whole (nested deeper than its bound): refused, never cut short."""
+    """A document the parser cannot read whole, or not in linear time (nested deeper than libxml2's bound, a tag of
+    more than MOST_ATTRIBUTES attributes): refused, never cut short."""
 
 
 class Document:
