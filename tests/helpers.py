@@ -133,3 +133,20 @@ def same_rows_but_scores(got: list, expected: list, score_at: int = -1) -> None:
         assert (score == "") == (want_score == ""), (row, want)
         if score != "":
             assert float(score) == pytest.approx(float(want_score), **SCORE_TOLERANCE), (row, want)
+
+
+def grows_linearly(work, small: int, factor: int = 4, margin: float = 2.5) -> None:
+    """Linear work shown without a wall-clock bound: `work(small * factor)` takes under `margin * factor` times as
+    long as `work(small)` (a quadratic takes `factor` times more again), each timed as the least of five runs
+    interleaved in this one run, so that a slower CPU or a busy machine slows both sizes alike. Under 10 ms for the
+    larger size, the timer's noise and the machine's other jobs decide the ratio, not the work: such work passes
+    (a quadratic this test is for takes seconds there)."""
+    import time
+
+    least = {small: float("inf"), small * factor: float("inf")}
+    for _ in range(5):
+        for size in least:
+            start = time.perf_counter()
+            work(size)
+            least[size] = min(least[size], time.perf_counter() - start)
+    assert least[small * factor] < max(margin * factor * least[small], 0.01), least

@@ -12,7 +12,6 @@ fields (Hypothesis strategies) against a real server."""
 import asyncio
 import json
 import logging
-import os
 import threading
 import time
 
@@ -21,6 +20,7 @@ import pytest
 
 from vaswani_hf.data.number_words import builtin_splits
 
+from .helpers import grows_linearly
 from .test_serve import Server
 
 LINES = [source for source, _ in builtin_splits()["test"][:4]]
@@ -38,16 +38,6 @@ def server(model):
     assert running.post("/translate", json=html).status_code == 200
     yield running
     assert running.stop()[0] == 0
-
-
-def slack() -> float:
-    """The time bounds below are an idle machine's (1 s for a megabyte); on a shared one they stretch by its load
-    average per core (the tests' machine has 2 cores that other jobs share)."""
-    return max(1.0, os.getloadavg()[0] / (os.cpu_count() or 1))
-
-
-def server_ms(answer: httpx.Response) -> float:
-    return float(answer.headers["server-timing"].removeprefix("app;dur="))
 
 
 def call(service, *requests, app=None):
@@ -72,50 +62,106 @@ def refused(answer: httpx.Response, status: int, *words: str) -> None:
 
 # --- defect 1: HTML parsed in linear time, off the event loop, after the characters are counted ------------------
 
-SHAPES = {
+SHAPES = {  # name -> the shape at about n characters
     # after white space, not a word: no text for the model, whose decoding (seconds on a busy machine) is not timed
-    "unclosed tags": "\n" + "<a " * (MEGABYTE // 3),
-    "unclosed comment": "<!--" + "x" * MEGABYTE,
-    "nested marked sections": "<![" * (MEGABYTE // 3),
-    "bare <": "<" * MEGABYTE,  # one text node of a million characters: a line the model reads the first 1024 tokens of
-    "deep nesting": "<b>" * (MEGABYTE // 3),
-    "many text nodes": "<b>x" * (MEGABYTE // 4),
-    "unclosed quotes": '<a b="' * (MEGABYTE // 6),
-    "unclosed script": "<script>" + "<a " * (MEGABYTE // 3),
+    "unclosed tags": lambda n: "\n" + "<a " * (n // 3),
+    "unclosed comment": lambda n: "<!--" + "x" * n,
+    "nested marked sections": lambda n: "<![" * (n // 3),
+    "bare <": lambda n: "<" * n,  # one text node of n characters: a line the model reads the first 1024 tokens of
+    "deep nesting": lambda n: "<b>" * (n // 3),
+    "many text nodes": lambda n: "<b>x" * (n // 4),
+    "unclosed quotes": lambda n: '<a b="' * (n // 6),
+    "unclosed script": lambda n: "<script>" + "<a " * (n // 3),
+    # the tokenizer of our own took k * m steps here (100 KB in 25 s)
+    "inline end tags past a block": lambda n: "<i><div>" + "<b>" * (n // 6) + "</i>" * (n // 8),
+    "inline in block": lambda n: "<p><i>x<div>y</i>z</p>" * (n // 22),  # Lexbor: 250 KB in 3.8 s
+    "divs": lambda n: "<div>" * (n // 5),  # Lexbor: 250 KB in 17.6 s
+    "deep, then wide": lambda n: "<div>" * 250 + "x<br>" * (n // 5),
+    "wide, kept": lambda n: "<pre>" + "x<br>" * (n // 5),
+    "formatting misnested": lambda n: "<b><i><u><s>x</b>" * (n // 18),
+    "links in links": lambda n: "<a>x" * (n // 4),
+    "tables": lambda n: "<table><tr><td>x" * (n // 16),
+    "entities": lambda n: "&amp;&#x41;&nbsp;&bogus;&#0;" * (n // 29),
+    # lxml's iterwalk took time growing with the square of a run of sibling comments (the generator found it)
+    "comments in a row": lambda n: "</a>" + "<?pi?><!--c-->" * (n // 14),
+    # every parser measured compares a tag's attributes pairwise: 80,000 took libxml2 57 s, Lexbor 109 s
+    "distinct attributes": lambda n: "<p " + " ".join(f"a{i}" for i in range(n // 7)) + ">x",
+    "tags of many attributes": lambda n: ("<p " + " ".join(f"a{i}" for i in range(500)) + ">x</p>") * (n // 3400),
 }
 
 
-def test_the_markup_tokenizer_is_linear_and_keeps_markup_byte_for_byte():
-    from vaswani_hf.serving.markup import Document
+def read_html(markup: str, most: int | None = None) -> list[str]:
+    """What serving does with a document: its text nodes read, the document written back (or it is refused)."""
+    from vaswani_hf.serving.markup import BadMarkup, Document, TooManyTexts
 
-    start = time.monotonic()
-    assert Document("x" + "<a " * (MEGABYTE // 3)).texts() == ["x"]  # the report's shape: 25 KB took 6 s
-    assert time.monotonic() - start < slack()
-    for shape, markup in SHAPES.items():
-        start = time.monotonic()
-        document = Document(markup)
-        assert time.monotonic() - start < slack(), shape
-        if shape != "bare <":  # its '<' come back escaped, as text
-            assert document.render(document.texts()) == markup, shape
-    page = (
-        "<!DOCTYPE html><DIV Class=x data-a=\"1 &amp; 2\"><p title='a > b'>One &amp; two</p><pre> a </pre>"
-        '<p translate="no">kept <b>bold</b></p><span class="a notranslate">kept</span><title>T</title>'
-        "<textarea><b>kept</b></textarea><style>p > b {}</style><![CDATA[ x ]]><?pi x?> tail &lt;<br/>end"
-    )
-    document = Document(page)
-    assert document.texts() == ["One & two", "T", "tail <", "end"]
-    assert document.render(["Eins & zwei", "t", "Rest <", "Ende"]) == page.replace(
-        "One &amp; two", ("Eins &amp; zwei")
-    ).replace("<title>T", "<title>t").replace("tail &lt;", "Rest &lt;").replace("end", "Ende")
+    try:
+        document = Document(markup, most)
+    except (BadMarkup, TooManyTexts):
+        return []
+    texts = document.texts()
+    document.render(texts)
+    return texts
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_html_is_read_in_time_linear_in_its_size_whatever_its_shape(shape):
+    grows_linearly(lambda size: read_html(SHAPES[shape](size)), MEGABYTE // 32)
+
+
+def test_html_past_the_parser_s_bounds_is_refused_not_cut_short():
+    from vaswani_hf.serving.markup import BadMarkup, Document
+
+    assert Document("<div>" * 200 + "kept").texts() == ["kept"]
+    for markup in ("<div>" * 300 + "lost?", SHAPES["inline end tags past a block"](MEGABYTE) + "lost?"):
+        with pytest.raises(BadMarkup, match="nested deeper than 256"):
+            Document(markup)
+    assert Document("<p " + " ".join(f"a{i}" for i in range(512)) + ">kept").texts() == ["kept"]
+    for quoted in ("", '=">"', "='<p'"):  # a quoted '>' or '<' does not end a tag, nor hide its attributes
+        with pytest.raises(BadMarkup, match="more than 512 attributes"):
+            Document("<p " + " ".join(f"a{i}{quoted}" for i in range(513)) + ">lost?")
+
+
+HTML_PIECES = ["", "x", " ", "Hello world. ", "<p>", "</p>", "<div>", "</div>", "<i>", "</i>", "<b>", "</b>", "<a ",
+               '<a href="x">', "</a>", "<br/>", "<!--", "-->", "<![", "<!DOCTYPE html>", "<?pi?>", "<", ">", "&amp;",
+               "&nbsp;", "&bogus;", "&#", '"', "'", "=", "<script>", "</script>", "<pre>", "</pre>", "<table>",
+               "<td>", "<li>", '<span translate="no">', '<p class="notranslate">', "</html>", "</body>", "<html>",
+               "<title>", "<textarea>", "<svg>", "<math>", "<span/>", "\x00", "\u00a0"]  # fmt: skip
+
+
+def test_html_of_any_shape_a_generator_draws_is_read_linearly_and_keeps_its_text():
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    from vaswani_hf.serving.markup import BadMarkup, Document, TooManyTexts
+
+    @settings(max_examples=25, suppress_health_check=list(HealthCheck), **FUZZ_SETTINGS)
+    @given(unit=st.lists(st.sampled_from(HTML_PIECES), max_size=8).map("".join),
+           prefix=st.lists(st.sampled_from(HTML_PIECES), max_size=4).map("".join),
+           most=st.none() | st.integers(0, 50))  # fmt: skip
+    def check(unit, prefix, most):
+        markup = prefix + unit * (2000 // max(1, len(unit)))
+        try:
+            document = Document(markup, most)
+        except (BadMarkup, TooManyTexts):
+            return
+        texts = document.texts()
+        assert all(text and text == text.strip() for text in texts)
+        written = document.render(texts)
+        if "\x00" not in markup:  # a NUL is U+FFFD once read, as the standard says
+            assert Document(written).texts() == texts  # what is written back reads as the same text
+        if unit:
+            grows_linearly(lambda size: read_html(prefix + unit * (size // len(unit)), most), 25_000)
+
+    check()
 
 
 # the shapes whose text reaches the model are few and short (a megabyte of '<' is one line the model reads the
 # first 1024 tokens of: tens of seconds of decoding, which is the model's cost of any long line, not the markup's)
-SERVED_SHAPES = [shape for shape in SHAPES if shape != "bare <"]
+SERVED_SHAPES = [shape for shape in SHAPES if shape not in ("bare <", "entities")]
 
 
 @pytest.mark.parametrize("shape", SERVED_SHAPES)
-def test_a_megabyte_of_pathological_html_is_answered_within_a_second_and_health_stays_fast(server, shape):
+def test_a_megabyte_of_pathological_html_is_answered_and_health_stays_answered(server, shape):
     latencies, done = [], threading.Event()
 
     def ping() -> None:
@@ -128,15 +174,16 @@ def test_a_megabyte_of_pathological_html_is_answered_within_a_second_and_health_
     pinger = threading.Thread(target=ping)
     pinger.start()
     try:
-        answer = server.post("/translate", json={"q": SHAPES[shape], "source": "en", "target": "de", "format": "html"})
+        answer = server.post(
+            "/translate", json={"q": SHAPES[shape](MEGABYTE), "source": "en", "target": "de", "format": "html"}
+        )
     finally:
         done.set()
         pinger.join()
-    assert answer.status_code in (200, 400), answer.text  # 400: more text nodes than --max_lines
+    assert answer.status_code in (200, 400), answer.text  # 400: more text nodes than --max_lines, or past a bound
     if answer.status_code == 400:
-        refused(answer, 400, "text nodes", "--max_lines")
-    assert server_ms(answer) < 1000 * slack(), (shape, server_ms(answer), slack())
-    assert latencies and max(latencies) < 0.5 * slack(), (shape, max(latencies), slack())
+        assert any(words in answer.json()["error"] for words in ("--max_lines", "cannot be read whole")), answer.text
+    assert latencies  # /health answered throughout (the parsing's time is benchmarks/'s to measure, not a test's)
 
 
 def test_html_characters_are_counted_as_sent_before_the_markup_is_parsed(service):
@@ -191,6 +238,8 @@ BAD_INPUT = [
     ("/v1/translate", raw('{"texts": ["one"], "beam_size": ' + "9" * 5000 + "}"), []),
     ("/v1/translate", raw("[" * 100_000), []),
     ("/v1/translate", {"json": {"texts": ["one"], "nbest": 10**30}}, ["nbest"]),
+    ("/v1/translate", {"json": {"texts": ["one"], "length_penalty": False}}, ["length_penalty"]),  # the schema's types
+    ("/v1/translate", {"json": {"texts": ["one"], "attention": 0}}, ["attention"]),
 ]
 
 
@@ -310,10 +359,9 @@ def test_parse_checks_its_size_before_tokenizing_and_logs_no_client_text(parse_s
     tokenized = []
     real = parsing_api.words_of
     monkeypatch.setattr(parsing_api, "words_of", lambda *args: tokenized.append(1) or real(*args))
-    start = time.monotonic()
     (big,) = call(parse_service, ("POST", "/parse", {"json": {"sentences": ["word " * 180_000]}}), app=app)
     refused(big, 413, "exceeds text limit (5000)", "--max_chars")
-    assert not tokenized and time.monotonic() - start < slack()
+    assert not tokenized
     caplog.set_level(logging.DEBUG)
     secret = 'She said "private words" twice .'  # the tokenizer changes the quotes: logged, at DEBUG only
     (parsed,) = call(parse_service, ("POST", "/parse", {"json": {"sentences": [secret]}}), app=app)
@@ -328,7 +376,7 @@ def test_parse_checks_its_size_before_tokenizing_and_logs_no_client_text(parse_s
 
 def test_a_key_in_the_query_string_is_refused_naming_the_fix_and_metrics_read_the_header(service, monkeypatch):
     monkeypatch.setattr(service.settings, "api_keys", frozenset({"secret"}))
-    in_query, in_body, metrics_query, metrics_header, bearer, listed = call(
+    in_query, in_body, metrics_query, metrics_header, bearer, listed, health, languages = call(
         service,
         ("POST", "/translate?api_key=secret", {"json": GOOD}),
         ("POST", "/translate", {"data": {**GOOD, "api_key": "secret"}}),
@@ -336,11 +384,14 @@ def test_a_key_in_the_query_string_is_refused_naming_the_fix_and_metrics_read_th
         ("GET", "/metrics", {"headers": {"authorization": "Bearer secret"}}),
         ("POST", "/v1/translate", {"json": {"texts": ["one"]}, "headers": {"authorization": "Bearer secret"}}),
         ("POST", "/translate", {"json": {**GOOD, "api_key": ["secret"]}}),
+        ("GET", "/health?api_key=secret", {}),  # routes that need no key: the key is ignored, as the docs say
+        ("GET", "/languages?api_key=secret", {}),
     )
     refused(in_query, 400, "api_key in the query string", "Authorization: Bearer")
     refused(metrics_query, 400, "api_key in the query string")
     refused(listed, 400, "api_key must be a string")
     assert in_body.status_code == metrics_header.status_code == bearer.status_code == 200
+    assert health.status_code == languages.status_code == 200, (health.text, languages.text)
 
 
 # --- defect 6 (second tier): property-based fuzzing of every route --------------------------------------------
@@ -456,15 +507,10 @@ def test_a_form_charset_that_makes_a_lone_surrogate_is_a_json_400(service):
 def test_the_sentence_splitter_is_linear_on_any_line():
     from vaswani_hf.serving.sentences import sentences_of
 
-    timed = {}
-    for size in (25_000, 100_000):
-        line = '?"' * (size // 2)
-        start = time.perf_counter()
-        pieces = sentences_of(line, "en")
-        timed[size] = time.perf_counter() - start
-        assert "".join(a + b + c for a, b, c in pieces) == line
+    line = '?"' * 50_000
+    assert "".join(a + b + c for a, b, c in sentences_of(line, "en")) == line
     # sentencex alone is quadratic here (0.36 s, then 4.8 s on 2 cores): four times the text, four times the time
-    assert timed[100_000] < 8 * timed[25_000] + 0.05 and timed[100_000] < 1.0 * slack()
+    grows_linearly(lambda size: sentences_of(line[:size], "en"), 25_000)
 
 
 def test_a_translated_file_of_any_name_downloads_from_its_url(service):
@@ -488,22 +534,35 @@ def test_a_form_keeps_every_character_but_turns_crlf_into_a_line_end(service):
     assert out.startswith("<pre>a\n  b\n</pre><!-- a\u2028b --><p>") and out.endswith("</p>\n")
 
 
-@pytest.mark.parametrize(("markup", "translated"), [
-    ('<span translate="no"><div>Acme Widget</span> Pro Max</div>', []),  # the span's end ignored inside a div
-    ('<span class="notranslate"/>Acme Widget</span>', []),  # a trailing slash opens a span all the same
-    ('<ul><li class="notranslate">Acme<li>Free shipping<li>Easy returns</ul>', ["Free shipping", "Easy returns"]),
-    ("<table><tr><td translate=no>SKU-42<td>Blue cotton shirt</table>", ["Blue cotton shirt"]),
-    ("<p translate=no>Acme<div>Free shipping</div>", ["Free shipping"]),
-    ("<dl><dt translate=no>Acme<dd>A widget</dl>", ["A widget"]),
-    ("<p>x <\u017f y z</p>", ["x <\u017f y z"]),  # no tag starts with a long s
-    ("<plaintext>Hello <b>world", []),
+@pytest.mark.parametrize(("markup", "translated", "written"), [
+    ('<span translate="no"><div>Acme Widget</span> Pro Max</div>', [],  # the span's end ignored inside a div
+     '<span translate="no"><div>Acme Widget Pro Max</div></span>'),
+    ('<span class="notranslate"/>Acme Widget</span>', ["Acme Widget"],  # libxml2 closes `<x/>`, as XHTML means
+     '<span class="notranslate"></span>Acme Widget'),
+    ('<ul><li class="notranslate">Acme<li>Free shipping<li>Easy returns</ul>', ["Free shipping", "Easy returns"],
+     '<ul><li class="notranslate">Acme</li><li>Free shipping</li><li>Easy returns</li></ul>'),
+    ("<table><tr><td translate=no>SKU-42<td>Blue cotton shirt</table>", ["Blue cotton shirt"],
+     '<table><tr><td translate="no">SKU-42</td><td>Blue cotton shirt</td></tr></table>'),
+    ("<p translate=no>Acme<div>Free shipping</div>", ["Free shipping"],
+     '<p translate="no">Acme</p><div>Free shipping</div>'),
+    ("<dl><dt translate=no>Acme<dd>A widget</dl>", ["A widget"],
+     '<dl><dt translate="no">Acme</dt><dd>A widget</dd></dl>'),
+    ("<p>x <\u017f y z</p>", ["x <\u017f y z"], "<p>x &lt;\u017f y z</p>"),  # no tag starts with a long s
+    ("<!-- c -->Hello<?pi?> world</html>again", ["Hello", "worldagain"],  # nothing after </html> is lost
+     "<!-- c -->Hello<!--?pi?--> worldagain"),  # (a browser shows 'worldagain' too: the end tag is ignored)
+    ('<DIV Class=x data-a="1 &amp; 2"><p title=\'a > b\'>One &amp; two</p><br/>&nbsp;', ["One & two"],
+     '<div class="x" data-a="1 &amp; 2"><p title="a &gt; b">One &amp; two</p><br>\u00a0</div>'),
+    ("<!DOCTYPE html><title>T</title><p>x", ["T", "x"],  # a document comes back whole
+     "<!DOCTYPE html>\n<html><head><title>T</title></head><body><p>x</p></body></html>"),
+    ("", [], ""),
+    ("<!DOCTYPE html>", [], "<!DOCTYPE html>"),
 ])  # fmt: skip
-def test_the_tokenizer_opens_and_closes_elements_as_the_standard_does(markup, translated):
+def test_the_parser_reads_the_elements_as_a_browser_and_writes_them_back_in_its_form(markup, translated, written):
     from vaswani_hf.serving.markup import Document
 
     document = Document(markup)
     assert document.texts() == translated
-    assert document.render(document.texts()).replace("&lt;", "<") == markup  # the markup kept byte for byte
+    assert document.render(document.texts()) == written
 
 
 def test_auto_with_html_reads_the_text_not_the_markup(service):
@@ -513,3 +572,110 @@ def test_auto_with_html_reads_the_text_not_the_markup(service):
                                                                "format": "html"}}))  # fmt: skip
     assert answer.status_code == 200, answer.text
     assert answer.json()["detectedLanguage"]["language"] == "en"
+
+
+def test_html_parsing_is_inside_the_request_s_deadline(service, monkeypatch):
+    from vaswani_hf.serving import libretranslate
+
+    class SlowDocument(libretranslate.Document):  # a parse that outlasts the request's time
+        def __init__(self, *args) -> None:
+            time.sleep(1.0)
+            super().__init__(*args)
+
+    monkeypatch.setattr(service.settings, "request_timeout", 0.3)
+    monkeypatch.setattr(libretranslate, "Document", SlowDocument)
+    html = {"q": f"<p>{LINES[0]}</p>", "source": "en", "target": "de", "format": "html"}
+    (answer,) = call(service, ("POST", "/translate", {"json": html}))
+    refused(answer, 504, "--request_timeout")
+
+
+@pytest.mark.parametrize("how", ["emptied", "another model's weights", "no tokenizer", "truncated weights"])
+def test_the_check_before_an_unload_reads_what_the_load_will_read(model, tmp_path, how):
+    import shutil
+
+    from vaswani_hf import VaswaniConfig, VaswaniForConditionalGeneration
+    from vaswani_hf.serving.service import check_model_files
+    from vaswani_hf.translation.inference import load_for_inference
+
+    from .helpers import broken_copy
+
+    check_model_files(str(model))  # the good folder passes
+    folder = tmp_path / "broken"
+    if how == "emptied":  # its files deleted, the folder kept
+        folder.mkdir()
+    elif how == "another model's weights":  # a valid safetensors file of another model in its place
+        shutil.copytree(model, folder)
+        other = tmp_path / "other"
+        VaswaniForConditionalGeneration(VaswaniConfig.tiny(vocab_size=50)).save_pretrained(other)
+        shutil.copy(other / "model.safetensors", folder / "model.safetensors")
+    else:
+        broken_copy(model, folder, how)
+    with pytest.raises(ValueError):  # (the catalog then closes no model for it)
+        check_model_files(str(folder))
+    with pytest.raises((ValueError, OSError)):  # ... and rightly: its load fails
+        load_for_inference(folder, device="cpu", precision="fp32")
+
+
+def test_a_client_s_share_counts_every_line_a_composed_request_sends_a_model(service, model, monkeypatch):
+    from vaswani_hf.serving.app import create_app
+    from vaswani_hf.serving.catalog import Catalog, ServedModel
+    from vaswani_hf.serving.shares import ClientShares
+
+    catalog = Catalog([ServedModel(str(model), "en", "de"), ServedModel(str(model), "de", "fr")], service.settings,
+                      load=lambda _model, _metrics: service)  # fmt: skip
+    catalog.ready = True
+    held, hold = [], ClientShares.hold
+    monkeypatch.setattr(ClientShares, "hold", lambda self, client, lines, refused: held.append(lines) or
+                        hold(self, client, lines, refused))  # fmt: skip
+    two = {"q": f"{LINES[0]}\n{LINES[1]}", "source": "en", "target": "fr", "alternatives": 3}
+    (answer,) = call(service, ("POST", "/translate", {"json": two}), app=create_app(catalog))
+    assert answer.status_code == 200, answer.text
+    assert held == [2 * 4]  # 2 lines to the first model, then their 4 candidates each to the second
+
+
+def test_the_schema_declares_every_refusal_and_the_metrics_as_text(service):
+    (schema,) = call(service, ("GET", "/openapi.json", {}))
+    paths = schema.json()["paths"]
+    for path, operations in paths.items():
+        for method, operation in operations.items():
+            if path not in ("/health", "/metrics"):
+                assert {"400", "403", "404", "413", "429", "503", "504"} <= set(operation["responses"]), (path, method)
+            for status, answer in operation["responses"].items():
+                if status != "200" and status != "422":
+                    assert "error" in answer["content"]["application/json"]["schema"]["properties"], (path, status)
+    metrics = paths["/metrics"]["get"]["responses"]["200"]["content"]
+    assert list(metrics) == ["text/plain"], metrics
+    # LibreTranslate's routes read their fields by hand: the schema names them all the same
+    for path, required in (("/translate", ["q", "source", "target"]), ("/detect", ["q"]),
+                           ("/translate_file", ["file", "source", "target"])):  # fmt: skip
+        for kind, body in paths[path]["post"]["requestBody"]["content"].items():
+            assert body["schema"]["required"] == required and "api_key" in body["schema"]["properties"], (path, kind)
+
+
+def test_a_composed_pair_goes_through_another_pivot_while_its_first_is_failing(service, model):
+    from vaswani_hf.serving.app import create_app
+    from vaswani_hf.serving.catalog import Catalog, ServedModel
+
+    served = [ServedModel(str(model), *pair) for pair in (("en", "de"), ("de", "fr"), ("en", "es"), ("es", "fr"))]
+    catalog = Catalog(served, service.settings, load=lambda _model, _metrics: service)
+    catalog.ready = True
+    best = catalog.route("en", "fr")
+    catalog._failed(best.models[1], RuntimeError("the weights do not fit the config"))  # its second model is broken
+    other = catalog.route("en", "fr")
+    assert other.pivot not in (None, best.pivot), (best, other)
+    (answer,) = call(service, ("POST", "/translate", {"json": {"q": LINES[0], "source": "en", "target": "fr"}}),
+                     app=create_app(catalog))  # fmt: skip
+    assert answer.status_code == 200, answer.text
+    catalog._failed(other.models[0], RuntimeError("no config.json"))  # both pivots failing: the best is tried
+    assert catalog.route("en", "fr") == best
+
+
+def test_parse_s_schema_refuses_the_words_its_parser_refuses():
+    from pydantic import ValidationError
+
+    from vaswani_hf.serving.parsing_api import ParseRequest
+
+    assert ParseRequest.model_validate({"sentences": [["a", "b"], "c d", ""]})  # strings, words and nothing
+    for words in ([""], ["a b"], ["a\x1cb"]):  # what the schema allows, the server takes (schemathesis's check)
+        with pytest.raises(ValidationError):
+            ParseRequest.model_validate({"sentences": [words]})

@@ -268,7 +268,7 @@ def test_loads_are_one_at_a_time_and_never_past_max_loaded_under_concurrent_requ
             loading[0] -= 1
         loads.append(model.target)
 
-        async def decode(lines, options, left):
+        async def decode(lines, options, left, deadline=None):
             await asyncio.sleep(0.005)
             return [Translation([(f"{model.target}:{line}", 0.0)]) for line in lines]
 

@@ -365,6 +365,8 @@ SERVE_BOUNDS = {
     "max_queue_lines": "most lines waiting, for a batch or for their model to load; past it a request is refused at "
     "once with Retry-After (429 on LibreTranslate's API, 503 on the native one)",
     "max_connections": "most connections and requests at once (uvicorn's limit_concurrency; 503 past it)",
+    "max_header_bytes": "most bytes of a request's line and headers (431 and the connection closed past it)",
+    "max_headers": "most header fields a request (431 and the connection closed past it)",
     "max_beam": "the widest beam a request may ask for",
     "max_nbest": "most translations a request may ask for (n-best; alternatives + 1)",
 }
@@ -484,7 +486,8 @@ def serve_command(argv: list[str]) -> int:
                         help="source auto: refuse text the language identifier gives another language with at least "
                         "this probability (0-1; 1.01 never refuses)")  # fmt: skip
     parser.add_argument("--request_timeout", type=float, default=defaults.request_timeout,
-                        help="seconds a request may wait (504; 503 while its model loads)")  # fmt: skip
+                        help="seconds from a request's arrival to its answer, across parsing, loads, queues and "
+                        "both legs of a composed pair (504; 503 while its model loads)")  # fmt: skip
     parser.add_argument("--drain_seconds", type=float, default=defaults.drain_seconds,
                         help="after SIGTERM, how long requests in flight may take to finish; the whole stop takes "
                         "at most 3 s more; a second signal stops at once")  # fmt: skip

@@ -12,7 +12,6 @@ Every refusal is `{"error": message}`, naming the problem and its limit, with th
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Callable
 from functools import partial
@@ -25,7 +24,19 @@ from prometheus_client import generate_latest
 from starlette.exceptions import HTTPException
 
 from .catalog import Catalog, ModelFailed, ModelLoading, Route
-from .guard import ApiError, KeyLimits, RequestGuard, api_of, check_chars, check_lines, check_queue, disconnected
+from .guard import (
+    ApiError,
+    KeyLimits,
+    RequestGuard,
+    api_of,
+    check_chars,
+    check_lines,
+    check_queue,
+    deadline_of,
+    disconnected,
+    too_slow,
+    within,
+)
 from .libretranslate import libretranslate_router
 from .native import native_router
 from .sentences import flatten, joined, split
@@ -113,18 +124,25 @@ def create_app(catalog: Catalog | Service, routers: Routers | None = None) -> Fa
         # queued: over --max_lines, or more than the queue can ever hold (through a pivot, the second model is sent
         # the first's candidates), the request is refused for good, never told to retry
         pieces = None
+        deadline = deadline_of(request, settings.request_timeout)
         if route is not None and route.models and settings.sentences:
-            pieces = await asyncio.to_thread(split, flat, route.source)
+            try:
+                pieces = await within(deadline, split, flat, route.source)
+            except TimeoutError:
+                raise too_slow(settings.request_timeout, noun) from None
         model_lines = sum(map(len, pieces)) if pieces is not None else len(flat)
         check_lines(settings, libre, model_lines, "sentences, each a line for the model")
+        passes = 1
         if route is None or route.models:
             passes = max(2, options.get("nbest", 1)) if route is not None and len(route.models) > 1 else 1
             check_queue(settings, libre, model_lines, passes)
         start = time.monotonic()
-        deadline, left = start + settings.request_timeout, lambda: disconnected(request)
+        left = lambda: disconnected(request)  # noqa: E731
         client = request.client.host if request.client else "-"
         try:
-            with shares.hold(client, model_lines, service.metrics.client_shed.inc):
+            # a client's share counts every line the request sends a model: through a pivot, the second model's
+            # (the first's candidates, nbest a line), as the queue bound does
+            with shares.hold(client, model_lines * passes, service.metrics.client_shed.inc):
                 if route is None:
                     done = await service.parse(flat, options, left, deadline)
                 else:
@@ -142,8 +160,7 @@ def create_app(catalog: Catalog | Service, routers: Routers | None = None) -> Fa
         except LineTooLong as err:
             raise ApiError(400, f"Invalid request: {err}", "too_long") from None
         except TimeoutError:
-            raise ApiError(504, f"no {noun} within {settings.request_timeout:g} s (--request_timeout): the "
-                           "server is busy; retry, or send less text", "timeout") from None  # fmt: skip
+            raise too_slow(settings.request_timeout, noun) from None
         except ConnectionAbortedError:
             raise ApiError(499, "the client left", "disconnected") from None
         except TranslationError as err:
@@ -157,9 +174,9 @@ def create_app(catalog: Catalog | Service, routers: Routers | None = None) -> Fa
         return out
 
     for router in (routers or translation_routers)(service, run, check_key):
-        app.include_router(router)
+        app.include_router(router, responses=REFUSALS)
 
-    @app.get("/health", summary="ready or not, and what is served")
+    @app.get("/health", summary="ready or not, and what is served", responses={503: REFUSALS[503]})
     async def health() -> JSONResponse:
         failed = [m.name for m in service.models if m in service.failed]
         # failed: no model can serve (503, so that a load balancer sends the traffic elsewhere); degraded: some
@@ -182,7 +199,12 @@ def create_app(catalog: Catalog | Service, routers: Routers | None = None) -> Fa
         # degraded: some model failed to load (tried again with backoff; /v1/models says why) and the others serve
         return JSONResponse(body, status_code=200 if state in ("ready", "degraded") else 503)
 
-    @app.get("/metrics", summary="Prometheus metrics (with --api_keys, a key is needed unless --open_metrics)")
+    @app.get(
+        "/metrics",
+        summary="Prometheus metrics (with --api_keys, a key is needed unless --open_metrics)",
+        response_class=PlainTextResponse,
+        responses={code: REFUSALS[code] for code in (400, 403, 503)},
+    )
     async def metrics(request: Request) -> PlainTextResponse:
         if not settings.open_metrics:
             check_key(None, request.headers.get("authorization"))  # a key in the query string: 400 (guard.py)
@@ -191,6 +213,23 @@ def create_app(catalog: Catalog | Service, routers: Routers | None = None) -> Fa
                                  media_type="text/plain; version=0.0.4")  # fmt: skip
 
     return app
+
+
+# the refusals every route may answer (docs/serving.md, "Errors"), in the schema as they are sent: JSON whose
+# `error` names the field or the bound
+REFUSALS: dict[int | str, dict] = {
+    status: {"description": description, "content": {"application/json": {"schema": {
+        "type": "object", "properties": {"error": {"type": "string"}}, "required": ["error"]}}}}
+    for status, description in {
+        400: "a field missing or invalid, or a bound passed (LibreTranslate's API)",
+        403: "no key, or a key not given (--api_keys)",
+        404: "nothing here, or no such translated file",
+        413: "a bound passed (the native API)",
+        429: "the queue, a client's share or a key's rate is full: retry after Retry-After",
+        503: "loading, stopping, overloaded (the native API) or the model failed: retry after Retry-After",
+        504: "no answer within --request_timeout",
+    }.items()
+}  # fmt: skip
 
 
 def _validation_message(errors: list[dict]) -> str:

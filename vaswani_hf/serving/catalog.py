@@ -26,7 +26,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from .batching import in_daemon_thread
@@ -60,6 +60,8 @@ class Route:
     source: str
     target: str
     models: tuple[ServedModel, ...]
+    # a composed route's other pivots, strongest first: taken while a model of `models` is failing
+    others: tuple[tuple[ServedModel, ...], ...] = field(default=(), compare=False)
 
     @property
     def pivot(self) -> str | None:
@@ -116,13 +118,14 @@ def plan_routes(models: list[ServedModel]) -> dict[tuple[str, str], Route]:
         scores = [m.score for m in pair]
         return (min(scores) if None not in scores else -math.inf, pair[0].target == "en", pair[0].target)
 
+    composed: dict[tuple[str, str], list[tuple[ServedModel, ServedModel]]] = {}
     for (source, pivot), first in direct.items():
         for (middle, target), second in direct.items():
-            if middle != pivot or source == target or (source, target) in direct:
-                continue
-            known = routes.get((source, target))
-            if known is None or strength((first, second)) > strength(known.models):
-                routes[(source, target)] = Route(source, target, (first, second))
+            if middle == pivot and source != target and (source, target) not in direct:
+                composed.setdefault((source, target), []).append((first, second))
+    for (source, target), chains in composed.items():
+        best, *others = sorted(chains, key=strength, reverse=True)  # (stable: ties keep the models' order)
+        routes[(source, target)] = Route(source, target, best, tuple(others))
     return routes
 
 
@@ -251,8 +254,15 @@ class Catalog:
         return [*reached, *composed, *([source] if (source, source) in self.routes else [])]
 
     def route(self, source: str, target: str) -> Route:
+        """The route a request from `source` to `target` takes: a composed one through another pivot while a model
+        of its best is failing (and one of another pivot is not); NoRoute where none is served."""
         if (source, target) in self.routes:
-            return self.routes[(source, target)]
+            route = self.routes[(source, target)]
+            if any(model in self.failed for model in route.models):
+                working = next((o for o in route.others if not any(model in self.failed for model in o)), None)
+                if working is not None:
+                    return Route(source, target, working)
+            return route
         served = set(self.sources())
         unknown = next((code for code in (source, target) if code not in served), None)
         raise NoRoute(source, target, unknown)
@@ -516,7 +526,7 @@ class Catalog:
     async def _decode_with(self, model: ServedModel, lines: list[str], options: dict, left, deadline: float):
         service = await self.service(model, deadline, len(lines), left)
         try:
-            return await service.decode(lines, options, left)
+            return await service.decode(lines, options, left, deadline)
         finally:
             self.release(model)
 

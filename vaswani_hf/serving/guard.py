@@ -6,8 +6,9 @@ behind which a client that leaves is never seen) that refuses work the server mu
 - A body over --max_body_bytes is refused from its Content-Length, or as soon as a streamed body passes the bound,
   before any of it is parsed; a body within it is read whole, then handed to the route.
 - With --api_keys, a key in the query string (where proxies and access logs keep it) is refused with 400 naming
-  where to send it: the body (JSON or form) or 'Authorization: Bearer KEY'. Without keys none is a secret: any key is
-  taken and ignored, as LibreTranslate does (deep-translator sends its key in the query string).
+  where to send it: the body (JSON or form) or 'Authorization: Bearer KEY' (on the routes that need no key it is
+  ignored). Without keys none is a secret: any key is taken and ignored, as LibreTranslate does (deep-translator
+  sends its key in the query string).
 - After its body, a request's receive channel says `http.disconnect` the moment its client closes the connection:
   `disconnected(request)` waits for that, and the service drops the request's waiting lines.
 - Each answer carries the server's own time (W3C Server-Timing), which a client can tell from the network's."""
@@ -72,6 +73,9 @@ class ApiError(Exception):
         self.status, self.message, self.kind, self.headers = status, message, kind, headers or {}
 
 
+# the routes that need no key (docs/serving.md, "Keys and CORS"): a key in their query string is no secret sent to
+# be checked, and clients that add it to every request (deep-translator) are served
+KEYLESS_PATHS = frozenset({"/", "/health", "/languages", "/frontend/settings", "/spec"})
 SURROGATE = re.compile("[\ud800-\udfff]")
 KEY_IN_QUERY = ("Invalid request: api_key in the query string, where proxies and access logs keep it: send the key "
                 "in the body (JSON or form field api_key) or as the header 'Authorization: Bearer KEY'")  # fmt: skip
@@ -147,6 +151,24 @@ async def disconnected(request: Request) -> None:
         pass
 
 
+def deadline_of(request: Request, timeout: float) -> float:
+    """When the request's time (--request_timeout) ends: counted from its arrival (the guard notes it), so that its
+    body, parsing, loads and every batch queue it passes share one bound."""
+    return request.scope.get("state", {}).get("arrived", time.monotonic()) + timeout
+
+
+async def within(deadline: float, work, *args):
+    """`work(*args)` off the event loop, awaited until `deadline` at most (TimeoutError past it: its result, when
+    it comes, is dropped; a thread cannot be stopped, but nothing waits for it)."""
+    return await asyncio.wait_for(asyncio.to_thread(work, *args), max(0.0, deadline - time.monotonic()))
+
+
+def too_slow(timeout: float, noun: str) -> ApiError:
+    """The 504 of a request past --request_timeout."""
+    return ApiError(504, f"no {noun} within {timeout:g} s (--request_timeout): the server is busy; retry, or send "
+                    "less text", "timeout")  # fmt: skip
+
+
 class RequestGuard:
     """The ASGI middleware above; `service` holds the state (draining, requests in flight) and the settings."""
 
@@ -156,6 +178,7 @@ class RequestGuard:
     async def __call__(self, scope: dict, receive, send) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
+        scope.setdefault("state", {})["arrived"] = time.monotonic()  # the request's time starts (deadline_of)
         service, path = self.service, scope["path"]
         metrics = service.metrics
         if service.draining and path not in ("/health", "/metrics"):
@@ -163,13 +186,60 @@ class RequestGuard:
             metrics.requests.labels(api=api_of(path), status="503").inc()
             return await send_error(send, 503, "the server is stopping: send the request to another one",
                                     {"Retry-After": "5"})  # fmt: skip
-        if service.settings.api_keys and any(
-            name == "api_key" and value
-            for name, value in parse_qsl(scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True)
+        if (
+            service.settings.api_keys
+            and path not in KEYLESS_PATHS
+            and any(
+                name == "api_key" and value
+                for name, value in parse_qsl(scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True)
+            )
         ):
             metrics.errors.labels(kind="key_in_query").inc()
             metrics.requests.labels(api=api_of(path), status="400").inc()
             return await send_error(send, 400, KEY_IN_QUERY)
+        # in flight from here: a request still uploading its body when the server stops is drained as the others
+        service.in_flight += 1
+        started = False
+
+        async def timed(message: dict) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+                timing = f"app;dur={(time.monotonic() - start) * 1000:.1f}".encode()
+                message = {**message, "headers": [*message.get("headers", []), (b"server-timing", timing)]}
+            await send(message)
+
+        start = time.monotonic()
+        try:
+            body = await self.body(scope, receive, timed)
+            if body is None:
+                return  # refused, or the client left
+            replayed = False
+
+            async def replay() -> dict[str, Any]:
+                nonlocal replayed
+                if not replayed:
+                    replayed = True
+                    return {"type": "http.request", "body": body, "more_body": False}
+                return await receive()  # after the body: http.disconnect, when the client leaves
+
+            await self.app(scope, replay, timed)
+        except asyncio.CancelledError:
+            # the stop's drain ended before this request did (uvicorn cancels it), its body read or not: a JSON 503
+            # a client can retry elsewhere, where it would get a plain-text 500 or a broken pipe
+            if not started:
+                metrics.requests.labels(api=api_of(path), status="503").inc()
+                await send_error(send, 503, "the server stopped before answering: send the request to another one",
+                                 {"Retry-After": "5"})  # fmt: skip
+            raise
+        finally:
+            service.in_flight -= 1
+
+    async def body(self, scope: dict, receive, send) -> bytes | None:
+        """The request's body, read whole within the bounds (--max_body_bytes, --body_timeout); None where it was
+        refused (the refusal sent) or the client left."""
+        service, path = self.service, scope["path"]
+        metrics = service.metrics
         limit = service.settings.max_body_bytes
         headers = dict(scope.get("headers") or [])
         declared = headers.get(b"content-length", b"0")
@@ -189,7 +259,7 @@ class RequestGuard:
                                "(--body_timeout): send it at once")  # fmt: skip
                     return await send_error(send, 408, message, {"Connection": "close"})
                 if message["type"] != "http.request":
-                    return  # the client left before its body was read
+                    return None  # the client left before its body was read
                 chunks.append(message.get("body", b""))
                 size += len(chunks[-1])
                 more = message.get("more_body", False)
@@ -203,37 +273,4 @@ class RequestGuard:
             message = (f"Invalid request: the body is over {limit} bytes, this server's limit (--max_body_bytes): "
                        "send less text a request")  # fmt: skip
             return await send_error(send, status, message, {"Connection": "close"})
-        replayed = False
-
-        async def replay() -> dict[str, Any]:
-            nonlocal replayed
-            if not replayed:
-                replayed = True
-                return {"type": "http.request", "body": body, "more_body": False}
-            return await receive()  # after the body: http.disconnect, when the client leaves
-
-        start = time.monotonic()
-
-        started = False
-
-        async def timed(message: dict) -> None:
-            nonlocal started
-            if message["type"] == "http.response.start":
-                started = True
-                timing = f"app;dur={(time.monotonic() - start) * 1000:.1f}".encode()
-                message = {**message, "headers": [*message.get("headers", []), (b"server-timing", timing)]}
-            await send(message)
-
-        service.in_flight += 1
-        try:
-            await self.app(scope, replay, timed)
-        except asyncio.CancelledError:
-            # the stop's drain ended before this request did (uvicorn cancels it): a JSON 503 a client can retry
-            # elsewhere, where it would get a plain-text 500
-            if not started:
-                metrics.requests.labels(api=api_of(path), status="503").inc()
-                await send_error(send, 503, "the server stopped before answering: send the request to another one",
-                                 {"Retry-After": "5"})  # fmt: skip
-            raise
-        finally:
-            service.in_flight -= 1
+        return body

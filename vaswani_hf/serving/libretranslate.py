@@ -36,9 +36,9 @@ from fastapi.responses import JSONResponse, Response
 from starlette.datastructures import UploadFile
 
 from .catalog import Catalog, NoRoute, Route
-from .guard import ApiError, check_chars, not_text, shown, too_long
+from .guard import ApiError, check_chars, deadline_of, not_text, shown, too_long, too_slow, within
 from .language_id import detect
-from .markup import Document, TooManyTexts
+from .markup import BadMarkup, Document, TooManyTexts
 from .native import alternative, lines_of
 from .service import LANGUAGE_NAMES
 
@@ -95,6 +95,20 @@ def content_disposition(name: str) -> str:
     return f"attachment; filename=\"{fallback}\"; filename*=UTF-8''{quote(name, safe='')}"
 
 
+# the fields LibreTranslate's routes read (from JSON, a form or the query string), as its own spec declares them
+TEXT = {"type": "string"}
+TEXTS = {"anyOf": [TEXT, {"type": "array", "items": TEXT}]}
+TRANSLATE_FIELDS = {"q": TEXTS, "source": TEXT, "target": TEXT, "format": {"type": "string", "enum": ["text", "html"]},
+                    "alternatives": {"type": "integer", "minimum": 0}, "api_key": TEXT}  # fmt: skip
+FORMS = ["application/json", "application/x-www-form-urlencoded", "multipart/form-data"]
+
+
+def request_body(fields: dict, required: list[str], types: list[str] = FORMS) -> dict:
+    """The OpenAPI request body of a route that reads its fields by hand: these fields, in each content type."""
+    schema = {"type": "object", "properties": fields, "required": required}
+    return {"requestBody": {"required": True, "content": {kind: {"schema": schema} for kind in types}}}
+
+
 def libretranslate_router(catalog: Catalog, run, check_key) -> APIRouter:
     """The routes; `run` translates a request's texts along a route within the bounds, `check_key` checks its key.
     Every served pair answers, and pairs composed through a pivot, and each language to itself (catalog.py)."""
@@ -111,6 +125,24 @@ def libretranslate_router(catalog: Catalog, run, check_key) -> APIRouter:
         except NoRoute as err:
             raise ApiError(400, str(err), "language") from None
 
+    async def in_time(request: Request, work, *args):
+        """`work(*args)` off the event loop, within the request's time (504 past it): parsing, detection."""
+        try:
+            return await within(deadline_of(request, settings.request_timeout), work, *args)
+        except TimeoutError:
+            raise too_slow(settings.request_timeout, "translation") from None
+
+    def documents_of(texts: list[str]) -> list[Document]:
+        """The HTML texts parsed; refused (400) past --max_lines text nodes or where the parser cannot read one."""
+        try:
+            return [Document(text, settings.max_lines) for text in texts]
+        except TooManyTexts as err:
+            raise too_long(True, f"the document has more than {err.most} text nodes to translate, each a line for "
+                           f"the model; this server takes at most {settings.max_lines} a request (--max_lines): "
+                           "send it in parts") from None  # fmt: skip
+        except BadMarkup as err:
+            raise ApiError(400, f"Invalid request: {err}", "invalid") from None
+
     def detected(texts: list[str], target: str, html: bool = False) -> tuple[dict, str]:
         """`source: auto`: the language of the texts (one detection for all, as LibreTranslate makes), as reported,
         and the source to translate from: the likeliest served source that reaches `target` (where the identifier
@@ -118,7 +150,7 @@ def libretranslate_router(catalog: Catalog, run, check_key) -> APIRouter:
         enough text, that it is a language no model reads to `target`. For `html`, the text nodes that would be
         translated, not the markup (attributes, scripts and class names would be read as a language)."""
         if html:
-            texts = [" ".join(Document(text).texts()) for text in texts]
+            texts = [" ".join(document.texts()) for document in documents_of(texts)]
         text = "\n".join(texts)
         reaching = [code for code in catalog.sources() if (code, target) in catalog.routes and code != target]
         itself = (target, target) in catalog.routes  # the target is served: text in it comes back unchanged
@@ -149,12 +181,7 @@ def libretranslate_router(catalog: Catalog, run, check_key) -> APIRouter:
         results (their n-best)."""
         chars = sum(map(len, texts))  # as the client sent them (LibreTranslate's len(q)), markup included
         if html:  # parsed off the event loop (linear, but a megabyte of tags is a few tenths of a second)
-            try:
-                documents = await asyncio.to_thread(lambda: [Document(text, settings.max_lines) for text in texts])
-            except TooManyTexts as err:
-                raise too_long(True, f"the document has more than {err.most} text nodes to translate, each a line "
-                               f"for the model; this server takes at most {settings.max_lines} a request "
-                               "(--max_lines): send it in parts") from None  # fmt: skip
+            documents = await in_time(request, documents_of, texts)
             lines = [document.texts() for document in documents]
         else:
             lines = [lines_of(text) for text in texts]
@@ -166,7 +193,11 @@ def libretranslate_router(catalog: Catalog, run, check_key) -> APIRouter:
             return rendered, results
         return ["\n".join(b) for b in best], results
 
-    @router.post("/translate", summary="LibreTranslate's translate: JSON, a form or the query string")
+    @router.post(
+        "/translate",
+        summary="LibreTranslate's translate: JSON, a form or the query string",
+        openapi_extra=request_body(TRANSLATE_FIELDS, ["q", "source", "target"]),
+    )
     async def translate(request: Request) -> JSONResponse:
         fields = await read_fields(request)
         char_limit = check_key(key_of(fields), request.headers.get("authorization"))
@@ -188,7 +219,7 @@ def libretranslate_router(catalog: Catalog, run, check_key) -> APIRouter:
             raise ApiError(400, f"Invalid request: request ({len(texts)}) exceeds text limit ({settings.batch_limit})"
                            " (--batch_limit texts a request)", "too_long")  # fmt: skip
         check_chars(settings, True, sum(map(len, texts)), char_limit)  # before the detection and the parsing
-        found, source = (await asyncio.to_thread(detected, texts, target, form == "html") if source == "auto"
+        found, source = (await in_time(request, detected, texts, target, form == "html") if source == "auto"
                          else (None, source))  # fmt: skip
         route = route_of(source, target)
         html = form == "html"  # as LibreTranslate: no alternatives for html
@@ -204,7 +235,11 @@ def libretranslate_router(catalog: Catalog, run, check_key) -> APIRouter:
             answer["detectedLanguage"] = found if single else [found] * len(texts)
         return JSONResponse(answer)
 
-    @router.post("/detect", summary="LibreTranslate's detect: the text's likeliest languages, best first")
+    @router.post(
+        "/detect",
+        openapi_extra=request_body({"q": TEXTS, "api_key": TEXT}, ["q"]),
+        summary="LibreTranslate's detect: the text's likeliest languages, best first",
+    )
     async def detect_language(request: Request) -> list[dict]:
         fields = await read_fields(request)
         char_limit = check_key(key_of(fields), request.headers.get("authorization"))
@@ -243,7 +278,10 @@ def libretranslate_router(catalog: Catalog, run, check_key) -> APIRouter:
     async def suggest() -> JSONResponse:
         raise ApiError(403, "Suggestions are disabled on this server.", "suggestions_off")
 
-    @router.post("/translate_file", summary="LibreTranslate's file translation: .txt and .html")
+    @router.post("/translate_file", summary="LibreTranslate's file translation: .txt and .html",
+                 openapi_extra=request_body({"file": {"type": "string", "format": "binary"}, "source": TEXT,
+                                             "target": TEXT, "api_key": TEXT}, ["file", "source", "target"],
+                                            ["multipart/form-data"]))  # fmt: skip
     async def translate_file(request: Request) -> dict:
         fields = await read_fields(request)
         char_limit = check_key(key_of(fields), request.headers.get("authorization"))
@@ -264,7 +302,7 @@ def libretranslate_router(catalog: Catalog, run, check_key) -> APIRouter:
             raise ApiError(400, f"Invalid request: the file is not UTF-8 text ({err.reason} at byte {err.start})",
                            "invalid") from None  # fmt: skip
         check_chars(settings, True, len(text), char_limit)  # before the detection and the parsing
-        route = route_of((await asyncio.to_thread(detected, [text], target, suffix != ".txt"))[1] if source == "auto"
+        route = route_of((await in_time(request, detected, [text], target, suffix != ".txt"))[1] if source == "auto"
                          else source,
                          target)  # fmt: skip
         (out,), _ = await translated([text], suffix != ".txt", {}, request, route, char_limit)

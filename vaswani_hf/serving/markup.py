@@ -1,76 +1,58 @@
-"""`format: html`: the text between tags is translated, the markup is kept as it came. A document is split into
-markup (kept byte for byte) and text nodes; every text node with words in it becomes one line to translate (its
-character references decoded, its runs of white space made one space, as a browser shows them), and the document is
-written back with each node's translation (escaped) in its place and the node's own leading and trailing white space.
+"""`format: html`: the text between tags is translated, the markup kept. A document is parsed by lxml's HTML parser
+(libxml2, a C parser made for the web's broken markup, whose HTML tokenizer follows the HTML standard since 2.14);
+every text node with words in it becomes one line to translate (its character references decoded, its runs of white
+space made one space, as a browser shows them), and the tree is written back with each node's translation in its
+place and the node's own leading and trailing white space.
 
-Left as they are: the contents of script, style, code, pre, textarea and template (and of the other raw-text
-elements: xmp, iframe, noembed, noframes, plaintext), any element marked `translate="no"` or with the class
-`notranslate` (the HTML standard's and Google's conventions), comments, declarations, processing instructions, and
-every tag with its attributes, byte for byte; text left untranslated is kept byte for byte too.
+Left untranslated: the contents of script, style, code, pre, textarea, template and plaintext, any element marked
+`translate="no"` or with the class `notranslate` (the HTML standard's and Google's conventions), comments,
+processing instructions and every attribute.
 
-The splitting is a tokenizer of our own, after the HTML standard's tokenizer (13.2.5): a tag, a comment or a
-declaration that is never closed runs to the end of the document, as there, so every character is read a bounded
-number of times and the work is linear in the document, whatever it holds (each piece is found by str.find or by a
-regular expression that cannot backtrack: atomic quantifiers, no nested alternatives that overlap). Measured on 2
-cores, before it: the standard library's html.parser rescans an unclosed tag from each `<`, so `"x" + "<a " * N` took
-0.77 s at 9 KB and 3.1 s at 19 KB (quadratic; the body limit is 1 MB), and nested `<![` raised an AssertionError;
-selectolax's Lexbor engine is linear (1 MB of `<a ` in 0.04 s) but builds a tree and writes it back normalised
-(html, head and body added, names lower-cased, attributes re-quoted, `<br/>` as `<br>`), which breaks the promise to
-keep markup byte for byte. This tokenizer: 1 MB of any of `<a ` repeated, unclosed `<!--`, `<![` repeated, `<`
-repeated, `<b>` repeated, in well under a second (tests/test_serve_hostile.py)."""
+The markup comes back as libxml2 writes its tree, which is what changes (LibreTranslate's BeautifulSoup path changes
+markup too): tag and attribute names in lower case, attribute values in double quotes, end tags the markup implies
+written out (`<li>a<li>b` as `<li>a</li><li>b</li>`), void elements without a slash (`<br/>` as `<br>`), character
+references in text written as characters (`&nbsp;` as U+00A0) except those HTML needs (`&amp;`, `&lt;`, `&gt;`),
+`<![CDATA[...]]>` and `<?...>` as the comments the standard reads them as, end tags of nothing open dropped. A
+fragment comes back a fragment (no html, head or body added); a document that starts with a doctype or `<html>`
+comes back whole. Nothing is dropped: libxml2 stops reading at `</html>`, where the standard reads on (the text after
+it belongs to the body), so that end tag is hidden from it (`HIDDEN`) and the text after it translated as the body's.
+
+Why this parser (measured on 2 AMD EPYC Zen 3 cores, 2026-12-06; tests/test_serve_hostile.py holds the linearity):
+the tokenizer of our own before it was quadratic on `<i><div>` + `<b>` * k + `</i>` * m (100 KB in 25 s);
+selectolax's Lexbor builds the standard's tree, whose every start tag checks the open elements' stack for a `<p>` to
+close, so `<div>` * k is quadratic (250 KB in 17.6 s, and `<p><i>x<div>y</i>z</p>` repeated, 250 KB in 3.8 s);
+html5lib is pure Python (50 KB of unclosed `<a ` in 2.1 s, of `<div>` in 19.5 s); libxml2 bounds the depth of its
+tree (256 elements), so each step is bounded and the work linear (a tag of more than 512 attributes is refused
+first: every parser above takes time growing with the square of a tag's attributes). A document nested deeper than
+that bound is refused (`BadMarkup`), not cut short."""
 
 from __future__ import annotations
 
-import html
 import re
+from itertools import islice
+
+from lxml import etree
+from lxml import html as lxml_html
 
 UNTRANSLATED = frozenset({"script", "style", "code", "pre", "textarea", "template", "plaintext"})
-VOID = frozenset({"area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta", "source", "track", "wbr"})
-# elements whose content is not markup, through their end tag: the standard's RAWTEXT and script data (kept as they
-# are) and RCDATA (text: a title's is translated, a textarea's kept)
-RAW = ("script", "style", "xmp", "iframe", "noembed", "noframes", "plaintext", "title", "textarea")
-# the standard's "special" elements (13.2.4.2, those a page's structure is made of): an end tag of another element
-# (a span's, say) is ignored where one of these stands open inside it, as the standard's "any other end tag" rule says
-SPECIAL = frozenset({"address", "applet", "area", "article", "aside", "blockquote", "body", "caption", "center", "dd",
-                     "details", "dialog", "dir", "div", "dl", "dt", "fieldset", "figcaption", "figure", "footer",
-                     "form", "h1", "h2", "h3", "h4", "h5", "h6", "header", "hgroup", "html", "li", "main", "marquee",
-                     "menu", "nav", "object", "ol", "p", "section", "select", "summary", "table", "tbody", "td",
-                     "tfoot", "th", "thead", "tr", "ul"})  # fmt: skip
-# end tags the standard implies: a start tag of these closes an open element of the same family on top of the stack
-# (a list item the next item, a cell the next cell, a paragraph the next block), so that a `translate="no"` item
-# does not swallow its siblings
-IMPLIED = {"li": {"li"}, "dt": {"dt", "dd"}, "dd": {"dt", "dd"}, "option": {"option"},
-           "optgroup": {"option", "optgroup"}, "td": {"td", "th"}, "th": {"td", "th"}, "tr": {"td", "th", "tr"},
-           "tbody": {"td", "th", "tr", "tbody", "thead"}, "tfoot": {"td", "th", "tr", "tbody", "thead"},
-           "rb": {"rb", "rt", "rp"}, "rt": {"rb", "rt", "rp"}, "rp": {"rb", "rt", "rp"}}  # fmt: skip
-CLOSES_P = frozenset({"address", "article", "aside", "blockquote", "details", "div", "dl", "fieldset", "figcaption",
-                      "figure", "footer", "form", "h1", "h2", "h3", "h4", "h5", "h6", "header", "hr", "main", "menu",
-                      "nav", "ol", "p", "pre", "section", "table", "ul"})  # fmt: skip
+DEPTH = 256  # libxml2's bound on the depth of a tree (without XML_PARSE_HUGE)
 SPACE = re.compile(r"\s+")
-MARKING = ("translate", "class")  # the attributes that can keep an element's text untranslated
-
+# characters an lxml tree refuses in its text (XML's excluded controls): dropped from a translation put back
+NOT_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ufffe\uffff]")
+# `</html` as libxml2 never sees it (it would stop reading there); given back as `</html` in what is written
+END_HTML = re.compile("</html", re.IGNORECASE)
+HIDDEN = "</vaswani-end-of-html"
+# libxml2 (as Lexbor and html5lib) compares each attribute of a tag with those before it (duplicates are dropped):
+# time growing with the square of a tag's attributes (20,000 in 3.2 s, 80,000 in 57 s). A tag of more is refused,
+# found before the parse by a scan that reads each character once (a start tag as the standard's tokenizer reads
+# it: names, then attributes whose quoted values run to their closing quote; possessive, so nothing is read again).
+# It reads script and comments as markup too, so it may count more than the parser would, never fewer.
+MOST_ATTRIBUTES = 512
 _WS = r"\t\n\f\r "
-# an attribute as the standard's tokenizer reads one: a name (its first character may be '=', quotes and '<' are
-# part of it), then maybe '=' and a value, quoted (an unclosed quote runs to the end of the document) or not
-_ATTRIBUTE = rf"""[^{_WS}/>][^{_WS}/=>]*+(?:[{_WS}]*=[{_WS}]*+(?:"[^"]*+"?|'[^']*+'?|[^{_WS}>]*+))?"""
-ATTRIBUTE = re.compile(
-    rf"""([^{_WS}/>][^{_WS}/=>]*+)(?:[{_WS}]*=[{_WS}]*+(?:"([^"]*+)"?|'([^']*+)'?|([^{_WS}>]*+)))?""", re.ASCII
-)
-_ATTRIBUTES = rf"(?:[{_WS}/]++|{_ATTRIBUTE})*+"
-# one token a match, in document order: text ('<' included where no tag can start), a comment, a declaration or
-# processing instruction (or '<![...'), a raw-text element with its content, a start tag, an end tag, and '</...>'
-# that is none (a comment to the standard). Whatever is never closed runs to the end of the document.
-TOKEN = re.compile(
-    rf"(?P<text>(?:[^<]++|<(?![A-Za-z!?]|/[\s\S]))++)"
-    rf"|<!--(?:>|->|[\s\S]*?(?:--!?>|\Z))"
-    rf"|<[!?][^>]*+>?"
-    rf"|<(?P<raw>{'|'.join(RAW)})(?=[{_WS}/>]|\Z)(?P<rattributes>{_ATTRIBUTES})(?:>(?P<content>[\s\S]*?)"
-    rf"(?=</(?P=raw)[{_WS}/>]|\Z))?"
-    rf"|<(?P<start>[A-Za-z][^{_WS}/>]*+)(?P<attributes>{_ATTRIBUTES})(?P<closed>>?)"
-    rf"|</(?P<end>[A-Za-z][^{_WS}/>]*+){_ATTRIBUTES}>?"
-    rf"|</[^>]*+>?",
-    re.IGNORECASE | re.ASCII,  # ASCII: with IGNORECASE alone, [A-Za-z] also matches "ſ" and the Kelvin sign
-)
+_ATTRIBUTE = rf"""[^{_WS}/>][^{_WS}/=>]*+(?:[{_WS}]*+=[{_WS}]*+(?:"[^"]*+"?|'[^']*+'?|[^{_WS}>]*+))?+"""
+START_TAG = re.compile(rf"<[A-Za-z][^{_WS}/>]*+((?:[{_WS}/]++|{_ATTRIBUTE})*+)", re.ASCII)
+ATTRIBUTE = re.compile(_ATTRIBUTE, re.ASCII)
+WHOLE = re.compile(r"\s*<(?:!doctype|html[\s>])", re.IGNORECASE)  # a document, written back whole
 
 
 class TooManyTexts(ValueError):
@@ -81,99 +63,106 @@ class TooManyTexts(ValueError):
         self.most = most
 
 
+class BadMarkup(ValueError):
+    """A document the parser cannot read whole, or not in linear time (nested deeper than libxml2's bound, a tag of
+    more than MOST_ATTRIBUTES attributes): refused, never cut short."""
+
+
 class Document:
-    """An HTML text as pieces: markup (kept) and text nodes, `texts()` the lines to translate, `render()` the
-    document with them replaced. `most`: raise TooManyTexts as soon as the document has more text nodes than that
-    (the request's bound on lines: the rest is not read)."""
+    """An HTML text as a tree: `texts()` the lines to translate, `render()` the document with them replaced.
+    `most`: raise TooManyTexts as soon as the document has more text nodes than that (the request's bound)."""
 
     def __init__(self, text: str, most: int | None = None) -> None:
-        self.pieces: list[str] = []  # the markup between the text nodes to translate, and "" in their places
-        self.slots: list[tuple[int, str, str, str]] = []  # (piece index, leading space, text, trailing space)
-        self.open: list[tuple[str, bool]] = []  # the open elements: (name, is its content left untranslated)
-        self.counts: dict[str, int] = {}  # open elements by name: an end tag of none open is ignored
-        self.text, self.done = text, 0  # the document, and how much of it is in `pieces`
-        self.most = most
-        for token in TOKEN.finditer(text):
-            if token["text"] is not None:
-                if not (self.open and self.open[-1][1]):
-                    self._text(token.start(), token.end())
-            elif token["start"] is not None:
-                self._start(token["start"].lower(), token["attributes"], bool(token["closed"]))
-            elif token["end"] is not None:
-                self._close(token["end"].lower())
-            elif token["content"] and token["raw"].lower() == "title":
-                if not self._kept("title", token["rattributes"]):  # a title's text is translated
-                    self._text(token.start("content"), token.end("content"))
-        self.pieces.append(text[self.done :])
-
-    def _kept(self, name: str, attributes: str) -> bool:
-        """Whether the content of this element, opened here, is left untranslated."""
-        if (self.open and self.open[-1][1]) or name in UNTRANSLATED:
-            return True
-        lowered = attributes.lower()
-        if not any(attribute in lowered for attribute in MARKING):
-            return False
-        found: dict[str, str] = {}
-        for attribute in ATTRIBUTE.finditer(attributes):  # the first of a name counts, as in the standard
-            value = next((v for v in attribute.groups()[1:] if v is not None), "")
-            found.setdefault(attribute.group(1).lower(), value)
-        return (html.unescape(found.get("translate", "")).strip().lower() == "no"
-                or "notranslate" in html.unescape(found.get("class", "")).split())  # fmt: skip
-
-    def _start(self, name: str, attributes: str, closed: bool) -> None:
-        family = IMPLIED.get(name, ())
-        while self.open and (self.open[-1][0] in family or (name in CLOSES_P and self.open[-1][0] == "p")):
-            self._pop()  # the end tag the standard implies
-        foreign = self.counts.get("svg") or self.counts.get("math")
-        if not closed or name in VOID or (attributes.endswith("/") and (foreign or name in ("svg", "math"))):
-            # unclosed (the document ended inside it), void, or self-closing (only in svg and math: in HTML a
-            # trailing slash is ignored, `<span/>` opens a span): no content
+        self.text, self.whole = text, WHOLE.match(text) is not None
+        for tag in START_TAG.finditer(text):  # (a tag of fewer characters than the bound has fewer attributes)
+            attributes = ATTRIBUTE.finditer(tag[1]) if tag.end(1) - tag.start(1) > MOST_ATTRIBUTES else iter(())
+            if next(islice(attributes, MOST_ATTRIBUTES, None), None) is not None:
+                raise BadMarkup(
+                    f"the HTML cannot be read whole: a tag has more than {MOST_ATTRIBUTES} attributes "
+                    "(an HTML parser's time grows with the square of that): send it with fewer"
+                )
+        parser = lxml_html.HTMLParser(encoding="utf-8", default_doctype=False, remove_comments=False)
+        source = END_HTML.sub(HIDDEN, text)
+        # a fragment is parsed inside a body of ours (its first child, so that a `<title>` stays where it was)
+        self.root = etree.fromstring((source if self.whole else "<html><body>" + source).encode(), parser)
+        fatal = next((error for error in parser.error_log if error.level == etree.ErrorLevels.FATAL), None)
+        if fatal is not None and fatal.type_name == "ERR_RESOURCE_LIMIT":
+            raise BadMarkup(f"the HTML cannot be read whole: its elements are nested deeper than {DEPTH}, the HTML "
+                            "parser's bound: send it less deeply nested")  # fmt: skip
+        if fatal is not None:
+            raise BadMarkup(f"the HTML cannot be read whole (the HTML parser says: {fatal.message.strip()[:200]})")
+        # (element, attribute, leading space, words, trailing space)
+        self.slots: list[tuple[etree._Element, str, str, str, str]] = []
+        if self.root is None:  # a document of nothing but comments or a doctype
             return
-        self.open.append((name, self._kept(name, attributes)))
-        self.counts[name] = self.counts.get(name, 0) + 1
+        # in document order: an element's text at its start, its tail (the text after it, its parent's) once the
+        # walk has left it; `opened` holds the element's ancestors and whether each one's content is kept. One Python
+        # step a node, comments and processing instructions included (lxml's iter is C and linear; its iterwalk is
+        # quadratic in a run of sibling comments, and XPath's `//text()` sorts what it finds)
+        opened: list[tuple[etree._Element, bool]] = []
+        for element in self.root.iter():
+            parent = element.getparent()
+            while opened and opened[-1][0] is not parent:
+                self._left(opened, most)
+            kept = (opened[-1][1] if opened else False) or not isinstance(element.tag, str) or self._marked(element)
+            if not kept:
+                self._slot(element, "text", most)
+            opened.append((element, kept))
+        while opened:
+            self._left(opened, most)
 
-    def _pop(self) -> str:
-        popped, _ = self.open.pop()
-        self.counts[popped] -= 1
-        return popped
+    def _left(self, opened: list[tuple[etree._Element, bool]], most: int | None) -> None:
+        """The walk has left the innermost open element: its tail is its parent's text."""
+        element, _ = opened.pop()
+        if opened and not opened[-1][1]:
+            self._slot(element, "tail", most)
 
-    def _close(self, name: str) -> None:
-        """An end tag closes the innermost open element of its name and those inside it; of none open, nothing;
-        an end tag of an element that is not special is ignored where a special element stands open inside it."""
-        if not self.counts.get(name):
-            return
-        if name not in SPECIAL:
-            for open_name, _ in reversed(self.open):
-                if open_name == name:
-                    break
-                if open_name in SPECIAL:
-                    return
-        while self.open and self._pop() != name:
-            pass
+    @staticmethod
+    def _marked(element: etree._Element) -> bool:
+        """Whether this element's content is left untranslated by its name or its attributes."""
+        return (element.tag.lower() in UNTRANSLATED
+                or (element.get("translate") or "").strip().lower() == "no"
+                or "notranslate" in (element.get("class") or "").split())  # fmt: skip
 
-    def _text(self, start: int, end: int) -> None:
-        raw = self.text[start:end]
-        if raw.isspace():
-            return
-        data = html.unescape(raw)
+    def _slot(self, element: etree._Element, attribute: str, most: int | None) -> None:
+        data = getattr(element, attribute) or ""
         words = SPACE.sub(" ", data).strip()
-        if not words:
-            return  # kept as it came
-        self.pieces.append(self.text[self.done : start])
-        self.slots.append((len(self.pieces), data[: len(data) - len(data.lstrip())], words,
+        if not words:  # no text, or only white space: kept as it came
+            return
+        self.slots.append((element, attribute, data[: len(data) - len(data.lstrip())], words,
                            data[len(data.rstrip()) :]))  # fmt: skip
-        self.pieces.append("")
-        self.done = end
-        if self.most is not None and len(self.slots) > self.most:
-            raise TooManyTexts(self.most)
+        if most is not None and len(self.slots) > most:
+            raise TooManyTexts(most)
 
     def texts(self) -> list[str]:
         """The text nodes to translate, in document order."""
-        return [words for _, _, words, _ in self.slots]
+        return [words for _, _, _, words, _ in self.slots]
 
     def render(self, translations: list[str]) -> str:
-        """The document with each text node replaced by its translation (escaped), its white space kept."""
-        pieces = list(self.pieces)
-        for (at, leading, _, trailing), translation in zip(self.slots, translations, strict=True):
-            pieces[at] = leading + html.escape(translation, quote=False) + trailing
-        return "".join(pieces)
+        """The document with each text node replaced by its translation, its white space kept."""
+        for (element, attribute, leading, _, trailing), translation in zip(self.slots, translations, strict=True):
+            setattr(element, attribute, leading + NOT_XML.sub("", translation) + trailing)
+        if self.root is None:
+            return self.text
+        if self.whole:
+            written = lxml_html.tostring(self.root.getroottree(), encoding="unicode", method="html")
+        else:
+            written = inner(self.root, unwrap=self.root.find("body"))
+        return written.replace(HIDDEN, "</html")
+
+
+def inner(element: etree._Element, unwrap: etree._Element | None = None) -> str:
+    """What is inside `element`, as HTML; `unwrap`, a child of it, written as what is inside it (and its tail)."""
+    pieces = [escape(element.text or "")]
+    for child in element:
+        if child is unwrap:  # written whole at once (a tag at a time would be a Python call a tag)
+            written = lxml_html.tostring(child, encoding="unicode", method="html", with_tail=False)
+            # its start tag ends at the first '>' (the writer escapes those in attribute values), then its end tag
+            pieces += [written[written.index(">") + 1 : -len("</body>")], escape(child.tail or "")]
+        else:
+            pieces.append(lxml_html.tostring(child, encoding="unicode", method="html", with_tail=True))
+    return "".join(pieces)
+
+
+def escape(text: str) -> str:
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")

@@ -31,12 +31,14 @@ class NativeRequest(BaseModel):
     target: str | None = Field(default=None, description="the target language (default: the first model's)")
     beam_size: int | None = Field(default=None, ge=1, description="beam width (default: the server's; at most "
                                   "--max_beam)")  # fmt: skip
-    length_penalty: float | None = Field(default=None, ge=0.0, le=2.0, allow_inf_nan=False,
+    length_penalty: float | None = Field(default=None, ge=0.0, le=2.0, allow_inf_nan=False, strict=True,
                                          description="GNMT alpha, 0 to 2 (paper: 0.6)")  # fmt: skip
     nbest: int = Field(default=1, ge=1, description="translations per text, best first (at most --max_nbest)")
-    scores: bool = Field(default=True, description="give each translation's length-penalised log-probability")
-    attention: bool = Field(default=False, description="give the cross-attention of each line's best translation "
-                            "(the last decoder layer, averaged over its heads)")  # fmt: skip
+    scores: bool = Field(
+        default=True, strict=True, description="give each translation's length-penalised log-probability"
+    )
+    attention: bool = Field(default=False, strict=True, description="give the cross-attention of each line's best "
+                            "translation (the last decoder layer, averaged over its heads)")  # fmt: skip
 
     @field_validator("texts", "source", "target")
     @classmethod

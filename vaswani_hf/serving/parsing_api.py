@@ -15,7 +15,7 @@ from typing import Annotated, Literal
 
 from fastapi import APIRouter, Header, Request
 from fastapi.responses import HTMLResponse
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, Field, StringConstraints, field_validator
 
 from ..parsing.linearization import linearize
 from ..parsing.parser import INSTALL, TREE_SEARCHES, ParseResult, bracketed, parse_lines, require_parser, words_of
@@ -55,10 +55,14 @@ def parse_batch(service: Service, lines: list[str], options: dict) -> list[Parse
     return parsed
 
 
+# a word as the parser takes it: not empty, no white space (str.split's, which also splits at \x1c-\x1f)
+Word = Annotated[str, StringConstraints(pattern=r"^[^\s\x1c-\x1f]+$")]
+
+
 class ParseRequest(BaseModel):
     """`POST /parse`: sentences, and the search of this request."""
 
-    sentences: list[str | list[str]] = Field(description="the sentences: a string is one sentence, tokenised as the "
+    sentences: list[str | list[Word]] = Field(description="the sentences: a string is one sentence, tokenised as the "
                                              "Penn Treebank is (NLTK's TreebankWordTokenizer); a list of strings is "
                                              "a sentence's words, taken as they are")  # fmt: skip
     nbest: int = Field(default=1, ge=1, description="trees per sentence, best first (at most --max_nbest)")
@@ -67,7 +71,7 @@ class ParseRequest(BaseModel):
                                                 "repaired into trees")  # fmt: skip
     beam_size: int | None = Field(default=None, ge=1, description="beam width (default: the server's, the model's "
                                   "21; at most --max_beam)")  # fmt: skip
-    length_penalty: float | None = Field(default=None, ge=0.0, le=2.0, allow_inf_nan=False,
+    length_penalty: float | None = Field(default=None, ge=0.0, le=2.0, allow_inf_nan=False, strict=True,
                                          description="GNMT alpha, 0 to 2 (paper, parsing: 0.3)")  # fmt: skip
 
     @field_validator("sentences")

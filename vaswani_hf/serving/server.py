@@ -1,21 +1,27 @@
 """Serving until stopped: uvicorn, started as an orchestrator expects.
 
 - The port opens first: /health answers 503 "loading" with the preload's progress while the models load, then 200.
-- The first SIGTERM or SIGINT drains: new requests get 503, those in flight finish within --drain_seconds (20 s by
-  default), then the connections close (1 s) and the models' workers stop (1.5 s, daemons past that), and
-  `vaswani serve` exits at once: the whole stop within drain + 3 s, under 25 s by default, whatever the number of
-  models or a load under way (loads run in daemon threads). A second signal exits at once (status 128 + the signal).
+- The first SIGTERM, SIGINT or SIGHUP (a closed terminal's) drains: new requests get 503, those in flight (a body
+  still uploading included) finish within --drain_seconds (20 s by default), then the connections close (1 s) and
+  the models' workers stop (1.5 s, daemons past that), and `vaswani serve` exits at once: the whole stop within
+  drain + 3 s, under 25 s by default, whatever the number of models or a load under way (loads run in daemon
+  threads). A request cut off by the stop gets a JSON 503 with Retry-After. A second signal exits at once (status
+  128 + the signal).
 - Bounded connections: at most --max_connections at once (uvicorn's limit_concurrency: 503 past it), a request's
-  headers within --header_timeout, its body within --body_timeout (guard.py), an idle keep-alive connection closed
-  after 5 s (uvicorn's)."""
+  headers within --header_timeout, at most --max_header_bytes of request line and headers and --max_headers fields
+  (431 in JSON and the connection closed as soon as a bound is passed: httptools has no bound of its own, and buffers
+  a header field whole before uvicorn sees it), its body within --body_timeout (guard.py), an idle keep-alive
+  connection closed after 5 s (uvicorn's)."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ctypes
 import os
 import signal
 import sys
+import threading
 import time
 from collections.abc import Callable
 
@@ -26,6 +32,7 @@ from .batching import in_daemon_thread
 from .catalog import Catalog, ServedModel
 
 CLOSE_SECONDS, STOP_SECONDS = 1.0, 1.5  # after the drain: connections closing, then the workers stopping
+LINGER_SECONDS = 1.0  # a connection refused for its headers: how long what it still sends is read and dropped
 
 
 def bound_memory() -> None:
@@ -54,7 +61,8 @@ def serve(catalog: Catalog, host: str, port: int, routers: Routers | None = None
     the models' workers and returns (see the module's docstring)."""
     settings = catalog.settings
     config = uvicorn.Config(create_app(catalog, routers), host=host, port=port, log_level="warning",
-                            http=header_timeout_protocol(settings.header_timeout),
+                            http=bounded_headers_protocol(settings.header_timeout, settings.max_header_bytes,
+                                                          settings.max_headers),
                             forwarded_allow_ips=settings.forwarded_allow_ips,
                             limit_concurrency=settings.max_connections,
                             timeout_graceful_shutdown=CLOSE_SECONDS)  # fmt: skip
@@ -62,14 +70,26 @@ def serve(catalog: Catalog, host: str, port: int, routers: Routers | None = None
     catalog.stop(within=STOP_SECONDS)
 
 
-def header_timeout_protocol(seconds: float) -> type:
+class HeadersTooLarge(Exception):
+    """Raised inside httptools' callbacks to stop its parsing: the request's headers passed a bound."""
+
+
+def bounded_headers_protocol(seconds: float, most_bytes: int, most_fields: int) -> type:
     """uvicorn's HTTP protocol (httptools), whose connections must send each request's headers within `seconds`
-    of the connection or of the request's first byte: a client trickling its headers (slowloris) is cut off,
-    where uvicorn would wait for ever (its keep-alive timeout covers only idle connections)."""
+    of the connection or of the request's first byte (a client trickling its headers, slowloris, is cut off, where
+    uvicorn would wait for ever: its keep-alive timeout covers only idle connections), in at most `most_bytes`
+    (request line and headers) and `most_fields` header fields: past either, 431 at once, before more is read."""
+    import json
+
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-    class HeaderTimeoutProtocol(HttpToolsProtocol):
+    class BoundedHeadersProtocol(HttpToolsProtocol):
         header_timer: asyncio.TimerHandle | None = None
+        reading_headers = True  # between a request's first byte (or the connection's) and its headers' end
+        header_bytes = 0  # bytes received while reading headers (the bound on what httptools may hold)
+        header_fields = 0
+        refusal: str | None = None  # why a bound was passed inside httptools' callbacks
+        refused = False
 
         def _arm(self) -> None:
             if self.header_timer is None:
@@ -93,18 +113,68 @@ def header_timeout_protocol(seconds: float) -> type:
             self._disarm()
             super().connection_lost(exc)
 
+        def data_received(self, data: bytes) -> None:
+            if self.refused:  # the rest of a refused request, read and dropped until the connection closes
+                return
+            if self.reading_headers:
+                self.header_bytes += len(data)
+            super().data_received(data)  # a bound passed inside: uvicorn calls send_400_response, which refuses
+            # still reading headers after this chunk: the bytes so far are the request line and headers (those of
+            # a chunk that ended them may hold a body too, so the bound is checked here, after the parse)
+            if self.reading_headers and self.header_bytes > most_bytes and not self.refused:
+                self._refuse(f"the request's line and headers pass {most_bytes} bytes (--max_header_bytes)")
+
         def on_message_begin(self) -> None:
             super().on_message_begin()
             self._arm()
 
+        def on_url(self, url: bytes) -> None:
+            super().on_url(url)
+            if len(self.url) > most_bytes:
+                self.refusal = f"the request's line passes {most_bytes} bytes (--max_header_bytes)"
+                raise HeadersTooLarge
+
+        def on_header(self, name: bytes, value: bytes) -> None:
+            self.header_fields += 1
+            if self.header_fields > most_fields:
+                self.refusal = f"the request has more than {most_fields} header fields (--max_headers)"
+                raise HeadersTooLarge
+            super().on_header(name, value)
+
         def on_headers_complete(self) -> None:
             self._disarm()
+            self.reading_headers, self.header_bytes, self.header_fields = False, 0, 0
             super().on_headers_complete()
+
+        def on_message_complete(self) -> None:
+            super().on_message_complete()
+            # a pipelined request's headers may follow in the same chunk: counted from the next chunk on (the bytes
+            # before belong to this request's body), so the bound holds within one read
+            self.reading_headers, self.header_bytes = True, 0
 
         # not disarmed when a response completes: a pipelined request's headers may be under way (an idle
         # keep-alive connection has no timer armed here, and is uvicorn's to close: timeout_keep_alive)
 
-    return HeaderTimeoutProtocol
+        def send_400_response(self, msg: str) -> None:
+            if self.refusal is None:
+                super().send_400_response(msg)
+            else:
+                self._refuse(self.refusal)
+
+        def _refuse(self, message: str) -> None:
+            """431 in JSON (as every refusal of this server), then the connection closed: at once on our side of
+            it (no more is parsed), and a second later for reading, so that the client, still sending, reads the
+            answer (a socket closed with bytes unread sends a reset, which can drop the answer before it is read)."""
+            self._disarm()
+            self.refused = True
+            body = json.dumps({"error": f"Request header fields too large: {message}"}).encode()
+            self.transport.write(b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-type: application/json\r\n"
+                                 b"content-length: %d\r\nconnection: close\r\n\r\n%s" % (len(body), body))  # fmt: skip
+            if self.transport.can_write_eof():
+                self.transport.write_eof()
+            self.loop.call_later(LINGER_SECONDS, self.transport.close)
+
+    return BoundedHeadersProtocol
 
 
 class DrainingServer:
@@ -126,6 +196,23 @@ class DrainingServer:
             async def shutdown(self, sockets=None) -> None:
                 self.preloading.cancel()  # a load under way ends with the process (its thread is a daemon)
                 await super().shutdown(sockets)
+
+            @contextlib.contextmanager
+            def capture_signals(self):
+                """uvicorn's signals (SIGINT, SIGTERM) and SIGHUP, which a closed terminal sends to a server started
+                in it (`vaswani serve &` over SSH): it drains as SIGTERM does, where it would kill the process."""
+                hangup = getattr(signal, "SIGHUP", None)  # (not on Windows)
+                ignored = hangup is not None and signal.getsignal(hangup) == signal.SIG_IGN  # nohup's: it stays so
+                if hangup is None or ignored or threading.current_thread() is not threading.main_thread():
+                    with super().capture_signals():
+                        yield
+                    return
+                original = signal.signal(hangup, self.handle_exit)
+                try:
+                    with super().capture_signals():
+                        yield
+                finally:
+                    signal.signal(hangup, original)
 
             def handle_exit(self, sig, frame) -> None:
                 if catalog.draining:  # a second signal: at once

@@ -79,6 +79,8 @@ class Settings:
     max_client_lines: int = 0  # lines one client may have in flight (0: half the queue, at least one request's)
     max_connections: int = 1000  # connections and requests at once (uvicorn's limit_concurrency: 503 past it)
     header_timeout: float = 10.0  # seconds a connection may take to send a request's headers
+    max_header_bytes: int = 65536  # a request's line and headers, in bytes (431 past it; waitress: 256 KiB)
+    max_headers: int = 100  # header fields a request (431 past it; Apache's LimitRequestFields)
     body_timeout: float = 10.0  # seconds a body may pause between two chunks (and 6 times this in all)
     forwarded_allow_ips: str | None = None  # proxies whose X-Forwarded-For names the client (uvicorn's; None: its own)
     max_beam: int = 16
@@ -191,11 +193,12 @@ class Service:
         identifier()  # the language identifier's model, loaded before the first /detect
         self.ready = True
 
-    async def decode(self, lines: list[str], options: dict, left) -> list:
+    async def decode(self, lines: list[str], options: dict, left, deadline: float | None = None) -> list:
         """The lines' results (`decode_batch`'s: translations, or a parser's trees), in order. `left()` is awaited
         beside them and returns when the client has gone (the request's receive channel). Raises Overloaded, before
         queueing anything, when the queue is full; LineTooLong for a line over the model's limit with --long-lines
-        error; TimeoutError past the request timeout; ConnectionAbortedError as soon as the client leaves (its
+        error; TimeoutError past `deadline` (the request's, from its arrival: one bound across its loads and batch
+        queues; None: --request_timeout from now); ConnectionAbortedError as soon as the client leaves (its
         waiting lines are dropped either way); TranslationError when its line failed in the model."""
         # a megabyte of text is seconds of tokenizing: off the event loop, where /health and the other pairs wait
         count = lambda: [self.count_tokens(line) for line in lines]  # noqa: E731
@@ -205,6 +208,7 @@ class Service:
                 if count > self.limit:
                     raise LineTooLong(f"line {number} has {count} tokens, but the model reads at most {self.limit}: "
                                       "shorten it (this server refuses long lines: --long-lines error)")  # fmt: skip
+        deadline = time.monotonic() + self.settings.request_timeout if deadline is None else deadline
         queued = self.batcher.submit(lines, options, asyncio.get_running_loop(), tokens,
                                      self.settings.max_queue_lines)  # fmt: skip
         if queued is None:
@@ -216,7 +220,7 @@ class Service:
         try:
             pending = {line.future for line in queued}
             while pending:
-                done, _ = await asyncio.wait({*pending, watcher}, timeout=self._left(queued),
+                done, _ = await asyncio.wait({*pending, watcher}, timeout=self._left(deadline),
                                              return_when=asyncio.FIRST_COMPLETED)  # fmt: skip
                 if watcher in done:
                     raise ConnectionAbortedError
@@ -231,9 +235,10 @@ class Service:
                 line.future.cancel()
             self.metrics.queue.set(self.batcher.depth)
 
-    def _left(self, queued: list[Line]) -> float:
-        """Seconds left of the request's time (from its first line's arrival)."""
-        left = queued[0].arrived + self.settings.request_timeout - time.monotonic()
+    @staticmethod
+    def _left(deadline: float) -> float:
+        """Seconds left of the request's time."""
+        left = deadline - time.monotonic()
         if left <= 0:
             raise TimeoutError
         return left
@@ -298,26 +303,43 @@ def card_languages(model_dir: str) -> tuple[str | None, str | None]:
 
 
 def check_model_files(model_dir: str) -> None:
-    """Read a model folder's files without building the model: its config.json parses, and each safetensors file's
-    header is whole and its tensors lie within the file (a truncated or foreign file fails here). Raises ValueError
-    naming the file; run before a served model is unloaded to make room for this one."""
+    """Read a model folder's files as its load will, without building the model: the load's own check of the folder
+    (config.json of this model type, the weights, the tokenizer), then each safetensors file's header whole, its
+    tensors within the file and each of their shapes the one config.json makes (the model is laid out on the meta
+    device: no memory). Raises ValueError naming the file; run before a served model is unloaded to make room for
+    this one, so that a load that will fail never unloads another model."""
+    import torch
     from safetensors import safe_open
 
+    from ..model.configuration_vaswani import VaswaniConfig
+    from ..model.modeling_vaswani import VaswaniForConditionalGeneration
+    from ..translation.inference import check_model_folder
+
     folder = Path(model_dir)
-    if not folder.is_dir():
-        raise ValueError(f"{model_dir} is not a folder (any more)")
-    config = folder / "config.json"
-    if config.exists():
-        try:
-            json.loads(config.read_text(encoding="utf-8"))
-        except (OSError, ValueError) as err:
-            raise ValueError(f"{config} does not read as JSON ({err})") from None
+    try:
+        check_model_folder(folder, tokenizer=True)
+        config = VaswaniConfig.from_pretrained(folder)
+        with torch.device("meta"):
+            expected = {
+                name: tuple(t.shape) for name, t in VaswaniForConditionalGeneration(config).state_dict().items()
+            }
+    except (OSError, ValueError, TypeError) as err:  # (FileNotFoundError is an OSError)
+        raise ValueError(str(err)) from None
+    found = 0
     for weights in sorted(folder.glob("*.safetensors")):
         try:
             with safe_open(str(weights), "pt") as opened:
-                opened.keys()
+                shapes = {name: tuple(opened.get_slice(name).get_shape()) for name in opened.keys()}
         except Exception as err:
             raise ValueError(f"{weights} is not a whole safetensors file ({err})") from None
+        for name, shape in shapes.items():
+            if name in expected and shape != expected[name]:
+                raise ValueError(f"{weights}: the weights do not fit config.json ({name} is {list(shape)}, the config "
+                                 f"makes it {list(expected[name])}): the config was edited or belongs to another "
+                                 "model")  # fmt: skip
+            found += name in expected
+    if not found:
+        raise ValueError(f"{folder}: its safetensors files hold none of this model's weights")
 
 
 def saved_facts(model_dir: str) -> dict:
