@@ -26,7 +26,7 @@ from pathlib import Path
 from filelock import FileLock, Timeout
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-from .readers import folder_splits, split_chunks, split_files
+from .readers import folder_splits, hub_split, split_chunks, split_files
 
 FORMAT = 2  # raise when the layout or the tokenized columns change: older preparations are then made anew
 HASHES = "file-hashes.json"
@@ -165,12 +165,7 @@ class PreparationRequest:
         """The files that hold `split`, with what identifies their content; a Hub dataset's split is named by its
         fingerprint. A split the data lacks is the reader's error, which names what the folder holds."""
         if self.hub:
-            from datasets import load_dataset
-
-            try:
-                fingerprint = load_dataset(self.data, self.config, split=split)._fingerprint
-            except ValueError as err:
-                raise ValueError(f"dataset {self.data!r} ({self.config}): cannot load split {split!r}: {err}") from None
+            fingerprint = hub_split(self.data, self.config, split)._fingerprint
             return [{"dataset": self.data, "config": self.config, "split": split, "fingerprint": fingerprint}]
         paths = split_files(self._folder(), split, self.src, self.tgt)
         if not paths or not all(path.is_file() for path in paths):

@@ -16,6 +16,7 @@ from __future__ import annotations
 import gzip
 import io
 import json
+import locale
 import logging
 import re
 import zlib
@@ -47,7 +48,7 @@ class _Notes:
         "null": "{count:,} null values read as empty sentences, the first on line {line} (in a training split such a "
                 "pair is dropped and counted)",
         "break": "{count:,} values held a line break (\\n or \\r), each replaced by a space, the first on line {line}",
-        "header": "line {line} is a header naming the languages: skipped",
+        "header": "line {line} is a header naming the languages (or the columns): skipped",
         "headers": "{count:,} lines are headers naming the languages (the first line, and one after each byte-order "
                    "mark inside the file, where files were joined with `cat`), the first on line {line}: skipped",
         "quoted": "every field of the first {count:,} lines is in double quotes, as a spreadsheet's export writes "
@@ -135,6 +136,59 @@ def _decoded_lines(path: Path, data: bytes, first_line: int, notes: _Notes,
     return text.removesuffix("\n").split("\n") if data else []
 
 
+# byte-order marks of the encodings that are not UTF-8, longest first (UTF-32LE's begins with UTF-16LE's)
+WIDE_BOMS = ((b"\xff\xfe\x00\x00", "UTF-32LE"), (b"\x00\x00\xfe\xff", "UTF-32BE"), (b"\xff\xfe", "UTF-16LE"),
+             (b"\xfe\xff", "UTF-16BE"))  # fmt: skip
+
+
+def wide_encoding(head: bytes) -> str | None:
+    """The UTF-16 or UTF-32 encoding a file's first bytes are in, or None: by its byte-order mark; without one, by
+    where the NUL bytes fall (ASCII text in UTF-16LE has a NUL after every character; UTF-32 has two or three in
+    every four bytes), or, for text mostly outside the Latin script where the bytes are not UTF-8, by its line
+    ends (`\n` as one of two bytes beside a NUL). NULs inside UTF-8 text are kept as characters, so only a file
+    whose every second (or third and fourth) byte is nearly always NUL, and the others not, is taken for one."""
+    for mark, name in WIDE_BOMS:
+        if head.startswith(mark):
+            return f"{name} (with a byte-order mark)"
+    data = np.frombuffer(head[: len(head) // 4 * 4], np.uint8)
+    if len(data) < 8:
+        return None
+    nul = (data.reshape(-1, 4) == 0).mean(axis=0)  # how often each of the 4 positions is NUL
+    for positions, name in (([1, 2, 3], "UTF-32LE"), ([0, 1, 2], "UTF-32BE"), ([2, 3], "UTF-32LE"),
+                            ([0, 1], "UTF-32BE"), ([1, 3], "UTF-16LE"), ([0, 2], "UTF-16BE")):  # fmt: skip
+        others = [n for n in range(4) if n not in positions]
+        if nul[positions].min() > 0.8 and nul[others].max() < 0.5:
+            return f"{name} (without a byte-order mark)"
+    try:
+        head.decode("utf-8")
+        return None
+    except UnicodeDecodeError as err:
+        if err.start >= len(head) - 3:  # a character cut where the head ends
+            return None
+    at = np.flatnonzero(data == ord("\n"))
+    for width, name in ((4, "UTF-32"), (2, "UTF-16")):
+        for order, first in (("LE", 0), ("BE", width - 1)):  # where the line end's byte falls in its character
+            starts = at - first
+            starts = starts[(starts >= 0) & (starts + width <= len(data))]  # (a line end cut where the head ends)
+            if len(starts) and (starts % width == 0).all():
+                units = data[starts[:, None] + np.arange(width)]
+                if (np.delete(units, first, axis=1) == 0).all():
+                    return f"{name}{order} (without a byte-order mark)"
+    return None
+
+
+def check_utf8_encoding(path: Path | str, head: bytes) -> None:
+    """A file in UTF-16 or UTF-32 (Excel's "Unicode Text", Notepad's "Unicode"), refused with its encoding and the
+    fix, before anything else is said of it: its line ends and NULs would be misread."""
+    if name := wide_encoding(head):
+        # with a mark, iconv's UTF-16 reads the order from it (and drops it); without, the order must be named
+        given, shown = name.split()[0] if "without" in name else name[:6], Path(path).name
+        raise ValueError(
+            f"{path} is {name}, not UTF-8: convert it, e.g. `iconv -f {given} -t UTF-8 {shown} > "
+            f'{shown}.utf8` (as Excel\'s "Unicode Text" export and Notepad\'s "Unicode" write it).'
+        )
+
+
 def _open(path: Path):
     """A file's bytes: a gzipped one (`.gz`) decompressed as it is read."""
     return gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")
@@ -162,6 +216,7 @@ def _line_chunks(path: Path, chunk_lines: int, notes: _Notes,
         first = 1
         while raw := list(islice(file, chunk_lines)):
             if first == 1:  # a UTF-8 byte-order mark (Windows editors write one) is no part of the first sentence
+                check_utf8_encoding(path, b"".join(line[:4096] for line in raw[:64])[:4096])
                 raw[0] = raw[0].removeprefix(BOM)
             yield first, _decoded_lines(path, b"".join(raw), first, notes, marked)
             first += len(raw)
@@ -217,13 +272,19 @@ def tsv_chunks(path: str | Path, chunk_lines: int = CHUNK_LINES, src: str | None
     path = Path(path)
     notes, spans = _Notes(path), _QuotedSpans(path)
     marked: list[int] = []  # the lines a byte-order mark began, in this chunk
+    started = False  # a line that is not blank has been read
     for first, lines in _line_chunks(path, chunk_lines, notes, marked):
         lines = pa.array(lines, pa.large_string())
         numbers = pa.array(range(first, first + len(lines)), pa.int64())
         blank = pc.equal(pc.utf8_length(pc.utf8_trim_whitespace(lines)), 0)
-        lines, numbers = lines.filter(pc.invert(blank)), numbers.filter(pc.invert(blank))
-        if (first == 1 or marked) and len(lines) and src is not None:
-            lines, numbers = _skip_headers(path, lines, numbers, [1] * (first == 1) + marked, src, tgt, notes)
+        if pc.any(blank).as_py():  # a line holding a tab is a pair of empty sides (kept in an evaluation split)
+            blank = pc.and_(blank, pc.invert(pc.match_substring(lines, "\t")))
+            lines, numbers = lines.filter(pc.invert(blank)), numbers.filter(pc.invert(blank))
+        if (not started or marked) and len(lines) and src is not None:
+            # the header: the file's first line that is not blank, or one after a mark inside it
+            candidates = [numbers[0].as_py()] * (not started) + marked
+            lines, numbers = _skip_headers(path, lines, numbers, candidates, src, tgt, notes)
+        started = started or len(numbers) > 0
         marked.clear()
         quoted = _quoted(lines)
         spans.check(lines, numbers, quoted)
@@ -261,19 +322,40 @@ def _quoted(lines: pa.Array) -> pa.Array:
     return pa.array(rows[(rows >= 0) & (rows < len(lines))], pa.int64())
 
 
+COLUMN_NAMES = ({"source", "src", "input"}, {"target", "tgt", "output"})  # a header naming the columns' roles
+
+
+def _language(name: str) -> str:
+    """A language's code from its code or its English name (`German`, `deutsch`: the C library's table of locale
+    names, `locale.locale_alias`), lower case; any other word as it is."""
+    return locale.locale_alias.get(name, name).split(".")[0].split("_")[0].lower()
+
+
+def _header_roles(text: str, src: str, tgt: str) -> list[str]:
+    """What each field of a line names, where it names a column: "src" or "tgt" (its language, as `en` or
+    `English`, or its role, as `source`), else ""."""
+    names = [name.strip().strip(QUOTE).strip().lower() for name in text.split("\t")]
+    return [("src" if name in COLUMN_NAMES[0] or _language(name) == _language(src.lower()) else
+             "tgt" if name in COLUMN_NAMES[1] or _language(name) == _language(tgt.lower()) else "")
+            for name in names]  # fmt: skip
+
+
 def _skip_headers(path: Path, lines: pa.Array, numbers: pa.Array, candidates: list[int], src: str, tgt: str,
                   notes: _Notes) -> tuple[pa.Array, pa.Array]:  # fmt: skip
-    """The lines without those of `candidates` (line numbers) that name the languages (a header); one naming them
-    the other way round is refused, since the columns would be read as each other's language."""
+    """The lines without those of `candidates` (line numbers) that are a header: naming the languages (`en<TAB>de`,
+    `English<TAB>German`) or the columns (`source<TAB>target`); one naming them the other way round is refused,
+    since the columns would be read as each other's language."""
     at = pc.indices_nonzero(pc.is_in(numbers, value_set=pa.array(candidates, pa.int64()))).to_pylist()
     kept = [True] * len(lines)
     for index in at:
-        names = [name.strip().strip(QUOTE).strip().lower() for name in lines[index].as_py().split("\t")]
-        if names == [src.lower(), tgt.lower()]:
+        text = lines[index].as_py()
+        roles = _header_roles(text, src, tgt)
+        if roles == ["src", "tgt"]:
             notes.add("header", 1, numbers[index].as_py())
             kept[index] = False
-        elif names == [tgt.lower(), src.lower()]:
-            raise ValueError(f"{path}: line {numbers[index]} is a header naming {tgt}<TAB>{src}: the first column is "
+        elif roles == ["tgt", "src"]:
+            shown = "<TAB>".join(name.strip() for name in text.split("\t"))
+            raise ValueError(f"{path}: line {numbers[index]} is a header naming {shown}: the first column is "
                              f"{tgt}, but it is read as --src {src}; swap the columns (e.g. `awk -F'\\t' -v "
                              "OFS='\\t' '{print $2, $1}'`), or --src and --tgt.")  # fmt: skip
     if all(kept):
@@ -377,6 +459,24 @@ def _pair_from_record(record: dict, src: str, tgt: str, where: str) -> tuple[str
     return _value(fields, src, where), _value(fields, tgt, where)
 
 
+class _UniqueKeys:
+    """json's `object_pairs_hook` for one line: an object naming one of `keys` twice is refused (json keeps the last
+    value in silence; Arrow's JSON reader and 🤗 Datasets refuse the line)."""
+
+    def __init__(self, path: Path, number: int, keys: tuple[str, ...]) -> None:
+        self.path, self.number, self.keys = path, number, keys
+
+    def __call__(self, pairs: list[tuple[str, object]]) -> dict:
+        record = dict(pairs)
+        if len(record) < len(pairs):
+            names = [name for name, _ in pairs]
+            twice = next((name for name in self.keys if names.count(name) > 1), None)
+            if twice is not None:
+                raise ValueError(f"{self.path}: line {self.number} names the key {twice!r} twice in one object "
+                                 "(JSON readers differ on which value they keep): keep one of them.")  # fmt: skip
+        return record
+
+
 def _records_in_python(path: Path, lines: list[str], numbers: list[int], src: str, tgt: str,
                        notes: _Notes) -> pa.Table:  # fmt: skip
     """The slow reader, for a chunk Arrow's JSON reader refused or could not read as written: it names the line
@@ -384,11 +484,17 @@ def _records_in_python(path: Path, lines: list[str], numbers: list[int], src: st
     sources, targets = [], []
     for number, line in zip(numbers, lines, strict=True):
         try:
-            record = json.loads(line)
+            record = json.loads(line, object_pairs_hook=_UniqueKeys(path, number, (src, tgt, "translation")))
         except json.JSONDecodeError as err:
             if err.msg == "Extra data":
                 raise ValueError(f"{path}: line {number} holds more than one JSON value (column {err.colno}): JSON "
                                  "Lines takes one object a line; put each on its own line.") from None  # fmt: skip
+            if err.msg == "Invalid control character at":
+                character = json.dumps(line[err.pos])
+                raise ValueError(f"{path}: line {number} holds a control character ({character}, column "
+                                 f"{err.colno}) written as it is inside a JSON string, which JSON forbids: write it "
+                                 f"escaped ({character}; json.dumps and every JSON library escape it), or replace "
+                                 "it with a space.") from None  # fmt: skip
             raise ValueError(f"{path}: line {number} is not valid JSON ({err.msg}).") from None
         source, target = _pair_from_record(record, src, tgt, f"{path}: line {number}")
         sources.append(source), targets.append(target)
@@ -453,16 +559,31 @@ def jsonl_chunks(path: str | Path, src: str, tgt: str, chunk_lines: int = CHUNK_
     notes.say()
 
 
+def hub_split(name: str, config: str | None, split: str):
+    """A split of a `datasets` dataset (Hub name or local folder), loaded; what `load_dataset` raises for data it
+    cannot read said in one line with the fix."""
+    from datasets import load_dataset
+    from datasets.exceptions import DatasetGenerationError
+
+    try:
+        return load_dataset(name, config, split=split)
+    except ValueError as err:
+        raise ValueError(f"dataset {name!r} ({config}): cannot load split {split!r}: {err}") from None
+    except DatasetGenerationError as err:  # its message names neither the file nor the cause: its cause does
+        cause = " ".join(str(err.__cause__ or err).split())
+        fix = (
+            "give every split's files the same columns (🤗 Datasets builds every split of a folder with one schema)"
+            if "CastError" in type(err.__cause__).__name__
+            else "check the dataset's files"
+        )
+        raise ValueError(f"dataset {name!r} ({config}): cannot build split {split!r}: {cause}: {fix}.") from None
+
+
 def hub_chunks(name: str, config: str | None, split: str, src: str, tgt: str,
                chunk_lines: int = CHUNK_LINES) -> Iterator[pa.Table]:  # fmt: skip
     """A split of a `datasets` dataset (Hub name or local folder), e.g. `wmt14` `de-en` (columns `translation`),
     read from its Arrow files a chunk at a time."""
-    from datasets import load_dataset
-
-    try:
-        dataset = load_dataset(name, config, split=split)
-    except ValueError as err:
-        raise ValueError(f"dataset {name!r} ({config}): cannot load split {split!r}: {err}") from None
+    dataset = hub_split(name, config, split)
     translation = "translation" in dataset.column_names
     if not translation and not {src, tgt} <= set(dataset.column_names):
         raise ValueError(
