@@ -144,14 +144,15 @@ WIDE_BOMS = ((b"\xff\xfe\x00\x00", "UTF-32LE"), (b"\x00\x00\xfe\xff", "UTF-32BE"
 def wide_encoding(head: bytes) -> str | None:
     """The UTF-16 or UTF-32 encoding a file's first bytes are in, or None: by its byte-order mark; without one, by
     where the NUL bytes fall (ASCII text in UTF-16LE has a NUL after every character; UTF-32 has two or three in
-    every four bytes), or, for text mostly outside the Latin script where the bytes are not UTF-8, by its line
-    ends (`\n` as one of two bytes beside a NUL). NULs inside UTF-8 text are kept as characters, so only a file
-    whose every second (or third and fourth) byte is nearly always NUL, and the others not, is taken for one."""
+    every four bytes), or, for text mostly outside the Latin script, by its line ends (every `\n` and `\r` the
+    low byte of a character whose other bytes are NUL). NULs inside UTF-8 text are kept as characters: a UTF-8 file
+    is taken for neither unless nearly every second (or third and fourth) byte is NUL, and the others not, or
+    every line ends with a NUL on the same side."""
     for mark, name in WIDE_BOMS:
         if head.startswith(mark):
             return f"{name} (with a byte-order mark)"
     data = np.frombuffer(head[: len(head) // 4 * 4], np.uint8)
-    if len(data) < 8:
+    if not len(data):
         return None
     nul = (data.reshape(-1, 4) == 0).mean(axis=0)  # how often each of the 4 positions is NUL
     for positions, name in (([1, 2, 3], "UTF-32LE"), ([0, 1, 2], "UTF-32BE"), ([2, 3], "UTF-32LE"),
@@ -159,21 +160,14 @@ def wide_encoding(head: bytes) -> str | None:
         others = [n for n in range(4) if n not in positions]
         if nul[positions].min() > 0.8 and nul[others].max() < 0.5:
             return f"{name} (without a byte-order mark)"
-    try:
-        head.decode("utf-8")
-        return None
-    except UnicodeDecodeError as err:
-        if err.start >= len(head) - 3:  # a character cut where the head ends
-            return None
-    at = np.flatnonzero(data == ord("\n"))
     for width, name in ((4, "UTF-32"), (2, "UTF-16")):
-        for order, first in (("LE", 0), ("BE", width - 1)):  # where the line end's byte falls in its character
-            starts = at - first
-            starts = starts[(starts >= 0) & (starts + width <= len(data))]  # (a line end cut where the head ends)
-            if len(starts) and (starts % width == 0).all():
-                units = data[starts[:, None] + np.arange(width)]
-                if (np.delete(units, first, axis=1) == 0).all():
-                    return f"{name}{order} (without a byte-order mark)"
+        units = np.frombuffer(head[: len(head) // width * width], np.uint8).reshape(-1, width)
+        ends = np.isin(units, (ord("\n"), ord("\r")))
+        columns = np.flatnonzero(ends.any(axis=0))  # where line-end bytes fall in a character's bytes
+        for order, first in (("LE", 0), ("BE", width - 1)):
+            # every line-end byte in one place, the low byte of a character whose other bytes are NUL
+            if list(columns) == [first] and (np.delete(units[ends[:, first]], first, axis=1) == 0).all():
+                return f"{name}{order} (without a byte-order mark)"
     return None
 
 
