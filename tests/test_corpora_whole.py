@@ -252,3 +252,22 @@ def test_score_with_unequal_files_names_both(tmp_path, capsys):
     assert main(argv) == 2
     said = one_error_line(capsys)
     assert f"--source {tmp_path / 'src'} has 2 lines but --target {tmp_path / 'tgt'} has 1" in said
+
+
+def test_an_evaluation_split_prepared_by_the_earlier_reading_is_prepared_again(tmp_path, monkeypatch):
+    from vaswani_hf.data.prepared_cache import digest
+
+    monkeypatch.setenv("VASWANI_PREPARED_CACHE", str(tmp_path / "cache"))
+    train = [(f"w{n} w{n + 1}", f"v{n} v{n + 1}") for n in range(40)]
+    data = write(tmp_path / "data", {**files_of("tsv", "train", train), **files_of("tsv", "val", PAIRS)})
+    request = PreparationRequest(str(data), "en", "de", vocab_size=100)
+    out = tmp_path / "out"
+    prepare(request, out, quiet=True, eval_splits=["val"])
+    # as the earlier reading left it: no reading version, 22 pairs (the tab lines skipped)
+    manifest = out / "splits" / "val" / "split.json"
+    earlier = {k: v for k, v in json.loads(manifest.read_text()).items() if k not in ("key", "reading")}
+    earlier["counts"] = {**earlier.pop("counts"), "read": 22, "pairs": 22}
+    inputs = {k: v for k, v in earlier.items() if k != "counts"}
+    manifest.write_text(json.dumps({**earlier, "key": digest(inputs)}))
+    prepared = prepare(request, out, quiet=True, eval_splits=["val"])
+    assert prepared.counts("val")["read"] == 24 and list(prepared.pairs("val")) == PAIRS

@@ -29,6 +29,10 @@ from transformers import AutoTokenizer, PreTrainedTokenizerFast
 from .readers import folder_splits, hub_split, split_chunks, split_files
 
 FORMAT = 2  # raise when the layout or the tokenized columns change: older preparations are then made anew
+# raise when the readers give an evaluation split other pairs (3: a TSV line of a tab alone is a pair, no longer
+# skipped as blank): its splits, small, are then prepared anew, and the training split, whose pairs it does not
+# change, is kept
+EVAL_READING = 3
 HASHES = "file-hashes.json"
 
 
@@ -188,8 +192,8 @@ class PreparationRequest:
 
     def split_key(self, split: str, tokenizer_sha256: str) -> tuple[str, dict]:
         """An evaluation split's key (its files and the vocabulary that tokenizes it), and its inputs."""
-        inputs = {"format": FORMAT, "split": split, "files": self.files(split), "src": self.src, "tgt": self.tgt,
-                  "tokenizer_sha256": tokenizer_sha256}  # fmt: skip
+        inputs = {"format": FORMAT, "reading": EVAL_READING, "split": split, "files": self.files(split),
+                  "src": self.src, "tgt": self.tgt, "tokenizer_sha256": tokenizer_sha256}  # fmt: skip
         return digest(inputs), inputs
 
 
