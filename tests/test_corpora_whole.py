@@ -271,3 +271,10 @@ def test_an_evaluation_split_prepared_by_the_earlier_reading_is_prepared_again(t
     manifest.write_text(json.dumps({**earlier, "key": digest(inputs)}))
     prepared = prepare(request, out, quiet=True, eval_splits=["val"])
     assert prepared.counts("val")["read"] == 24 and list(prepared.pairs("val")) == PAIRS
+
+
+@pytest.mark.parametrize("beside", ["", '{"en": null, "de": "c"}\n'], ids=["arrow", "line-by-line"])
+def test_a_key_named_twice_inside_an_ignored_field_is_read_whatever_the_chunk_holds(beside, tmp_path):
+    # a null beside it sends the chunk to the line-by-line reader, which once refused what Arrow reads
+    write(tmp_path, {"train.jsonl": '{"meta": {"en": 1, "en": 2}, "en": "a", "de": "b"}\n' + beside})
+    assert load_split(str(tmp_path), "train", "en", "de", keep_empty=True)[0] == ("a", "b")

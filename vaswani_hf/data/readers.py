@@ -453,22 +453,30 @@ def _pair_from_record(record: dict, src: str, tgt: str, where: str) -> tuple[str
     return _value(fields, src, where), _value(fields, tgt, where)
 
 
-class _UniqueKeys:
-    """json's `object_pairs_hook` for one line: an object naming one of `keys` twice is refused (json keeps the last
-    value in silence; Arrow's JSON reader and 🤗 Datasets refuse the line)."""
+class _Object(dict):
+    """A JSON object as read, with the keys it names more than once (`twice`): json keeps the last value in
+    silence; Arrow's JSON reader and 🤗 Datasets refuse the line."""
 
-    def __init__(self, path: Path, number: int, keys: tuple[str, ...]) -> None:
-        self.path, self.number, self.keys = path, number, keys
+    twice: frozenset = frozenset()
 
-    def __call__(self, pairs: list[tuple[str, object]]) -> dict:
-        record = dict(pairs)
-        if len(record) < len(pairs):
+    @classmethod
+    def from_pairs(cls, pairs: list[tuple[str, object]]) -> _Object:
+        read = cls(pairs)
+        if len(read) < len(pairs):
             names = [name for name, _ in pairs]
-            twice = next((name for name in self.keys if names.count(name) > 1), None)
-            if twice is not None:
-                raise ValueError(f"{self.path}: line {self.number} names the key {twice!r} twice in one object "
-                                 "(JSON readers differ on which value they keep): keep one of them.")  # fmt: skip
-        return record
+            read.twice = frozenset(name for name in read if names.count(name) > 1)
+        return read
+
+
+def _check_unique(record: object, src: str, tgt: str, where: str) -> None:
+    """A key the reader reads (`translation`, `src`, `tgt`), named twice in the record or its translation, is
+    refused; one inside a field the reader ignores may repeat, as Arrow reads it (what a chunk holds decides
+    nothing)."""
+    for fields in (record, record.get("translation") if isinstance(record, dict) else None):
+        twice = sorted(getattr(fields, "twice", frozenset()) & {src, tgt, "translation"})
+        if twice:
+            raise ValueError(f"{where} names the key {twice[0]!r} twice in one object (JSON readers differ on which "
+                             "value they keep): keep one of them.")  # fmt: skip
 
 
 def _records_in_python(path: Path, lines: list[str], numbers: list[int], src: str, tgt: str,
@@ -478,7 +486,7 @@ def _records_in_python(path: Path, lines: list[str], numbers: list[int], src: st
     sources, targets = [], []
     for number, line in zip(numbers, lines, strict=True):
         try:
-            record = json.loads(line, object_pairs_hook=_UniqueKeys(path, number, (src, tgt, "translation")))
+            record = json.loads(line, object_pairs_hook=_Object.from_pairs)
         except json.JSONDecodeError as err:
             if err.msg == "Extra data":
                 raise ValueError(f"{path}: line {number} holds more than one JSON value (column {err.colno}): JSON "
@@ -490,6 +498,7 @@ def _records_in_python(path: Path, lines: list[str], numbers: list[int], src: st
                                  f"escaped ({character}; json.dumps and every JSON library escape it), or replace "
                                  "it with a space.") from None  # fmt: skip
             raise ValueError(f"{path}: line {number} is not valid JSON ({err.msg}).") from None
+        _check_unique(record, src, tgt, f"{path}: line {number}")
         source, target = _pair_from_record(record, src, tgt, f"{path}: line {number}")
         sources.append(source), targets.append(target)
     try:
