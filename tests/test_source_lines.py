@@ -252,3 +252,10 @@ def test_translate_and_score_say_the_same_of_a_long_line(short_model, tmp_path, 
     scored = capsys.readouterr().err
     said = re.search(r"has \d+ tokens, more than the 12 the model reads", translated).group()
     assert f"line 2 {said}" in translated and f"line 2: the source {said}" in scored
+
+
+def test_score_of_two_empty_files_prints_nothing(short_model, tmp_path, capsys):
+    for name in ("src", "tgt"):
+        (tmp_path / name).write_bytes(b"")
+    assert main(["score", str(short_model), "--source", str(tmp_path / "src"), "--target", str(tmp_path / "tgt")]) == 0
+    assert capsys.readouterr().out == ""

@@ -56,6 +56,8 @@ def too_long(count: int, limit: int) -> str:
 def long_pairs(tokenizer: PreTrainedTokenizerBase, sources: list[str], targets: list[str], limit: int) -> dict:
     """The pairs with a side over `limit` tokens (as `pieces_of` counts them, EOS included): {index: what is too
     long, e.g. "the target has 2000 tokens, more than the 1024 the model reads"}."""
+    if not sources:  # a tokenizer given no text fails
+        return {}
     counts = [[len(ids) for ids in tokenizer(**{key: list(texts)}, truncation=False, verbose=False)["input_ids"]]
               for key, texts in (("text", sources), ("text_target", targets))]  # fmt: skip
     return {index: " and ".join(f"the {side} {too_long(count, limit)}"
