@@ -1,6 +1,7 @@
 """`vaswani translate` never invents or drops text without saying so: empty lines stay empty and never reach the
 model, lines longer than the model reads are cut with a warning, split and rejoined, or stop the run, and a folder
-that is not a whole model gets one error naming the missing piece, in every command that loads one."""
+that is not a whole model gets one error naming the missing piece, in every command that loads one. `vaswani
+score` never scores a cut sentence: it names every pair too long, or skips each with a flag, in translate's words."""
 
 from __future__ import annotations
 
@@ -226,15 +227,14 @@ def test_score_refuses_and_names_every_pair_longer_than_the_model_reads(short_mo
                      r"reads\): .*--long-lines skip", error), error  # fmt: skip
 
 
-def test_score_skips_them_with_a_flag_and_scores_the_others_as_alone(short_model, tmp_path, capsys):
+def test_score_skips_them_with_a_flag_and_scores_the_others_as_alone(short_model, tmp_path, capsys, caplog):
     source, target = _score_files(tmp_path)
     argv = ["score", str(short_model), "--source", str(source), "--target", str(target), "--long-lines", "skip"]
     assert main(argv) == 0
-    out, err = capsys.readouterr()
-    rows = [json.loads(line) for line in out.splitlines()]
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert len(rows) == 4 and set(rows[1]) == set(rows[3]) == {"skipped"}  # one output line per input line
     assert rows[1]["skipped"].startswith("the source has") and rows[3]["skipped"].startswith("the target has")
-    assert re.search(r"line 2: the source has \d+ tokens, more than the 12 the model reads: skipped", err)
+    assert re.search(r"line 2: the source has \d+ tokens, more than the 12 the model reads: skipped", caplog.text)
     (tmp_path / "s").write_text("three\nseven\n", encoding="utf-8")
     (tmp_path / "t").write_text("drei\nsieben\n", encoding="utf-8")
     assert main(["score", str(short_model), "--source", str(tmp_path / "s"), "--target", str(tmp_path / "t")]) == 0
@@ -243,13 +243,14 @@ def test_score_skips_them_with_a_flag_and_scores_the_others_as_alone(short_model
     assert [rows[0]["log_prob"], rows[2]["log_prob"]] == pytest.approx([row["log_prob"] for row in alone], abs=1e-4)
 
 
-def test_translate_and_score_say_the_same_of_a_long_line(short_model, tmp_path, capsys):
+def test_translate_and_score_say_the_same_of_a_long_line(short_model, tmp_path, caplog):
     source, target = _score_files(tmp_path)
     assert main(["translate", str(short_model), "--input", str(source), "--num-beams", "1"]) == 0
-    translated = capsys.readouterr().err
+    translated = caplog.text
+    caplog.clear()
     assert main(["score", str(short_model), "--source", str(source), "--target", str(target), "--long-lines",
                  "skip"]) == 0  # fmt: skip
-    scored = capsys.readouterr().err
+    scored = caplog.text
     said = re.search(r"has \d+ tokens, more than the 12 the model reads", translated).group()
     assert f"line 2 {said}" in translated and f"line 2: the source {said}" in scored
 
