@@ -278,3 +278,19 @@ def test_a_key_named_twice_inside_an_ignored_field_is_read_whatever_the_chunk_ho
     # a null beside it sends the chunk to the line-by-line reader, which once refused what Arrow reads
     write(tmp_path, {"train.jsonl": '{"meta": {"en": 1, "en": 2}, "en": "a", "de": "b"}\n' + beside})
     assert load_split(str(tmp_path), "train", "en", "de", keep_empty=True)[0] == ("a", "b")
+
+
+REFUSED = {
+    "utf-16": ({"train.tsv": "a\tb\r\nc\td\r\n".encode("utf-16")}, "train.tsv is UTF-16LE (with a byte-order mark)"),
+    "reversed header": ({"train.tsv": "German\tEnglish\na\tb\n"}, "line 1 is a header naming German<TAB>English"),
+    "duplicate key": ({"train.jsonl": '{"en": "a", "en": "b", "de": "c"}\n'}, "line 1 names the key 'en' twice"),
+}
+
+
+@pytest.mark.parametrize("case", REFUSED)
+def test_this_layer_s_refusals_are_one_error_line_through_the_command_line(case, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("VASWANI_PREPARED_CACHE", str(tmp_path / "cache"))
+    files, said = REFUSED[case]
+    write(tmp_path / "data", files)
+    assert main(["prepare", "--data", str(tmp_path / "data"), "--output_dir", str(tmp_path / "out")]) == 2
+    assert said in one_error_line(capsys)
