@@ -455,7 +455,7 @@ def _pair_from_record(record: dict, src: str, tgt: str, where: str) -> tuple[str
 
 class _Object(dict):
     """A JSON object as read, with the keys it names more than once (`twice`): json keeps the last value in
-    silence; Arrow's JSON reader and 🤗 Datasets refuse the line."""
+    silence; Arrow's JSON reader refuses the line."""
 
     twice: frozenset = frozenset()
 
