@@ -142,33 +142,61 @@ WIDE_BOMS = ((b"\xff\xfe\x00\x00", "UTF-32LE"), (b"\x00\x00\xfe\xff", "UTF-32BE"
 
 
 def wide_encoding(head: bytes) -> str | None:
-    """The UTF-16 or UTF-32 encoding a file's first bytes are in, or None: by its byte-order mark; without one, by
-    where the NUL bytes fall (ASCII text in UTF-16LE has a NUL after every character; UTF-32 has two or three in
-    every four bytes), or, for text mostly outside the Latin script, by its line ends (every `\n` and `\r` the
-    low byte of a character whose other bytes are NUL). NULs inside UTF-8 text are kept as characters: a UTF-8 file
-    is taken for neither unless nearly every second (or third and fourth) byte is NUL, and the others not, or
-    every line ends with a NUL on the same side."""
+    """The UTF-16 or UTF-32 encoding a file's first bytes are in, or None. By its byte-order mark; without one, by
+    where its NUL bytes fall (text in the Latin script: a NUL after every character in UTF-16LE, in every second
+    byte; three in four in UTF-32) over 8 bytes or more, or by its line ends (every `\n` the low byte of a
+    character whose other bytes are NUL: text in other scripts) where two or more say so, or one and the bytes are
+    not UTF-8, the NULs agree, or it ends the file. NULs inside UTF-8 text are kept as characters: such a file is
+    taken for neither unless nearly every second byte is NUL, or its lines begin (or end) with one."""
     for mark, name in WIDE_BOMS:
         if head.startswith(mark):
             return f"{name} (with a byte-order mark)"
+    by_nuls = _by_nuls(head)
+    if by_nuls is not None and len(head) >= 8:
+        return f"{by_nuls} (without a byte-order mark)"
+    by_ends, count, last = _by_line_ends(head)
+    if by_ends is None:
+        return None
+    try:
+        head.decode("utf-8")
+        utf8 = True
+    except UnicodeDecodeError as err:
+        utf8 = err.start >= len(head) - 3  # a character cut where the head ends
+    if count >= 2 or not utf8 or by_nuls == by_ends or last:
+        return f"{by_ends} (without a byte-order mark)"
+    return None
+
+
+def _by_nuls(head: bytes) -> str | None:
+    """The wide encoding whose NUL bytes fall where `head`'s do: in UTF-16LE the high byte of every Latin
+    character (nearly always NUL) and not its low byte; in UTF-32 the two high bytes of every character."""
     data = np.frombuffer(head[: len(head) // 4 * 4], np.uint8)
     if not len(data):
         return None
     nul = (data.reshape(-1, 4) == 0).mean(axis=0)  # how often each of the 4 positions is NUL
-    for positions, name in (([1, 2, 3], "UTF-32LE"), ([0, 1, 2], "UTF-32BE"), ([2, 3], "UTF-32LE"),
-                            ([0, 1], "UTF-32BE"), ([1, 3], "UTF-16LE"), ([0, 2], "UTF-16BE")):  # fmt: skip
-        others = [n for n in range(4) if n not in positions]
-        if nul[positions].min() > 0.8 and nul[others].max() < 0.5:
-            return f"{name} (without a byte-order mark)"
+    for high, low, name in (([2, 3], [0], "UTF-32LE"), ([0, 1], [3], "UTF-32BE"), ([1, 3], [0, 2], "UTF-16LE"),
+                            ([0, 2], [1, 3], "UTF-16BE")):  # fmt: skip
+        if nul[high].min() > 0.8 and nul[low].max() < 0.5:
+            return name
+    return None
+
+
+def _by_line_ends(head: bytes) -> tuple[str | None, int, bool]:
+    """The wide encoding whose line ends `head`'s `\n` bytes (or `\r`, where it has no `\n`) are, each the low
+    byte of a character whose other bytes are NUL, all in the same place; how many there are; and whether the
+    last of them ends `head` in little-endian order (a file of one line whose last byte is the NUL after it)."""
+    end = ord("\n") if b"\n" in head else ord("\r")  # CR alone ends the lines of old Mac files
     for width, name in ((4, "UTF-32"), (2, "UTF-16")):
         units = np.frombuffer(head[: len(head) // width * width], np.uint8).reshape(-1, width)
-        ends = np.isin(units, (ord("\n"), ord("\r")))
-        columns = np.flatnonzero(ends.any(axis=0))  # where line-end bytes fall in a character's bytes
+        ends = units == end
+        columns = np.flatnonzero(ends.any(axis=0))  # where `\n` bytes fall in a character's bytes
         for order, first in (("LE", 0), ("BE", width - 1)):
-            # every line-end byte in one place, the low byte of a character whose other bytes are NUL
-            if list(columns) == [first] and (np.delete(units[ends[:, first]], first, axis=1) == 0).all():
-                return f"{name}{order} (without a byte-order mark)"
-    return None
+            rows = units[ends[:, first]]
+            if list(columns) == [first] and (np.delete(rows, first, axis=1) == 0).all():
+                # a NUL after the last line end (little-endian): no UTF-8 file ends so
+                last = first == 0 and len(head) % width == 0 and bool(ends[-1, first])
+                return f"{name}{order}", len(rows), last
+    return None, 0, False
 
 
 def check_utf8_encoding(path: Path | str, head: bytes) -> None:
@@ -431,7 +459,8 @@ def _value(fields: dict, lang: str, where: str) -> str | None:
     value = fields[lang]
     if value is None or isinstance(value, str):
         return value
-    kind = {bool: "a boolean", int: "a number", float: "a number", list: "a list", dict: "an object"}[type(value)]
+    kinds = ((bool, "a boolean"), (int | float, "a number"), (list, "a list"), (dict, "an object"))
+    kind = next(name for type_, name in kinds if isinstance(value, type_))  # (bool first: a bool is an int)
     shown = json.dumps(value, ensure_ascii=False)
     shown = shown if len(shown) <= 40 else shown[:37] + "..."
     raise ValueError(f"{where}: the {lang!r} value is {kind} ({shown}), not a string: write each sentence as a JSON "
