@@ -230,7 +230,7 @@ def _lexical_files(args: argparse.Namespace, tokenizer, input_lines: int | None)
 def _stream_lines(path: str | None):
     """Lines of a file (or stdin) one at a time, without their line ends; bad UTF-8 names the line (each line is
     decoded by itself: a text stream decodes ahead in blocks and cannot say where)."""
-    from .data.readers import check_utf8_encoding
+    from .data.encodings import check_utf8_encoding
 
     stream = sys.stdin.buffer if path is None else open(path, "rb")
     try:
@@ -282,7 +282,7 @@ def _read_lines(path: str | None) -> list[str]:
     """A file's (or stdin's) lines, ending at \\n only, as `_stream_lines` reads --input (str.splitlines would also
     split at U+2028, NEL, form feeds and the like, giving more lines than the input has), each without its line
     end: a final \\n ends the last line, and a CR before a \\n is part of the line end."""
-    from .data.readers import check_utf8_encoding
+    from .data.encodings import check_utf8_encoding
 
     data = sys.stdin.buffer.read() if path is None else Path(path).read_bytes()
     check_utf8_encoding(path or "stdin", data[:4096])
