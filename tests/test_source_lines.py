@@ -1,6 +1,7 @@
 """`vaswani translate` never invents or drops text without saying so: empty lines stay empty and never reach the
 model, lines longer than the model reads are cut with a warning, split and rejoined, or stop the run, and a folder
-that is not a whole model gets one error naming the missing piece, in every command that loads one."""
+that is not a whole model gets one error naming the missing piece, in every command that loads one. `vaswani
+score` never scores a cut sentence: it names every pair too long, or skips each with a flag, in translate's words."""
 
 from __future__ import annotations
 
@@ -104,7 +105,7 @@ def test_the_issue_s_row_a_line_of_three_thousand_words_is_named_with_its_count(
     words = " ".join(["twenty-one"] * 3000)
     result = vaswani("translate", str(translator), "--long-lines", "error", stdin=f"three\n{words}\n")
     assert result.returncode == 2
-    assert "error: line 2 has " in result.stderr and "but the model reads at most 1024" in result.stderr
+    assert "error: line 2 has " in result.stderr and "more than the 1024 the model reads" in result.stderr
     assert result.stdout == ""  # the window holding it writes nothing
 
 
@@ -132,7 +133,7 @@ def test_pieces_and_rejoining(loaded):
     assert " ".join(pieces[1]) == long  # every sentence, in order
     assert all(len(tokenizer(piece)["input_ids"]) <= limit for piece in pieces[1])
     assert (report.empty, report.split) == (1, [11])
-    with pytest.raises(ValueError, match=r"line 11 has \d+ tokens, but the model reads at most"):
+    with pytest.raises(ValueError, match=r"line 11 has \d+ tokens, more than the \d+ the model reads"):
         pieces_of(["", long], tokenizer, limit, "error", first_line=10)
     with pytest.raises(ValueError, match="choose one of cut, split, error"):
         pieces_of([long], tokenizer, limit, "drop")
@@ -203,3 +204,59 @@ def test_a_folder_that_does_not_exist(tmp_path, capsys):
         assert "no such folder" in capsys.readouterr().err
     assert main(["average", str(tmp_path)]) == 2
     assert "holds no complete checkpoint-N folder" in capsys.readouterr().err
+
+
+# --- vaswani score: scores of what was written --------------------------------------------------------------------
+
+
+def _score_files(tmp_path: Path) -> tuple[Path, Path]:
+    long = " ".join(["twenty-one"] * 20)  # more than the short model's 12 tokens
+    (tmp_path / "src").write_text(f"three\n{long}\nseven\nfive\n", encoding="utf-8")
+    (tmp_path / "tgt").write_text(f"drei\nzwei\nsieben\n{long}\n", encoding="utf-8")
+    return tmp_path / "src", tmp_path / "tgt"
+
+
+def test_score_refuses_and_names_every_pair_longer_than_the_model_reads(short_model, tmp_path, capsys):
+    source, target = _score_files(tmp_path)
+    assert main(["score", str(short_model), "--source", str(source), "--target", str(target)]) == 2
+    out, err = capsys.readouterr()
+    error = err.strip().splitlines()[-1]
+    assert out == "" and "Traceback" not in err
+    assert re.search(r"^error: 2 of 4 pairs are longer than the model reads, .*\(line 2: the source has \d+ tokens, "
+                     r"more than the 12 the model reads; line 4: the target has \d+ tokens, more than the 12 the model "
+                     r"reads\): .*--long-lines skip", error), error  # fmt: skip
+
+
+def test_score_skips_them_with_a_flag_and_scores_the_others_as_alone(short_model, tmp_path, capsys, caplog):
+    source, target = _score_files(tmp_path)
+    argv = ["score", str(short_model), "--source", str(source), "--target", str(target), "--long-lines", "skip"]
+    assert main(argv) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert len(rows) == 4 and set(rows[1]) == set(rows[3]) == {"skipped"}  # one output line per input line
+    assert rows[1]["skipped"].startswith("the source has") and rows[3]["skipped"].startswith("the target has")
+    assert re.search(r"line 2: the source has \d+ tokens, more than the 12 the model reads: skipped", caplog.text)
+    (tmp_path / "s").write_text("three\nseven\n", encoding="utf-8")
+    (tmp_path / "t").write_text("drei\nsieben\n", encoding="utf-8")
+    assert main(["score", str(short_model), "--source", str(tmp_path / "s"), "--target", str(tmp_path / "t")]) == 0
+    alone = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [rows[0]["tokens"], rows[2]["tokens"]] == [row["tokens"] for row in alone]
+    assert [rows[0]["log_prob"], rows[2]["log_prob"]] == pytest.approx([row["log_prob"] for row in alone], abs=1e-4)
+
+
+def test_translate_and_score_say_the_same_of_a_long_line(short_model, tmp_path, caplog):
+    source, target = _score_files(tmp_path)
+    assert main(["translate", str(short_model), "--input", str(source), "--num-beams", "1"]) == 0
+    translated = caplog.text
+    caplog.clear()
+    assert main(["score", str(short_model), "--source", str(source), "--target", str(target), "--long-lines",
+                 "skip"]) == 0  # fmt: skip
+    scored = caplog.text
+    said = re.search(r"has \d+ tokens, more than the 12 the model reads", translated).group()
+    assert f"line 2 {said}" in translated and f"line 2: the source {said}" in scored
+
+
+def test_score_of_two_empty_files_prints_nothing(short_model, tmp_path, capsys):
+    for name in ("src", "tgt"):
+        (tmp_path / name).write_bytes(b"")
+    assert main(["score", str(short_model), "--source", str(tmp_path / "src"), "--target", str(tmp_path / "tgt")]) == 0
+    assert capsys.readouterr().out == ""

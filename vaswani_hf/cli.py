@@ -321,7 +321,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
         return COMMANDS[argv[0]](argv[1:])
-    except (ValueError, OSError, FloatingPointError, StrictDataclassError, ImportError) as err:
+    except (ValueError, OSError, FloatingPointError, StrictDataclassError, ImportError, MemoryError) as err:
         # a config's @strict validation wraps our message: print the message itself
         message = err.__cause__ if isinstance(err, StrictDataclassError) and err.__cause__ else err
         print(f"error: {message}", file=sys.stderr)

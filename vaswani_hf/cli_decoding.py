@@ -232,8 +232,12 @@ def _lexical_files(args: argparse.Namespace, tokenizer, input_lines: int | None)
 def _stream_lines(path: str | None):
     """Lines of a file (or stdin) one at a time, without their line ends; bad UTF-8 names the line (each line is
     decoded by itself: a text stream decodes ahead in blocks and cannot say where)."""
+    from .data.encodings import check_utf8_encoding
+
     stream = sys.stdin.buffer if path is None else open(path, "rb")
     try:
+        # UTF-16 (Notepad's "Unicode") named as such, before its NULs are read as text
+        check_utf8_encoding(path or "stdin", stream.peek(4096)[:4096] if hasattr(stream, "peek") else b"")
         for number, raw in enumerate(stream, 1):
             try:
                 line = raw.rstrip(b"\r\n").decode("utf-8")
@@ -247,6 +251,7 @@ def _stream_lines(path: str | None):
 
 def score_command(argv: list[str]) -> int:
     from .translation.inference import load_for_inference, score_translations
+    from .translation.source_lines import SCORE_LONG_LINES
 
     parser = argparse.ArgumentParser(
         prog="vaswani score",
@@ -258,10 +263,19 @@ def score_command(argv: list[str]) -> int:
     parser.add_argument("--source", required=True, help="file with one source sentence a line")
     parser.add_argument("--target", required=True, help="file with the target sentences, aligned with --source")
     parser.add_argument("--batch-size", type=at_least_one, default=32)
+    parser.add_argument("--long-lines", choices=SCORE_LONG_LINES, default="error",
+                        help="a pair with a side longer than the model reads (never cut: a cut sentence's score is not "
+                        "the sentence's): error (default: stop, naming every such line) or skip (as fairseq's "
+                        "--skip-invalid-size-inputs-valid-test: a warning names it, and its output line is "
+                        "{\"skipped\": why})")  # fmt: skip
     args = parser.parse_args(argv)
-    model, tokenizer = load_for_inference(args.model_dir)
     sources, targets = _read_lines(args.source), _read_lines(args.target)
-    for result in score_translations(model, tokenizer, sources, targets, args.batch_size, sys.stderr.isatty()):
+    if len(sources) != len(targets):
+        raise ValueError(f"--source {args.source} has {len(sources)} lines but --target {args.target} has "
+                         f"{len(targets)}: the files must be aligned, a target line for each source line.")  # fmt: skip
+    model, tokenizer = load_for_inference(args.model_dir)
+    for result in score_translations(model, tokenizer, sources, targets, args.batch_size, sys.stderr.isatty(),
+                                     args.long_lines):  # fmt: skip
         print(json.dumps(result, ensure_ascii=False))
     return 0
 
@@ -270,7 +284,10 @@ def _read_lines(path: str | None) -> list[str]:
     """A file's (or stdin's) lines, ending at \\n only, as `_stream_lines` reads --input (str.splitlines would also
     split at U+2028, NEL, form feeds and the like, giving more lines than the input has), each without its line
     end: a final \\n ends the last line, and a CR before a \\n is part of the line end."""
+    from .data.encodings import check_utf8_encoding
+
     data = sys.stdin.buffer.read() if path is None else Path(path).read_bytes()
+    check_utf8_encoding(path or "stdin", data[:4096])
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as err:

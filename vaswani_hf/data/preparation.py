@@ -242,9 +242,27 @@ def _vocabulary(request: PreparationRequest, train_text: Path, folder: Path, qui
         try:
             child.submit(_learn_bpe, request, str(train_text), str(folder), quiet).result()
         except BrokenProcessPool:
-            raise RuntimeError("the process learning the BPE vocabulary was killed (out of memory?): give "
-                               "--bpe_sample_lines a smaller sample.") from None  # fmt: skip
+            raise MemoryError(f"the process learning the BPE vocabulary was killed (out of memory?): "
+                              f"{_longest_line(request, train_text)}; its memory grows with the longest line and "
+                              "with the sample: remove or split lines that long (one sentence a line), or give "
+                              "--bpe_sample_lines a smaller sample.") from None  # fmt: skip
     return AutoTokenizer.from_pretrained(folder)
+
+
+def _longest_line(request: PreparationRequest, train_text: Path) -> str:
+    """The training split's longest side, said with its line and size: what a killed BPE learner most likely
+    choked on (a single line of tens of MB holds gigabytes as the learner's words and pieces)."""
+    longest = (0, 0, "")
+    for batch in pa.ipc.open_stream(pa.OSFile(str(train_text))):
+        for side in ("source", "target"):
+            lengths = pc.binary_length(batch.column(side))
+            if len(lengths) and (size := pc.max(lengths).as_py()) > longest[0]:
+                longest = (size, batch.column("line")[pc.index(lengths, size).as_py()].as_py(), side)
+    language = request.src if longest[2] == "source" else request.tgt
+    return (
+        f"the longest training line is line {longest[1]:,} of {request.data} {request.train_split} "
+        f"({language}), {longest[0] / 1e6:,.1f} MB"
+    )
 
 
 def _learn_bpe(request: PreparationRequest, train_text: str, folder: str, quiet: bool) -> None:

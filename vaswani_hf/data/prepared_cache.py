@@ -26,9 +26,13 @@ from pathlib import Path
 from filelock import FileLock, Timeout
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-from .readers import folder_splits, split_chunks, split_files
+from .readers import folder_splits, hub_split, split_chunks, split_files
 
 FORMAT = 2  # raise when the layout or the tokenized columns change: older preparations are then made anew
+# raise when the readers give an evaluation split other pairs (3: a TSV line of a tab alone is a pair, no longer
+# skipped as blank): its splits, small, are then prepared anew, and the training split, whose pairs it does not
+# change, is kept
+EVAL_READING = 3
 HASHES = "file-hashes.json"
 
 
@@ -165,12 +169,7 @@ class PreparationRequest:
         """The files that hold `split`, with what identifies their content; a Hub dataset's split is named by its
         fingerprint. A split the data lacks is the reader's error, which names what the folder holds."""
         if self.hub:
-            from datasets import load_dataset
-
-            try:
-                fingerprint = load_dataset(self.data, self.config, split=split)._fingerprint
-            except ValueError as err:
-                raise ValueError(f"dataset {self.data!r} ({self.config}): cannot load split {split!r}: {err}") from None
+            fingerprint = hub_split(self.data, self.config, split)._fingerprint
             return [{"dataset": self.data, "config": self.config, "split": split, "fingerprint": fingerprint}]
         paths = split_files(self._folder(), split, self.src, self.tgt)
         if not paths or not all(path.is_file() for path in paths):
@@ -193,8 +192,8 @@ class PreparationRequest:
 
     def split_key(self, split: str, tokenizer_sha256: str) -> tuple[str, dict]:
         """An evaluation split's key (its files and the vocabulary that tokenizes it), and its inputs."""
-        inputs = {"format": FORMAT, "split": split, "files": self.files(split), "src": self.src, "tgt": self.tgt,
-                  "tokenizer_sha256": tokenizer_sha256}  # fmt: skip
+        inputs = {"format": FORMAT, "reading": EVAL_READING, "split": split, "files": self.files(split),
+                  "src": self.src, "tgt": self.tgt, "tokenizer_sha256": tokenizer_sha256}  # fmt: skip
         return digest(inputs), inputs
 
 

@@ -5,7 +5,8 @@ Every reader streams: it yields Arrow tables of a bounded number of lines (`sour
 number of the pair's line in its file), so a WMT-sized corpus never sits in memory as Python objects. Lines end at
 "\\n" only (as Moses and fairseq read them), and each side is stripped. A malformed file is an error that names the
 file, the line and the fix, at any size, never silently shorter or rewritten data. A UTF-8 byte-order mark at the
-start of a file is dropped; one inside it (files joined with `cat`) is removed and counted. A file may be gzipped
+start of a file is dropped; one inside it (files joined with `cat`) is removed and counted; a file in UTF-16 or
+UTF-32 is refused first, naming its encoding (`encodings`). A file may be gzipped
 (`train.en.gz`). What a reader changes (a mark removed, a JSON null read as an empty side, a line break inside a
 JSON value replaced by a space, a TSV header skipped) is counted and said once per file (`_Notes`).
 `DropEmptyPairs` drops pairs with an empty side and logs how many; `keep_empty=True`, for scoring a test set, keeps
@@ -16,6 +17,7 @@ from __future__ import annotations
 import gzip
 import io
 import json
+import locale
 import logging
 import re
 import zlib
@@ -28,6 +30,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pa_json
+
+from .encodings import check_utf8_encoding
 
 logger = logging.getLogger(__name__)
 
@@ -47,7 +51,7 @@ class _Notes:
         "null": "{count:,} null values read as empty sentences, the first on line {line} (in a training split such a "
                 "pair is dropped and counted)",
         "break": "{count:,} values held a line break (\\n or \\r), each replaced by a space, the first on line {line}",
-        "header": "line {line} is a header naming the languages: skipped",
+        "header": "line {line} is a header naming the languages (or the columns): skipped",
         "headers": "{count:,} lines are headers naming the languages (the first line, and one after each byte-order "
                    "mark inside the file, where files were joined with `cat`), the first on line {line}: skipped",
         "quoted": "every field of the first {count:,} lines is in double quotes, as a spreadsheet's export writes "
@@ -162,6 +166,7 @@ def _line_chunks(path: Path, chunk_lines: int, notes: _Notes,
         first = 1
         while raw := list(islice(file, chunk_lines)):
             if first == 1:  # a UTF-8 byte-order mark (Windows editors write one) is no part of the first sentence
+                check_utf8_encoding(path, b"".join(line[:4096] for line in raw[:64])[:4096])
                 raw[0] = raw[0].removeprefix(BOM)
             yield first, _decoded_lines(path, b"".join(raw), first, notes, marked)
             first += len(raw)
@@ -217,13 +222,19 @@ def tsv_chunks(path: str | Path, chunk_lines: int = CHUNK_LINES, src: str | None
     path = Path(path)
     notes, spans = _Notes(path), _QuotedSpans(path)
     marked: list[int] = []  # the lines a byte-order mark began, in this chunk
+    started = False  # a line that is not blank has been read
     for first, lines in _line_chunks(path, chunk_lines, notes, marked):
         lines = pa.array(lines, pa.large_string())
         numbers = pa.array(range(first, first + len(lines)), pa.int64())
         blank = pc.equal(pc.utf8_length(pc.utf8_trim_whitespace(lines)), 0)
-        lines, numbers = lines.filter(pc.invert(blank)), numbers.filter(pc.invert(blank))
-        if (first == 1 or marked) and len(lines) and src is not None:
-            lines, numbers = _skip_headers(path, lines, numbers, [1] * (first == 1) + marked, src, tgt, notes)
+        if pc.any(blank).as_py():  # a line holding a tab is a pair of empty sides (kept in an evaluation split)
+            blank = pc.and_(blank, pc.invert(pc.match_substring(lines, "\t")))
+            lines, numbers = lines.filter(pc.invert(blank)), numbers.filter(pc.invert(blank))
+        if (not started or marked) and len(lines) and src is not None:
+            # the header: the file's first line that is not blank, or one after a mark inside it
+            candidates = [numbers[0].as_py()] * (not started) + marked
+            lines, numbers = _skip_headers(path, lines, numbers, candidates, src, tgt, notes)
+        started = started or len(numbers) > 0
         marked.clear()
         quoted = _quoted(lines)
         spans.check(lines, numbers, quoted)
@@ -261,19 +272,40 @@ def _quoted(lines: pa.Array) -> pa.Array:
     return pa.array(rows[(rows >= 0) & (rows < len(lines))], pa.int64())
 
 
+COLUMN_NAMES = ({"source", "src", "input"}, {"target", "tgt", "output"})  # a header naming the columns' roles
+
+
+def _language(name: str) -> str:
+    """A language's code from its code or its English name (`German`, `deutsch`: the C library's table of locale
+    names, `locale.locale_alias`), lower case; any other word as it is."""
+    return locale.locale_alias.get(name, name).split(".")[0].split("_")[0].lower()
+
+
+def _header_roles(text: str, src: str, tgt: str) -> list[str]:
+    """What each field of a line names, where it names a column: "src" or "tgt" (its language, as `en` or
+    `English`, or its role, as `source`), else ""."""
+    names = [name.strip().strip(QUOTE).strip().lower() for name in text.split("\t")]
+    return [("src" if name in COLUMN_NAMES[0] or _language(name) == _language(src.lower()) else
+             "tgt" if name in COLUMN_NAMES[1] or _language(name) == _language(tgt.lower()) else "")
+            for name in names]  # fmt: skip
+
+
 def _skip_headers(path: Path, lines: pa.Array, numbers: pa.Array, candidates: list[int], src: str, tgt: str,
                   notes: _Notes) -> tuple[pa.Array, pa.Array]:  # fmt: skip
-    """The lines without those of `candidates` (line numbers) that name the languages (a header); one naming them
-    the other way round is refused, since the columns would be read as each other's language."""
+    """The lines without those of `candidates` (line numbers) that are a header: naming the languages (`en<TAB>de`,
+    `English<TAB>German`) or the columns (`source<TAB>target`); one naming them the other way round is refused,
+    since the columns would be read as each other's language."""
     at = pc.indices_nonzero(pc.is_in(numbers, value_set=pa.array(candidates, pa.int64()))).to_pylist()
     kept = [True] * len(lines)
     for index in at:
-        names = [name.strip().strip(QUOTE).strip().lower() for name in lines[index].as_py().split("\t")]
-        if names == [src.lower(), tgt.lower()]:
+        text = lines[index].as_py()
+        roles = _header_roles(text, src, tgt)
+        if roles == ["src", "tgt"]:
             notes.add("header", 1, numbers[index].as_py())
             kept[index] = False
-        elif names == [tgt.lower(), src.lower()]:
-            raise ValueError(f"{path}: line {numbers[index]} is a header naming {tgt}<TAB>{src}: the first column is "
+        elif roles == ["tgt", "src"]:
+            shown = "<TAB>".join(name.strip() for name in text.split("\t"))
+            raise ValueError(f"{path}: line {numbers[index]} is a header naming {shown}: the first column is "
                              f"{tgt}, but it is read as --src {src}; swap the columns (e.g. `awk -F'\\t' -v "
                              "OFS='\\t' '{print $2, $1}'`), or --src and --tgt.")  # fmt: skip
     if all(kept):
@@ -355,7 +387,8 @@ def _value(fields: dict, lang: str, where: str) -> str | None:
     value = fields[lang]
     if value is None or isinstance(value, str):
         return value
-    kind = {bool: "a boolean", int: "a number", float: "a number", list: "a list", dict: "an object"}[type(value)]
+    kinds = ((bool, "a boolean"), (int | float, "a number"), (list, "a list"), (dict, "an object"))
+    kind = next(name for type_, name in kinds if isinstance(value, type_))  # (bool first: a bool is an int)
     shown = json.dumps(value, ensure_ascii=False)
     shown = shown if len(shown) <= 40 else shown[:37] + "..."
     raise ValueError(f"{where}: the {lang!r} value is {kind} ({shown}), not a string: write each sentence as a JSON "
@@ -377,6 +410,32 @@ def _pair_from_record(record: dict, src: str, tgt: str, where: str) -> tuple[str
     return _value(fields, src, where), _value(fields, tgt, where)
 
 
+class _Object(dict):
+    """A JSON object as read, with the keys it names more than once (`twice`): json keeps the last value in
+    silence; Arrow's JSON reader refuses the line."""
+
+    twice: frozenset = frozenset()
+
+    @classmethod
+    def from_pairs(cls, pairs: list[tuple[str, object]]) -> _Object:
+        read = cls(pairs)
+        if len(read) < len(pairs):
+            names = [name for name, _ in pairs]
+            read.twice = frozenset(name for name in read if names.count(name) > 1)
+        return read
+
+
+def _check_unique(record: object, src: str, tgt: str, where: str) -> None:
+    """A key the reader reads (`translation`, `src`, `tgt`), named twice in the record or its translation, is
+    refused; one inside a field the reader ignores may repeat, as Arrow reads it (what a chunk holds decides
+    nothing)."""
+    for fields in (record, record.get("translation") if isinstance(record, dict) else None):
+        twice = sorted(getattr(fields, "twice", frozenset()) & {src, tgt, "translation"})
+        if twice:
+            raise ValueError(f"{where} names the key {twice[0]!r} twice in one object (JSON readers differ on which "
+                             "value they keep): keep one of them.")  # fmt: skip
+
+
 def _records_in_python(path: Path, lines: list[str], numbers: list[int], src: str, tgt: str,
                        notes: _Notes) -> pa.Table:  # fmt: skip
     """The slow reader, for a chunk Arrow's JSON reader refused or could not read as written: it names the line
@@ -384,12 +443,19 @@ def _records_in_python(path: Path, lines: list[str], numbers: list[int], src: st
     sources, targets = [], []
     for number, line in zip(numbers, lines, strict=True):
         try:
-            record = json.loads(line)
+            record = json.loads(line, object_pairs_hook=_Object.from_pairs)
         except json.JSONDecodeError as err:
             if err.msg == "Extra data":
                 raise ValueError(f"{path}: line {number} holds more than one JSON value (column {err.colno}): JSON "
                                  "Lines takes one object a line; put each on its own line.") from None  # fmt: skip
+            if err.msg == "Invalid control character at":
+                character = json.dumps(line[err.pos])
+                raise ValueError(f"{path}: line {number} holds a control character ({character}, column "
+                                 f"{err.colno}) written as it is inside a JSON string, which JSON forbids: write it "
+                                 f"escaped ({character}; json.dumps and every JSON library escape it), or replace "
+                                 "it with a space.") from None  # fmt: skip
             raise ValueError(f"{path}: line {number} is not valid JSON ({err.msg}).") from None
+        _check_unique(record, src, tgt, f"{path}: line {number}")
         source, target = _pair_from_record(record, src, tgt, f"{path}: line {number}")
         sources.append(source), targets.append(target)
     try:
@@ -453,16 +519,31 @@ def jsonl_chunks(path: str | Path, src: str, tgt: str, chunk_lines: int = CHUNK_
     notes.say()
 
 
+def hub_split(name: str, config: str | None, split: str):
+    """A split of a `datasets` dataset (Hub name or local folder), loaded; what `load_dataset` raises for data it
+    cannot read said in one line with the fix."""
+    from datasets import load_dataset
+    from datasets.exceptions import DatasetGenerationError
+
+    try:
+        return load_dataset(name, config, split=split)
+    except ValueError as err:
+        raise ValueError(f"dataset {name!r} ({config}): cannot load split {split!r}: {err}") from None
+    except DatasetGenerationError as err:  # its message names neither the file nor the cause: its cause does
+        cause = " ".join(str(err.__cause__ or err).split())
+        fix = (
+            "give every split's files the same columns (🤗 Datasets builds every split of a folder with one schema)"
+            if "CastError" in type(err.__cause__).__name__
+            else "check the dataset's files"
+        )
+        raise ValueError(f"dataset {name!r} ({config}): cannot build split {split!r}: {cause}: {fix}.") from None
+
+
 def hub_chunks(name: str, config: str | None, split: str, src: str, tgt: str,
                chunk_lines: int = CHUNK_LINES) -> Iterator[pa.Table]:  # fmt: skip
     """A split of a `datasets` dataset (Hub name or local folder), e.g. `wmt14` `de-en` (columns `translation`),
     read from its Arrow files a chunk at a time."""
-    from datasets import load_dataset
-
-    try:
-        dataset = load_dataset(name, config, split=split)
-    except ValueError as err:
-        raise ValueError(f"dataset {name!r} ({config}): cannot load split {split!r}: {err}") from None
+    dataset = hub_split(name, config, split)
     translation = "translation" in dataset.column_names
     if not translation and not {src, tgt} <= set(dataset.column_names):
         raise ValueError(

@@ -129,8 +129,8 @@ def open_text(path: str | Path):
     with open(path, "rb") as file:
         magic = file.read(2)
     if magic == b"\x1f\x8b":
-        return gzip.open(path, "rt", encoding="utf-8")
-    return open(path, encoding="utf-8")
+        return gzip.open(path, "rt", encoding="utf-8-sig")
+    return open(path, encoding="utf-8-sig")  # "-sig": a byte-order mark (Notepad's) is no part of the first tree
 
 
 def read_trees(path: str | Path) -> Iterator[Tree]:

@@ -174,6 +174,21 @@ def tokenize_pairs(
     return evaluation_set(data, "pairs") if keep_text else data.tokens("pairs")
 
 
+def card_example(data: TokenizedData, split: str, max_length: int | None) -> str:
+    """The model card's example, whose translation and attention maps are drawn after training: the split's first
+    source that is not empty and fits `max_length` tokens (EOS included), found from the token lengths, so that no
+    other line is read; where none fits, the first source cut to `max_length` tokens. A line of a megabyte drawn
+    whole would ask generate() and eager attention for hours and terabytes after the whole training."""
+    sources = token_lengths(data.tokens(split))[0]
+    limit = max_length or int(sources.max(initial=1))
+    fitting = np.flatnonzero((sources > 1) & (sources <= limit))
+    if len(fitting):
+        return data.pairs(split)[int(fitting[0])][0]
+    tokenizer = data.tokenizer()
+    ids = data.tokens(split)[0]["input_ids"]
+    return tokenizer.decode(ids[: max(limit - 1, 0)], skip_special_tokens=True)
+
+
 def evaluation_set(data: TokenizedData, split: str, max_samples: int | None = None, by_length: bool = False,
                    max_length: int | None = None) -> Dataset:  # fmt: skip
     """A split's first `max_samples` pairs, tokenized, with each reference and source as written (`target_text`,
@@ -540,7 +555,7 @@ def run_training(
     if main:
         try:
             shown = data_args.eval_split if data_args.eval_split in data.splits else data_args.train_split
-            example = data.pairs(shown)[0][0]
+            example = card_example(data, shown, data_args.max_length)
             with uncompiled(trainer.model):  # the card's example and attention maps have shapes of their own
                 write_training_card(trainer, data_args, stats, metrics, example, builtin, task)
         except Exception as err:  # the trained model matters more than its card: say so, keep going

@@ -8,14 +8,17 @@ from pathlib import Path
 import torch
 
 from ..model.alignment_vaswani import forced_attentions
+from .source_lines import source_limit
 
 KINDS = {"encoder": "encoder self-attention", "decoder": "decoder self-attention", "cross": "cross-attention"}
 
 
 def attention_weights(model, tokenizer, sentence: str, **generate_kwargs) -> dict:
     """Translate `sentence` (the model's decoding defaults), then run the pair once with eager attention and
-    return the tokens and, per kind, a (layers, heads, queries, keys) tensor."""
-    batch = tokenizer([sentence], return_tensors="pt").to(model.device)
+    return the tokens and, per kind, a (layers, heads, queries, keys) tensor. A sentence longer than the model
+    reads is cut to it, as `vaswani translate` cuts one."""
+    limit = source_limit(model, tokenizer)
+    batch = tokenizer([sentence], return_tensors="pt", truncation=True, max_length=limit).to(model.device)
     with torch.no_grad():
         generated = model.generate(**batch, **generate_kwargs)
         decoder_input_ids = generated[:, :-1] if generated.shape[1] > 1 else generated

@@ -6,6 +6,7 @@ from __future__ import annotations
 import bisect
 import itertools
 import json
+import logging
 import re
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -19,7 +20,9 @@ from ..model.configuration_vaswani import VaswaniConfig
 from ..model.modeling_vaswani import VaswaniForConditionalGeneration
 from ..model.precision import Precision, resolve_precision
 from .metrics import load_metrics, score_with
-from .source_lines import LineReport, pieces_of, rejoined, source_limit
+from .source_lines import SCORE_LONG_LINES, LineReport, long_pairs, pieces_of, rejoined, source_limit
+
+logger = logging.getLogger("vaswani")
 
 
 def is_local(name_or_path: str | Path) -> bool:
@@ -375,18 +378,35 @@ def score_translations(
     targets: list[str],
     batch_size: int = 32,
     progress: bool = True,
+    long_lines: str = "error",
 ) -> list[dict]:
     """Forced decoding: log p(target | source) under the model, per sentence and per target token (EOS included),
     in natural log, without label smoothing or length penalty: what `fairseq-generate --score-reference` and
-    `marian-scorer` compute, for filtering parallel data and reranking n-best lists."""
+    `marian-scorer` compute, for filtering parallel data and reranking n-best lists. A pair with a side longer
+    than the model reads is never cut (the score of a cut sentence is not the sentence's): every such pair is
+    named in one error, or, with `long_lines="skip"` (fairseq's `--skip-invalid-size-inputs-valid-test`), named
+    in a warning and given `{"skipped": why}` in its place."""
     if len(sources) != len(targets):
         raise ValueError(f"{len(sources)} source lines but {len(targets)} target lines: the files must be aligned.")
+    if long_lines not in SCORE_LONG_LINES:
+        raise ValueError(f"long lines: choose one of {', '.join(SCORE_LONG_LINES)}, not {long_lines!r}.")
+    limit = source_limit(model, tokenizer)
+    long = long_pairs(tokenizer, sources, targets, limit)
+    if long and long_lines == "error":
+        named = "; ".join(f"line {index + 1}: {why}" for index, why in long.items())
+        raise ValueError(f"{len(long)} of {len(sources)} pairs are longer than the model reads, and a cut sentence's "
+                         f"score is not the sentence's ({named}): shorten or remove them, or skip them "
+                         "(--long-lines skip).")  # fmt: skip
     model.eval()
     results: list[dict] = [{} for _ in sources]
-    for index in _batches([len(s) + len(t) for s, t in zip(sources, targets, strict=True)], batch_size, progress,
-                          "scoring"):  # fmt: skip
+    for index, why in long.items():
+        logger.warning("line %d: %s: skipped", index + 1, why)
+        results[index] = {"skipped": why}
+    kept = [i for i in range(len(sources)) if i not in long]
+    for chosen in _batches([len(sources[i]) + len(targets[i]) for i in kept], batch_size, progress, "scoring"):
+        index = [kept[i] for i in chosen]
         batch = tokenizer([sources[i] for i in index], text_target=[targets[i] for i in index], return_tensors="pt",
-                          padding=True, truncation=True)  # fmt: skip
+                          padding=True, truncation=False)  # fmt: skip
         labels = batch.pop("labels")
         labels = labels.masked_fill(labels == tokenizer.pad_token_id, -100)
         batch = batch.to(model.device)

@@ -18,6 +18,7 @@ from transformers import PreTrainedTokenizerBase
 logger = logging.getLogger("vaswani")
 
 LONG_LINES = ("cut", "split", "error")
+SCORE_LONG_LINES = ("error", "skip")  # scoring never cuts: a cut sentence's score is not the sentence's
 # a sentence ends at . ! ? (or their fullwidth forms) followed by white space
 SENTENCE_END = re.compile(r"(?<=[.!?。！？])\s+")
 
@@ -47,6 +48,23 @@ def source_limit(model, tokenizer: PreTrainedTokenizerBase) -> int:
     return min(limits, default=10**9)
 
 
+def too_long(count: int, limit: int) -> str:
+    """How translate and score say a side longer than the model reads (its tokens with EOS, and the limit)."""
+    return f"has {count} tokens, more than the {limit} the model reads"
+
+
+def long_pairs(tokenizer: PreTrainedTokenizerBase, sources: list[str], targets: list[str], limit: int) -> dict:
+    """The pairs with a side over `limit` tokens (as `pieces_of` counts them, EOS included): {index: what is too
+    long, e.g. "the target has 2000 tokens, more than the 1024 the model reads"}."""
+    if not sources:  # a tokenizer given no text fails
+        return {}
+    counts = [[len(ids) for ids in tokenizer(**{key: list(texts)}, truncation=False, verbose=False)["input_ids"]]
+              for key, texts in (("text", sources), ("text_target", targets))]  # fmt: skip
+    return {index: " and ".join(f"the {side} {too_long(count, limit)}"
+                                for side, count in zip(("source", "target"), pair, strict=True) if count > limit)
+            for index, pair in enumerate(zip(*counts, strict=True)) if max(pair) > limit}  # fmt: skip
+
+
 def pieces_of(lines: list[str], tokenizer: PreTrainedTokenizerBase, limit: int, long_lines: str = "cut",
               first_line: int = 1, report: LineReport | None = None) -> list[list[str]]:  # fmt: skip
     """Each line as the texts to translate for it: none for an empty line, itself, or (`long_lines="split"`) its
@@ -65,20 +83,20 @@ def pieces_of(lines: list[str], tokenizer: PreTrainedTokenizerBase, limit: int, 
         elif count <= limit:
             result.append([line])
         elif long_lines == "error":
-            raise ValueError(f"line {number} has {count} tokens, but the model reads at most {limit}: shorten it, or "
-                             "translate with --long-lines cut (the default) or --long-lines split.")  # fmt: skip
+            raise ValueError(f"line {number} {too_long(count, limit)}: shorten it, or translate with --long-lines cut "
+                             "(the default) or --long-lines split.")  # fmt: skip
         elif long_lines == "split":
             pieces = _packed(SENTENCE_END.split(line.strip()), tokenizer, limit)
             report.split.append(number)
             cut = sum(1 for piece in pieces if _tokens(tokenizer, piece) > limit)
-            logger.warning("line %d has %d tokens, more than the %d the model reads: split into %d pieces at sentence "
-                           "ends%s", number, count, limit, len(pieces),
+            logger.warning("line %d %s: split into %d pieces at sentence ends%s", number, too_long(count, limit),
+                           len(pieces),
                            f", {cut} of them still too long and cut" if cut else "")  # fmt: skip
             result.append(pieces)
         else:
             report.cut.append(number)
-            logger.warning("line %d has %d tokens, more than the %d the model reads: only its first %d are translated "
-                           "(--long-lines split translates it all)", number, count, limit, limit)  # fmt: skip
+            logger.warning("line %d %s: only its first %d are translated (--long-lines split translates it all)",
+                           number, too_long(count, limit), limit)  # fmt: skip
             result.append([line])
     return result
 

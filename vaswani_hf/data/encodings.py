@@ -1,0 +1,83 @@
+"""Files that are not UTF-8 but UTF-16 or UTF-32 (Excel's "Unicode Text" export, Notepad's "Unicode"), found from
+their first bytes and refused with their encoding and the `iconv` command that converts them, before a reader says
+anything else of them: read as UTF-8, their NULs pass for characters and their line ends for carriage returns."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+# byte-order marks of the encodings that are not UTF-8, longest first (UTF-32LE's begins with UTF-16LE's)
+WIDE_BOMS = ((b"\xff\xfe\x00\x00", "UTF-32LE"), (b"\x00\x00\xfe\xff", "UTF-32BE"), (b"\xff\xfe", "UTF-16LE"),
+             (b"\xfe\xff", "UTF-16BE"))  # fmt: skip
+
+
+def wide_encoding(head: bytes) -> str | None:
+    """The UTF-16 or UTF-32 encoding a file's first bytes are in, or None. By its byte-order mark; without one, by
+    where its NUL bytes fall (text in the Latin script: a NUL after every character in UTF-16LE, in every second
+    byte; three in four in UTF-32) over 8 bytes or more, or by its line ends (every `\n` the low byte of a
+    character whose other bytes are NUL: text in other scripts) where two or more say so, or one and the bytes are
+    not UTF-8, the NULs agree, or it ends the file. NULs inside UTF-8 text are kept as characters: such a file is
+    taken for neither unless nearly every second byte is NUL, or its lines begin (or end) with one."""
+    for mark, name in WIDE_BOMS:
+        if head.startswith(mark):
+            return f"{name} (with a byte-order mark)"
+    by_nuls = _by_nuls(head)
+    if by_nuls is not None and len(head) >= 8:
+        return f"{by_nuls} (without a byte-order mark)"
+    by_ends, count, last = _by_line_ends(head)
+    if by_ends is None:
+        return None
+    try:
+        head.decode("utf-8")
+        utf8 = True
+    except UnicodeDecodeError as err:
+        utf8 = err.start >= len(head) - 3  # a character cut where the head ends
+    if count >= 2 or not utf8 or by_nuls == by_ends or last:
+        return f"{by_ends} (without a byte-order mark)"
+    return None
+
+
+def _by_nuls(head: bytes) -> str | None:
+    """The wide encoding whose NUL bytes fall where `head`'s do: in UTF-16LE the high byte of every Latin
+    character (nearly always NUL) and not its low byte; in UTF-32 the two high bytes of every character."""
+    data = np.frombuffer(head[: len(head) // 4 * 4], np.uint8)
+    if not len(data):
+        return None
+    nul = (data.reshape(-1, 4) == 0).mean(axis=0)  # how often each of the 4 positions is NUL
+    for high, low, name in (([2, 3], [0], "UTF-32LE"), ([0, 1], [3], "UTF-32BE"), ([1, 3], [0, 2], "UTF-16LE"),
+                            ([0, 2], [1, 3], "UTF-16BE")):  # fmt: skip
+        if nul[high].min() > 0.8 and nul[low].max() < 0.5:
+            return name
+    return None
+
+
+def _by_line_ends(head: bytes) -> tuple[str | None, int, bool]:
+    """The wide encoding whose line ends `head`'s `\n` bytes (or `\r`, where it has no `\n`) are, each the low
+    byte of a character whose other bytes are NUL, all in the same place; how many there are; and whether the
+    last of them ends `head` in little-endian order (a file of one line whose last byte is the NUL after it)."""
+    end = ord("\n") if b"\n" in head else ord("\r")  # CR alone ends the lines of old Mac files
+    for width, name in ((4, "UTF-32"), (2, "UTF-16")):
+        units = np.frombuffer(head[: len(head) // width * width], np.uint8).reshape(-1, width)
+        ends = units == end
+        columns = np.flatnonzero(ends.any(axis=0))  # where `\n` bytes fall in a character's bytes
+        for order, first in (("LE", 0), ("BE", width - 1)):
+            rows = units[ends[:, first]]
+            if list(columns) == [first] and (np.delete(rows, first, axis=1) == 0).all():
+                # a NUL after the last line end (little-endian): no UTF-8 file ends so
+                last = first == 0 and len(head) % width == 0 and bool(ends[-1, first])
+                return f"{name}{order}", len(rows), last
+    return None, 0, False
+
+
+def check_utf8_encoding(path: Path | str, head: bytes) -> None:
+    """A file in UTF-16 or UTF-32 (Excel's "Unicode Text", Notepad's "Unicode"), refused with its encoding and the
+    fix, before anything else is said of it: its line ends and NULs would be misread."""
+    if name := wide_encoding(head):
+        # with a mark, iconv's UTF-16 reads the order from it (and drops it); without, the order must be named
+        given, shown = name.split()[0] if "without" in name else name[:6], Path(path).name
+        raise ValueError(
+            f"{path} is {name}, not UTF-8: convert it, e.g. `iconv -f {given} -t UTF-8 {shown} > "
+            f'{shown}.utf8` (as Excel\'s "Unicode Text" export and Notepad\'s "Unicode" write it).'
+        )
