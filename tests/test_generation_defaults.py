@@ -10,7 +10,17 @@ import logging
 
 import pytest
 import torch
-from transformers import GenerationMixin, LogitsProcessor, LogitsProcessorList, PrefixConstrainedLogitsProcessor
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from transformers import (
+    GenerationMixin,
+    LogitsProcessor,
+    LogitsProcessorList,
+    MinLengthLogitsProcessor,
+    NoRepeatNGramLogitsProcessor,
+    PrefixConstrainedLogitsProcessor,
+    RepetitionPenaltyLogitsProcessor,
+)
 
 from vaswani_hf import VaswaniConfig, VaswaniForConditionalGeneration
 
@@ -209,12 +219,105 @@ def test_bf16_gives_one_answer_whichever_way_a_process_timed_fastest(way, monkey
     forget_measured_ways(monkeypatch)
     monkeypatch.setattr(fp, "_FASTEST_GREEDY", {})
     monkeypatch.setattr(fp, "_output_ways", lambda weight, rows: (getattr(fp, way),))
-    for seed in (2, 5, 8):
-        _, model = random_pair(seed)
-        model = model.to(torch.bfloat16)
-        input_ids, attention_mask = padded_batch(seed)
-        for num_beams in (1, 3):
-            settings = dict(attention_mask=attention_mask, num_beams=num_beams, max_new_tokens=10)
-            loop = transformers_loop(model, input_ids, **settings)
-            assert torch.equal(model.generate(input_ids, **settings, cpu_fast_paths=True), loop)
-            assert torch.equal(model.generate(input_ids, **settings, cpu_fast_paths=False), loop)
+    _, model = random_pair(2)  # a seed where `weight @ hidden^T` changed greedy's and beam search's tokens
+    model = model.to(torch.bfloat16)
+    input_ids, attention_mask = padded_batch(2)
+    for num_beams in (1, 3):
+        settings = dict(attention_mask=attention_mask, num_beams=num_beams, max_new_tokens=10)
+        loop = transformers_loop(model, input_ids, **settings)
+        assert torch.equal(model.generate(input_ids, **settings, cpu_fast_paths=True), loop)
+        assert torch.equal(model.generate(input_ids, **settings, cpu_fast_paths=False), loop)
+
+
+# Every optional argument is drawn absent as well as set; `None` below means "not passed".
+ABSENT = st.none()
+PROCESSORS = [None, "prefix_rule", "row_bias", "min_length", "no_repeat_ngram", "repetition_penalty"]
+
+
+@st.composite
+def calls(draw):
+    """A generate() call as a Transformers user writes it: a model seed and dtype, a padded batch with or without
+    its mask, and each setting left out or given, with a processor of Transformers' own classes or one that knows
+    its rows, on one of our paths."""
+    num_beams = draw(ABSENT | st.integers(1, 4))
+    beams = num_beams or 1
+    kwargs = {
+        "num_beams": num_beams,
+        "max_new_tokens": draw(ABSENT | st.integers(1, 12)),
+        "max_length": draw(ABSENT | st.integers(2, 14)),
+        "min_length": draw(ABSENT | st.integers(0, 8)),
+        "min_new_tokens": draw(ABSENT | st.integers(0, 5)),
+        "length_penalty": draw(ABSENT | st.sampled_from([-1.0, 0.0, 0.6, 1.0, 2.0])),
+        "early_stopping": draw(ABSENT | st.sampled_from([True, False, "never"])),
+        "num_return_sequences": draw(ABSENT | st.integers(1, beams)),
+    }
+    dtype = draw(st.sampled_from([torch.float32, torch.bfloat16]))
+    # the static-shape search pads the source and fixes the caches: in bf16 it may round a near-tie the other way
+    # (docs/decoding.md), so it is held to the loop in float32
+    paths = PATHS if dtype == torch.float32 else PATHS[:2]
+    return dict(
+        seed=draw(st.integers(0, 23)),
+        batch=draw(st.integers(1, 4)),
+        masked=draw(st.booleans()),
+        dtype=dtype,
+        processor=draw(st.sampled_from(PROCESSORS)),
+        path=draw(st.sampled_from(paths)),
+        kwargs={name: value for name, value in kwargs.items() if value is not None},
+    )
+
+
+def make_processor(kind: str | None, rows: int, num_beams: int) -> LogitsProcessorList | None:
+    if kind is None:
+        return None
+    if kind == "row_bias":
+        bias = torch.randn(rows, PAD + 1, generator=torch.Generator().manual_seed(rows))
+    made = {
+        "prefix_rule": lambda: PrefixConstrainedLogitsProcessor(_prefix_rule, num_beams),
+        "row_bias": lambda: RowBias(bias),
+        "min_length": lambda: MinLengthLogitsProcessor(4, EOS),
+        "no_repeat_ngram": lambda: NoRepeatNGramLogitsProcessor(2),
+        "repetition_penalty": lambda: RepetitionPenaltyLogitsProcessor(1.5),
+    }[kind]()
+    return LogitsProcessorList([made])
+
+
+def holds_to_the_loop(case: dict) -> None:
+    _, model = random_pair(case["seed"])
+    model = model.to(case["dtype"])
+    input_ids, attention_mask = padded_batch(case["seed"], batch=case["batch"])
+    kwargs = dict(case["kwargs"])
+    if case["masked"]:
+        kwargs["attention_mask"] = attention_mask
+    num_beams = kwargs.get("num_beams", 1)
+    rows = case["batch"] * num_beams
+    loop = transformers_loop(model, input_ids, logits_processor=make_processor(case["processor"], rows, num_beams),
+                             **kwargs)  # fmt: skip
+    ours = model.generate(input_ids, logits_processor=make_processor(case["processor"], rows, num_beams), **kwargs,
+                          **case["path"])  # fmt: skip
+    assert torch.equal(ours, loop), f"{case}\nours {ours.tolist()}\nloop {loop.tolist()}"
+
+
+@given(case=calls())
+@settings(max_examples=6, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+def test_a_call_with_settings_left_out_decodes_as_transformers_loop(case):
+    holds_to_the_loop(case)
+
+
+@given(case=calls())
+@settings(max_examples=200, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+def test_a_call_with_settings_left_out_decodes_as_transformers_loop_deeper(case):
+    holds_to_the_loop(case)
+
+
+@pytest.mark.parametrize("num_beams", [1, 3])
+def test_a_processor_of_the_class_a_setting_makes_takes_its_place_as_in_the_loop(num_beams, caplog):
+    """Found by the differential test below: the loop runs a caller's `MinLengthLogitsProcessor` in place of the one
+    `min_length` makes (and warns); our search applied both, so the longer rule won. Such a call goes to the loop."""
+    marian, model = random_pair(4)
+    input_ids, attention_mask = padded_batch(4)
+    settings = dict(attention_mask=attention_mask, num_beams=num_beams, max_new_tokens=10, min_length=8,
+                    logits_processor=LogitsProcessorList([MinLengthLogitsProcessor(2, EOS)]))  # fmt: skip
+    loop = transformers_loop(model, input_ids, **settings)
+    assert int(loop.ne(PAD).sum(1).min()) < 8  # a row ends before min_length: the caller's rule took its place
+    for path in PATHS[:2]:
+        assert torch.equal(model.generate(input_ids, **settings, **path), loop)

@@ -27,13 +27,19 @@ from dataclasses import dataclass
 import torch
 from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 from transformers.generation import (
+    ForcedBOSTokenLogitsProcessor,
+    ForcedEOSTokenLogitsProcessor,
     GenerateBeamEncoderDecoderOutput,
     GenerateEncoderDecoderOutput,
     GenerationConfig,
     GenerationMixin,
     GenerationMode,
+    LogitNormalization,
     LogitsProcessorList,
+    MinLengthLogitsProcessor,
+    MinNewTokensLengthLogitsProcessor,
     NoBadWordsLogitsProcessor,
+    SuppressTokensLogitsProcessor,
 )
 from transformers.modeling_outputs import BaseModelOutput
 from transformers.utils import logging
@@ -107,6 +113,28 @@ def _ids(value) -> tuple[int, ...] | None:
     if isinstance(value, torch.Tensor):
         value = value.tolist()
     return tuple(int(token) for token in value) if isinstance(value, (list, tuple)) else (int(value),)
+
+
+def _replacing_a_setting(config: GenerationConfig, logits_processor: LogitsProcessorList | None) -> str | None:
+    """A caller's processor of the very class that a setting of the call makes (`min_length` makes a
+    `MinLengthLogitsProcessor`): Transformers' loop runs the caller's in its place and drops the setting's, with a
+    warning, where our search would apply both; such a call goes to the loop."""
+    eos = config.eos_token_id is not None
+    made = {
+        MinLengthLogitsProcessor: eos and (config.min_length or 0) > 0,
+        MinNewTokensLengthLogitsProcessor: eos and (config.min_new_tokens or 0) > 0,
+        NoBadWordsLogitsProcessor: bool(config.bad_words_ids),
+        ForcedBOSTokenLogitsProcessor: config.forced_bos_token_id is not None,
+        ForcedEOSTokenLogitsProcessor: config.forced_eos_token_id is not None,
+        SuppressTokensLogitsProcessor: bool(config.suppress_tokens),
+        LogitNormalization: bool(config.renormalize_logits),
+    }
+    for processor in logits_processor or ():
+        if made.get(type(processor)):
+            return (
+                f"a `logits_processor` of type {type(processor).__name__}, which takes the place of the settings' own"
+            )
+    return None
 
 
 def _left_out(name: str, model, generation_config: GenerationConfig | None, kwargs: dict) -> bool:
@@ -198,7 +226,7 @@ class VaswaniGenerationMixin:
                 "decoder-only models: Transformers' guidance runs the model again on an unconditional prompt, which an "
                 "encoder-decoder model has no input for. Leave guidance_scale unset (or 1)."
             )
-        reason = self._handed_over_because(config, model_kwargs)
+        reason = self._handed_over_because(config, model_kwargs, logits_processor)
         asked = " and ".join(filter(None, [lexical.asked, "`vocabulary_shortlist`" if shortlist is not None else None]))
         if reason is not None and asked:
             prompt = reason in ("`decoder_input_ids`", "`decoder_inputs_embeds`")
@@ -312,7 +340,8 @@ class VaswaniGenerationMixin:
                     setattr(config, name, value)
         return config
 
-    def _handed_over_because(self, config: GenerationConfig, model_kwargs: dict) -> str | None:
+    def _handed_over_because(self, config: GenerationConfig, model_kwargs: dict,
+                             logits_processor: LogitsProcessorList | None = None) -> str | None:  # fmt: skip
         """Why this call needs Transformers' loop, or None when the decoder here runs it."""
         mode = config.get_generation_mode(model_kwargs.get("assistant_model"))
         if mode not in (GenerationMode.GREEDY_SEARCH, GenerationMode.BEAM_SEARCH):
@@ -333,7 +362,7 @@ class VaswaniGenerationMixin:
             return "`num_return_sequences` > `num_beams`"
         if config.decoder_start_token_id is None and self.config.decoder_start_token_id is None:
             return "no `decoder_start_token_id`"
-        return None
+        return _replacing_a_setting(config, logits_processor)
 
     def _source(self, model_kwargs: dict, config: GenerationConfig) -> Source:
         """The encoder output (computed here unless given), its padding mask and each source's length. Without any
