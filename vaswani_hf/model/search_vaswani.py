@@ -16,7 +16,9 @@ The beam search is Transformers' algorithm (the same candidates, finished-hypoth
 `length_penalty_type="hf"` and `max_length_offset=None` give exactly Transformers' sequences and scores) with the
 paper's options and less work per step:
 - the log-softmax is computed in place, and the top candidates are found in two stages (`top_k_per_row`);
-- a sentence whose search is over leaves the batch at once, so long sentences do not keep short ones computing;
+- a sentence whose search is over leaves the batch at once, so long sentences do not keep short ones computing
+  (every row stays, as in Transformers' loop, where a caller's processor may read which row is which example:
+  `DecodingSettings.keeps_every_row`);
 - the hypotheses' token buffers grow with the search (`WIDTH_STEP` positions at a time), so a step's bookkeeping
   copies the tokens written so far, not the longest output allowed (a parse allows input length + 300).
 Two tricks were measured and went (docs/performance.md): seeking a parser's top candidates among its tree symbols
