@@ -10,7 +10,7 @@ import logging
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from transformers import (
     GenerationMixin,
@@ -310,8 +310,18 @@ def holds_to_the_loop(case: dict) -> None:
     assert torch.equal(ours, loop), f"{case}\nours {ours.tolist()}\nloop {loop.tolist()}"
 
 
+# padding with no mask, no length, min_new_tokens beside min_length, on the static-shape search; and a bias per row
+PADDED_UNMASKED = dict(seed=3, batch=4, masked=False, dtype=torch.float32, processor=None,
+                       path=dict(graph_decoding=True),
+                       kwargs=dict(num_beams=3, min_length=8, min_new_tokens=1))  # fmt: skip
+ROWS_IN_BF16 = dict(seed=4, batch=3, masked=True, dtype=torch.bfloat16, processor="row_bias",
+                    path=dict(cpu_fast_paths=True), kwargs=dict(num_beams=3, max_new_tokens=10))  # fmt: skip
+
+
 @given(case=calls())
-@settings(max_examples=6, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@example(case=PADDED_UNMASKED)
+@example(case=ROWS_IN_BF16)
+@settings(max_examples=4, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 def test_a_call_with_settings_left_out_decodes_as_transformers_loop(case):
     holds_to_the_loop(case)
 
