@@ -33,6 +33,7 @@ class PossibleColumns(LogitsProcessor):
     it into the static-shape search)."""
 
     static_shapes = True
+    row_independent = True  # finished sentences may leave the batch (`Tilt` declares nothing: every row stays)
 
     def __init__(self, tokens: list[int], vocab: int) -> None:
         self.tokens = torch.tensor(sorted(tokens))

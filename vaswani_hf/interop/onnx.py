@@ -296,8 +296,8 @@ class OnnxSeq2Seq(VaswaniGenerationMixin):
     def eval(self) -> OnnxSeq2Seq:
         return self
 
-    def _handed_over_because(self, config, model_kwargs) -> str | None:
-        reason = super()._handed_over_because(config, model_kwargs)
+    def _handed_over_because(self, config, model_kwargs, logits_processor=None) -> str | None:
+        reason = super()._handed_over_because(config, model_kwargs, logits_processor)
         if reason is not None:
             raise ValueError(f"The onnxruntime engine decodes greedy and beam search only: {reason} needs the PyTorch "
                              "model (drop --engine onnxruntime).")  # fmt: skip

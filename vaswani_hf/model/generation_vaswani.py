@@ -27,13 +27,19 @@ from dataclasses import dataclass
 import torch
 from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 from transformers.generation import (
+    ForcedBOSTokenLogitsProcessor,
+    ForcedEOSTokenLogitsProcessor,
     GenerateBeamEncoderDecoderOutput,
     GenerateEncoderDecoderOutput,
     GenerationConfig,
     GenerationMixin,
     GenerationMode,
+    LogitNormalization,
     LogitsProcessorList,
+    MinLengthLogitsProcessor,
+    MinNewTokensLengthLogitsProcessor,
     NoBadWordsLogitsProcessor,
+    SuppressTokensLogitsProcessor,
 )
 from transformers.modeling_outputs import BaseModelOutput
 from transformers.utils import logging
@@ -109,6 +115,35 @@ def _ids(value) -> tuple[int, ...] | None:
     return tuple(int(token) for token in value) if isinstance(value, (list, tuple)) else (int(value),)
 
 
+def _replacing_a_setting(config: GenerationConfig, logits_processor: LogitsProcessorList | None) -> str | None:
+    """A caller's processor of the very class that a setting of the call makes (`min_length` makes a
+    `MinLengthLogitsProcessor`): Transformers' loop runs the caller's in its place and drops the setting's, with a
+    warning, where our search would apply both; such a call goes to the loop."""
+    eos = config.eos_token_id is not None
+    made = {
+        MinLengthLogitsProcessor: eos and (config.min_length or 0) > 0,
+        MinNewTokensLengthLogitsProcessor: eos and (config.min_new_tokens or 0) > 0,
+        NoBadWordsLogitsProcessor: bool(config.bad_words_ids),
+        ForcedBOSTokenLogitsProcessor: config.forced_bos_token_id is not None,
+        ForcedEOSTokenLogitsProcessor: config.forced_eos_token_id is not None,
+        SuppressTokensLogitsProcessor: bool(config.suppress_tokens),
+        LogitNormalization: bool(config.renormalize_logits),
+    }
+    for processor in logits_processor or ():
+        if made.get(type(processor)):
+            return (
+                f"a `logits_processor` of type {type(processor).__name__}, which takes the place of the settings' own"
+            )
+    return None
+
+
+def _left_out(name: str, model, generation_config: GenerationConfig | None, kwargs: dict) -> bool:
+    """Whether neither the call (a keyword, the generation config it passes) nor the model's generation config sets
+    `name`: Transformers' loop then reads its default its own way (`has_default_max_length`)."""
+    return (kwargs.get(name) is None and getattr(generation_config, name, None) is None
+            and getattr(model.generation_config, name, None) is None)  # fmt: skip
+
+
 def cpu_fast_paths(asked: bool | None = None) -> bool:
     """Whether decoding on CPU computes its products through the package's fast products (same tokens and scores):
     `generate(cpu_fast_paths=...)` when given, else the environment's `VASWANI_CPU_FAST_PATHS` (0, false, no or
@@ -168,6 +203,8 @@ class VaswaniGenerationMixin:
         if penalty_type not in LENGTH_PENALTY_TYPES:
             raise ValueError(f"length_penalty_type must be one of {LENGTH_PENALTY_TYPES}, got {penalty_type!r}.")
         explicit_length = self._length_asked(generation_config, kwargs)
+        # read before the model's config and Transformers' defaults fill them in (the loop's `has_default_*_length`)
+        left_out = {name: _left_out(name, self, generation_config, kwargs) for name in ("max_length", "min_length")}
         # the cache comes back where the caller asks for a dict (not where only our own options need one)
         cache_asked = bool(kwargs.get("return_dict_in_generate", config.return_dict_in_generate))
         cache_asked = kwargs.pop("output_cache", None) is not False and cache_asked
@@ -190,6 +227,7 @@ class VaswaniGenerationMixin:
         if inputs is not None:
             model_kwargs.setdefault("input_ids", inputs)
         source = self._source(model_kwargs, config)
+        self._loop_lengths(config, left_out, model_kwargs.get("decoder_input_ids"))
         lexical = LexicalRequests.check(self.config, config, force_words, force_words_ids, target_prefix,
                                         source.lengths.shape[0], word_start_ids)  # fmt: skip
         use_offset = offset is not None and not explicit_length and config.max_new_tokens is None
@@ -202,13 +240,16 @@ class VaswaniGenerationMixin:
                 "decoder-only models: Transformers' guidance runs the model again on an unconditional prompt, which an "
                 "encoder-decoder model has no input for. Leave guidance_scale unset (or 1)."
             )
-        reason = self._handed_over_because(config, model_kwargs)
+        reason = self._handed_over_because(config, model_kwargs, logits_processor)
         asked = " and ".join(filter(None, [lexical.asked, "`vocabulary_shortlist`" if shortlist is not None else None]))
         if reason is not None and asked:
+            prompt = reason in ("`decoder_input_ids`", "`decoder_inputs_embeds`")
+            advice = ("Give the prefix as `target_prefix=` instead (each example's tokens after the decoder start "
+                      "token), which this model's search continues") if prompt else (
+                      "Drop that option (`target_prefix=` is this model's way to continue a prefix)")  # fmt: skip
             raise ValueError(
                 f"generate(): {asked} runs in this model's greedy and beam search, but {reason} hands the call "
-                "to Transformers' own loop, which has neither. Drop that option (a `decoder_input_ids` prompt is "
-                "Transformers' way to continue a prefix there)."
+                f"to Transformers' own loop, which has neither. {advice}."
             )
         if reason is None:
             output = self._decode(config, model_kwargs, source, limits, penalty_type, logits_processor, lexical,
@@ -245,6 +286,25 @@ class VaswaniGenerationMixin:
         return any(getattr(generation_config, name, None) is not None
                    and getattr(generation_config, name) != getattr(self.generation_config, name, None)
                    for name in ("max_length", "max_new_tokens"))  # fmt: skip
+
+    def _loop_lengths(self, config: GenerationConfig, left_out: dict[str, bool], prompt: torch.Tensor | None) -> None:
+        """The lengths as Transformers' loop reads them (`_prepare_generated_length`), into the call's own config:
+        a `max_length` nobody set means `max_length` (20) new tokens after the decoder prompt, all of it cut at
+        `max_position_embeddings` positions; `min_new_tokens` wins over `min_length`, with the loop's warning
+        where both are set."""
+        prompt_length = prompt.shape[-1] if prompt is not None else 1
+        if config.max_new_tokens is None and left_out["max_length"]:
+            config.max_length += prompt_length
+            positions = getattr(self.config, "max_position_embeddings", None)
+            config.max_length = min(config.max_length, positions) if positions is not None else config.max_length
+        if config.min_new_tokens is not None:
+            if not left_out["min_length"]:
+                logger.warning(
+                    f"Both `min_new_tokens` (={config.min_new_tokens}) and `min_length`(={config.min_length}) seem to "
+                    "have been set. `min_new_tokens` will take precedence. Please refer to the documentation for more "
+                    "information. (https://huggingface.co/docs/transformers/main/en/main_classes/text_generation)"
+                )
+            config.min_length = config.min_new_tokens + prompt_length
 
     def _fit_position_table(
         self,
@@ -294,7 +354,8 @@ class VaswaniGenerationMixin:
                     setattr(config, name, value)
         return config
 
-    def _handed_over_because(self, config: GenerationConfig, model_kwargs: dict) -> str | None:
+    def _handed_over_because(self, config: GenerationConfig, model_kwargs: dict,
+                             logits_processor: LogitsProcessorList | None = None) -> str | None:  # fmt: skip
         """Why this call needs Transformers' loop, or None when the decoder here runs it."""
         wrapped = forward_wrapped(self)
         if wrapped is not None:
@@ -318,7 +379,7 @@ class VaswaniGenerationMixin:
             return "`num_return_sequences` > `num_beams`"
         if config.decoder_start_token_id is None and self.config.decoder_start_token_id is None:
             return "no `decoder_start_token_id`"
-        return None
+        return _replacing_a_setting(config, logits_processor)
 
     def _source(self, model_kwargs: dict, config: GenerationConfig) -> Source:
         """The encoder output (computed here unless given), its padding mask and each source's length. Without any
@@ -335,9 +396,14 @@ class VaswaniGenerationMixin:
             input_ids = model_kwargs["input_ids"] = torch.full((rows, 1), int(bos), dtype=torch.long,
                                                                device=self.device)  # fmt: skip
         pad = self.config.pad_token_id
-        if attention_mask is None and input_ids is not None and pad is not None and pad != self.config.eos_token_id:
-            if bool((input_ids == pad).any()):  # Transformers infers the mask the same way
-                attention_mask = input_ids.ne(pad).long()
+        # no mask inferred from the padding: Transformers' loop infers one for decoder-only models alone, so an
+        # encoder-decoder's encoder attends to every position where the caller gives no mask, on every path
+        if attention_mask is None and input_ids is not None and pad is not None and bool((input_ids == pad).any()):
+            logger.warning_once(
+                f"generate(): `input_ids` hold the padding token ({pad}) but no `attention_mask` was given, so the "
+                "encoder attends to the padding, as in Transformers' own loop for encoder-decoder models. Pass the "
+                "tokenizer's `attention_mask` with the `input_ids` to mask it."
+            )
         candidates = (encoder_outputs, input_ids, model_kwargs.get("inputs_embeds"))
         given = next((x for x in candidates if x is not None), None)
         if given is None:
@@ -376,7 +442,7 @@ class VaswaniGenerationMixin:
         if limits is not None:
             max_new = int(limits.max())
         batch_limits = limits if limits is not None else torch.full((batch,), max_new, dtype=torch.long)
-        min_new = max((config.min_length or 0) - 1, config.min_new_tokens or 0) if eos else 0
+        min_new = max(config.min_length - 1, 0) if eos else 0  # `_loop_lengths` put min_new_tokens there
         eos_tensor = torch.tensor(eos, dtype=torch.long)
         return DecodingSettings(
             num_beams=config.num_beams,

@@ -16,7 +16,9 @@ The beam search is Transformers' algorithm (the same candidates, finished-hypoth
 `length_penalty_type="hf"` and `max_length_offset=None` give exactly Transformers' sequences and scores) with the
 paper's options and less work per step:
 - the log-softmax is computed in place, and the top candidates are found in two stages (`top_k_per_row`);
-- a sentence whose search is over leaves the batch at once, so long sentences do not keep short ones computing;
+- a sentence whose search is over leaves the batch at once, so long sentences do not keep short ones computing
+  (every row stays, as in Transformers' loop, where a caller's processor may read which row is which example:
+  `DecodingSettings.keeps_every_row`);
 - the hypotheses' token buffers grow with the search (`WIDTH_STEP` positions at a time), so a step's bookkeeping
   copies the tokens written so far, not the longest output allowed (a parse allows input length + 300).
 Two tricks were measured and went (docs/performance.md): seeking a parser's top candidates among its tree symbols
@@ -35,9 +37,20 @@ from typing import TYPE_CHECKING
 
 import torch
 from transformers.generation import (
+    ForcedBOSTokenLogitsProcessor,
+    ForcedEOSTokenLogitsProcessor,
+    InfNanRemoveLogitsProcessor,
+    LogitNormalization,
     LogitsProcessor,
     LogitsProcessorList,
+    MinLengthLogitsProcessor,
+    MinNewTokensLengthLogitsProcessor,
     NoBadWordsLogitsProcessor,
+    NoRepeatNGramLogitsProcessor,
+    RepetitionPenaltyLogitsProcessor,
+    SequenceBiasLogitsProcessor,
+    SuppressTokensLogitsProcessor,
+    TemperatureLogitsWarper,
 )
 
 if TYPE_CHECKING:
@@ -66,6 +79,14 @@ FAIRSEQ_GENERATION_DEFAULTS = {
 }
 DECODING_PRESETS = {"paper": PAPER_GENERATION_DEFAULTS, "fairseq": FAIRSEQ_GENERATION_DEFAULTS}
 LENGTH_PENALTY_TYPES = ("gnmt", "hf")
+# Transformers' processors whose each row's scores depend on that row's tokens and scores alone (exact classes: a
+# subclass may read more), so a search may drop finished sentences' rows under them.
+ROW_LOCAL_PROCESSORS = (
+    ForcedBOSTokenLogitsProcessor, ForcedEOSTokenLogitsProcessor, InfNanRemoveLogitsProcessor, LogitNormalization,
+    MinLengthLogitsProcessor, MinNewTokensLengthLogitsProcessor, NoBadWordsLogitsProcessor,
+    NoRepeatNGramLogitsProcessor, RepetitionPenaltyLogitsProcessor, SequenceBiasLogitsProcessor,
+    SuppressTokensLogitsProcessor, TemperatureLogitsWarper,
+)  # fmt: skip
 # The one score of what cannot happen: a masked token, a candidate a row cannot give, an empty finished slot.
 IMPOSSIBLE = -math.inf
 
@@ -143,6 +164,18 @@ class DecodingSettings:
         """How many continuations beam search takes from each row (Transformers': enough that `num_beams` of
         them do not end, whatever the EOS tokens)."""
         return max(2, 1 + self.eos.numel()) * self.num_beams if self.num_beams > 1 else 1
+
+    @property
+    def keeps_every_row(self) -> bool:
+        """Whether every row stays in the eager search to its end, as in Transformers' loop (a finished sentence's
+        rows keep computing, greedy's fed the fill token): where a caller's processor may read which row is which
+        example (Transformers' `PrefixConstrainedLogitsProcessor` reads row // beams, a bias may hold one row per
+        beam). Not where each declares `row_independent` (its rows' scores depend on their own tokens and scores
+        alone), or `reads_row_examples` (told each row's example before each call), or is one of Transformers'
+        row-local processors: then finished sentences leave the batch, which is faster."""
+        return any(not (getattr(processor, "row_independent", False) or getattr(processor, "reads_row_examples", False)
+                        or type(processor) in ROW_LOCAL_PROCESSORS)
+                   for processor in self.user_processors)  # fmt: skip
 
     @property
     def per_step_outputs(self) -> bool:
@@ -328,6 +361,8 @@ def greedy_search(settings: DecodingSettings, state: DecodingState) -> dict:
     # the screened projection's upper bounds stay upper bounds under the built-in processors (they mask or force
     # tokens); a caller's processor may do anything with them
     screened = not settings.user_processors and hasattr(state, "greedy_logits")
+    # rows whose sentence ended, where every row stays to the end (`keeps_every_row`): on the host
+    ended = torch.zeros(batch, dtype=torch.bool) if settings.keeps_every_row else None
     for step in range(settings.max_new_tokens):
         scores, floor = state.greedy_logits(tokens) if screened else (state.logits(tokens).t(), None)
 
@@ -345,13 +380,22 @@ def greedy_search(settings: DecodingSettings, state: DecodingState) -> dict:
             scores = apply_processors(settings, state.exact_logits(), step, limits, input_ids, state.example_ids,
                                       any_at_limit=any_at_limit)  # fmt: skip
             tokens = scores.argmax(-1)
+        if ended is not None and bool(ended.any()):  # Transformers' loop feeds an ended row the fill token
+            tokens = tokens.masked_fill(ended.to(device), settings.fill)
         generated[:, step] = tokens
         finished = (torch.isin(tokens, eos) | limit_reached(step, limits)).cpu()  # the step's one read
+        if ended is not None:
+            finished &= ~ended
         if bool(finished.any()):
             done = finished.nonzero().flatten()
             ids = state.example_ids[done].to(device)
             output[ids] = generated[done.to(device)]
             lengths[ids] = step + 1
+            if ended is not None:  # the rows stay, their results written
+                ended |= finished
+                if bool(ended.all()):
+                    break
+                continue
             keep = (~finished).nonzero().flatten()
             if keep.numel() == 0:
                 break
@@ -619,6 +663,8 @@ def beam_search(settings: DecodingSettings, state: DecodingState) -> dict:
         step_rule = BeamStep(settings, history=history)
     # only a target prefix and user processors read which example a row decodes
     examples_read = settings.prefix is not None or bool(settings.user_processors)
+    # sentences whose results are written, where every row stays to the end (`keeps_every_row`): on the host
+    ended = torch.zeros(batch, dtype=torch.bool) if settings.keeps_every_row else None
 
     for step in range(steps):
         if step == search.running.shape[-1]:  # the token buffers are full: more columns
@@ -633,7 +679,14 @@ def beam_search(settings: DecodingSettings, state: DecodingState) -> dict:
         result = step_rule(step, state, tokens, search, input_ids, row_examples, any_at_limit)
         search, parent_rows = result.beams, result.parent_rows
         done = result.done.cpu()  # the one read of a step: whose search is over (the device alone knows)
-        if bool(done.any()):
+        if ended is not None:  # their rows go on computing, unread, as in Transformers' loop
+            done &= ~ended
+            if bool(done.any()):
+                write_finished(settings, state, search, done, history, out)
+                ended |= done
+                if bool(ended.all()):
+                    break
+        elif bool(done.any()):
             search, parent_rows = drop_finished(settings, state, result, done, step_rule, out)
             if search is None:
                 break
@@ -649,18 +702,10 @@ def drop_finished(settings: DecodingSettings, state: DecodingState, result: Step
     """The eager search's batching policy: the sentences whose search is over (`done`, read to the host) write
     their results into `out` and leave the batch (the decoding state, the beams and the step's own state drop
     their rows). The beams and parent rows of the sentences that go on, renumbered (None once none does)."""
-    search, k, n_return = result.beams, settings.num_beams, settings.num_return_sequences
-    device, history = search.running.device, step_rule.history
-    leaving = done.nonzero().flatten()  # on the host, as `stay` below: no further read
-    ids = state.example_ids[leaving].to(device)
-    leaving = leaving.to(device)
-    rows = (ids[:, None] * n_return + torch.arange(n_return, device=device)).flatten()
-    out["sequences"][rows, : search.finished.shape[-1]] = search.finished[leaving, :n_return].flatten(0, 1)
-    out["scores"][rows] = search.finished_scores[leaving, :n_return].flatten()
-    out["lengths"][rows] = search.finished_lengths[leaving, :n_return].flatten()
-    if history is not None:
-        history.out[rows] = history.finished[leaving, :n_return].flatten(0, 1)
-    stay = (~done).nonzero().flatten()
+    search, k = result.beams, settings.num_beams
+    device = search.running.device
+    write_finished(settings, state, search, done, step_rule.history, out)
+    stay = (~done).nonzero().flatten()  # on the host: no further read
     if stay.numel() == 0:
         return None, None
     state.keep(stay)  # host indices: the state keeps its example ids on the host
@@ -671,6 +716,21 @@ def drop_finished(settings: DecodingSettings, state: DecodingState, result: Step
     position[row_stay] = torch.arange(row_stay.numel(), device=device)
     step_rule.keep(stay)
     return search.select(stay), position[result.parent_rows[stay]]
+
+
+def write_finished(settings: DecodingSettings, state: DecodingState, search: Beams, done: torch.BoolTensor,
+                   history: BeamHistory | None, out: dict) -> None:  # fmt: skip
+    """The results of the sentences whose search is over (`done`, on the host) into `out`."""
+    n_return, device = settings.num_return_sequences, search.running.device
+    leaving = done.nonzero().flatten()
+    ids = state.example_ids[leaving].to(device)
+    leaving = leaving.to(device)
+    rows = (ids[:, None] * n_return + torch.arange(n_return, device=device)).flatten()
+    out["sequences"][rows, : search.finished.shape[-1]] = search.finished[leaving, :n_return].flatten(0, 1)
+    out["scores"][rows] = search.finished_scores[leaving, :n_return].flatten()
+    out["lengths"][rows] = search.finished_lengths[leaving, :n_return].flatten()
+    if history is not None:
+        history.out[rows] = history.finished[leaving, :n_return].flatten(0, 1)
 
 
 def log_softmax_in_place(logits: torch.Tensor) -> torch.Tensor:

@@ -104,8 +104,8 @@ class Ensemble(VaswaniGenerationMixin):
             model.eval()
         return self
 
-    def _handed_over_because(self, config, model_kwargs) -> str | None:
-        reason = super()._handed_over_because(config, model_kwargs)
+    def _handed_over_because(self, config, model_kwargs, logits_processor=None) -> str | None:
+        reason = super()._handed_over_because(config, model_kwargs, logits_processor)
         if reason is not None:
             raise ValueError(f"Ensemble decoding runs greedy and beam search only: {reason} needs a single model.")
         return None

@@ -374,7 +374,7 @@ class _OutputWays:
 def _output_weight_to_time(model, rows: int) -> torch.Tensor | None:
     """The output weight whose way a search of `rows` rows still has to time on its steps, or None."""
     weight = getattr(model.get_output_embeddings(), "weight", None)
-    if type(weight) is not torch.nn.Parameter or weight.device.type != "cpu" or rows > 256:
+    if type(weight) is not torch.nn.Parameter or weight.device.type != "cpu" or rows > 256 or not _timed(weight):
         return None  # `output_logits` multiplies such a weight one way only
     return None if _output_key(weight, rows) in _OUTPUT_TIMED_ON_STEPS else weight
 
@@ -523,12 +523,13 @@ def output_logits(model, hidden: torch.Tensor) -> torch.Tensor:
     Rapids it took 1.7 against 2.9 ms (`F.linear`) at 4 rows and 8.5 against 10.2 ms at 64, and beam4-b1 decoding
     ran 1.22x faster with it (1.18x with the CPU capped to AVX2), while one row stays faster unpacked.
     Every way computes the same products: the logits are equal up to float rounding. The (vocabulary, rows) result
-    is kept as written: a transposing copy cost as much as the product.
+    is kept as written: a transposing copy cost as much as the product. A weight that is not float32 (bf16) is
+    multiplied by the model's own product, never timed (`_timed`).
     """
     weight = getattr(model.get_output_embeddings(), "weight", None)
     rows = hidden.shape[0]
     # int8 models (`precision.py`) hold a packed or subclassed weight: their own module computes the product
-    if hidden.device.type != "cpu" or rows > 256 or type(weight) is not torch.nn.Parameter:
+    if hidden.device.type != "cpu" or rows > 256 or type(weight) is not torch.nn.Parameter or not _timed(weight):
         return _product_by_rows(model, weight, hidden)
     key = _output_key(weight, rows)
     trial = _OUTPUT_UNDER_TRIAL.get(model)
@@ -541,6 +542,16 @@ def output_logits(model, hidden: torch.Tensor) -> torch.Tensor:
     return way(model, weight, hidden)
 
 
+def _timed(weight: torch.Tensor) -> bool:
+    """Whether the output projection's way is chosen by stopwatch for this weight: float32 only. The ways round
+    differently, and a bf16 logit keeps 8 bits, so two ways' bf16 logits tie or swap near-equal tokens: a choice
+    by stopwatch (which one process's timings, a busy neighbour's included, decide) made the same greedy call give
+    other tokens in another process. A bf16 weight is multiplied by the model's own product, as with the fast
+    paths off and in Transformers' loop: the same tokens in every process. Float32 ways differ in the last bits
+    of a score only (greedy's tokens are exact: `screened_logits`)."""
+    return weight.dtype == torch.float32
+
+
 def _output_key(weight: torch.Tensor, rows: int) -> tuple:
     return (tuple(weight.shape), weight.dtype), rows.bit_length(), torch.get_num_threads()
 
@@ -548,11 +559,7 @@ def _output_key(weight: torch.Tensor, rows: int) -> tuple:
 def _output_ways(weight: torch.Tensor, rows: int) -> tuple[Callable, ...]:
     """The ways to multiply the output weight by `rows` rows on this CPU, the layer's own first."""
     ways = (_product_by_rows, _product_by_columns) + ((_product_by_doubled_row,) if rows == 1 else ())
-    if (
-        torch.backends.mkldnn.is_available()
-        and has_ops(*ONEDNN_OPS)
-        and (weight.dtype == torch.float32 or (weight.dtype == torch.bfloat16 and _onednn_bf16()))
-    ):  # oneDNN refuses to reorder bf16 weights where it has no bf16 kernels (AVX2, or capped to it)
+    if torch.backends.mkldnn.is_available() and has_ops(*ONEDNN_OPS) and weight.dtype == torch.float32:
         ways += (_product_by_packed_weight,)
     if torch.backends.mkl.is_available() and has_ops(*MKL_OPS) and weight.dtype == torch.float32:
         ways += (functools.partial(_product_by_mkl_packed_weight, rows=rows),)
