@@ -327,7 +327,7 @@ def test_a_call_with_settings_left_out_decodes_as_transformers_loop(case):
 
 
 @given(case=calls())
-@settings(max_examples=200, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=100, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 def test_a_call_with_settings_left_out_decodes_as_transformers_loop_deeper(case):
     holds_to_the_loop(case)
 
