@@ -15,7 +15,7 @@ from typing import Annotated, Literal
 
 from fastapi import APIRouter, Header, Request
 from fastapi.responses import HTMLResponse
-from pydantic import BaseModel, Field, StringConstraints, field_validator
+from pydantic import BaseModel, Field, WithJsonSchema, field_validator
 
 from ..parsing.linearization import linearize
 from ..parsing.parser import INSTALL, TREE_SEARCHES, ParseResult, bracketed, parse_lines, require_parser, words_of
@@ -55,8 +55,10 @@ def parse_batch(service: Service, lines: list[str], options: dict) -> list[Parse
     return parsed
 
 
-# a word as the parser takes it: not empty, no white space (str.split's, which also splits at \x1c-\x1f)
-Word = Annotated[str, StringConstraints(pattern=r"^[^\s\x1c-\x1f]+$")]
+# a word as the parser takes it: not empty, no white space (str.split's, which also splits at \x1c-\x1f). The
+# schema declares the pattern; `sentences`' validator below refuses such a word naming it (pydantic's own pattern
+# error would say only "String should match pattern")
+Word = Annotated[str, WithJsonSchema({"type": "string", "pattern": r"^[^\s\x1c-\x1f]+$"})]
 
 
 class ParseRequest(BaseModel):
@@ -77,7 +79,13 @@ class ParseRequest(BaseModel):
     @field_validator("sentences")
     @classmethod
     def _text(cls, value):
-        return text_only(value)
+        for number, sentence in enumerate(text_only(value)):
+            if isinstance(sentence, list):  # the words the schema's pattern allows, refused here by name
+                try:
+                    words_of(sentence)
+                except ValueError as err:
+                    raise ValueError(f"sentences.{number}: {err}") from None
+        return value
 
 
 class ParseCandidate(BaseModel):
