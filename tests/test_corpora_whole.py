@@ -146,6 +146,32 @@ def test_command_line_files_in_utf16_are_named(reader, tmp_path):
         list(getattr(cli_decoding, reader)(str(tmp_path / "in.txt")))
 
 
+@pytest.mark.parametrize("encoding", ["utf-16-le", "utf-16-be"])
+@pytest.mark.parametrize("text", ["Hi", "a", "Hey"])
+def test_a_file_of_a_few_utf16_characters_without_a_line_end_is_named(text, encoding):
+    # an attacker's find: under 8 bytes the NULs were not looked at, and "Hi" in UTF-16LE was read as "H\0i\0"
+    from vaswani_hf.data.encodings import wide_encoding
+
+    assert (
+        wide_encoding(text.encode(encoding))
+        == f"{encoding.upper().replace('-LE', 'LE').replace('-BE', 'BE')} (without a byte-order mark)"
+    )
+    assert wide_encoding(text.encode("utf-8")) is None
+
+
+def test_a_gzipped_utf16_file_is_told_to_convert_through_zcat(tmp_path):
+    # an attacker's find: the advice ran iconv on the compressed bytes and wrote a name the reader does not read
+    import gzip
+
+    (tmp_path / "train.tsv.gz").write_bytes(gzip.compress("a b\tc d\n".encode("utf-32")))
+    with pytest.raises(ValueError) as refused:
+        load_split(str(tmp_path), "train", "en", "de")
+    assert (
+        "`zcat train.tsv.gz | iconv -f UTF-32 -t UTF-8 | gzip > train.tsv.gz.utf8 && mv train.tsv.gz.utf8 train.tsv.gz`"
+        in str(refused.value)
+    )
+
+
 def test_nul_characters_inside_utf8_text_are_not_taken_for_utf16(tmp_path):
     pairs = [("a\x00b", "c\x00\x00d"), ("\x00\x00\x00\x00", "e")]
     write(tmp_path, files_of("parallel", "train", pairs))

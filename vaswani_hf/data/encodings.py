@@ -26,6 +26,11 @@ def wide_encoding(head: bytes) -> str | None:
     by_nuls = _by_nuls(head)
     if by_nuls is not None and len(head) >= 8:
         return f"{by_nuls} (without a byte-order mark)"
+    if 2 <= len(head) < 8 and len(head) % 2 == 0:  # a whole file of one to three characters and no line end
+        nul = np.frombuffer(head, np.uint8).reshape(-1, 2) == 0
+        for high, name in ((1, "UTF-16LE"), (0, "UTF-16BE")):
+            if nul[:, high].all() and not nul[:, 1 - high].any():
+                return f"{name} (without a byte-order mark)"
     by_ends, count, last = _by_line_ends(head)
     if by_ends is None:
         return None
@@ -77,7 +82,10 @@ def check_utf8_encoding(path: Path | str, head: bytes) -> None:
     if name := wide_encoding(head):
         # with a mark, iconv's UTF-16 reads the order from it (and drops it); without, the order must be named
         given, shown = name.split()[0] if "without" in name else name[:6], Path(path).name
+        # a gzipped file converts through zcat, back under its own name (the one the reader looks for)
+        fix = (f"zcat {shown} | iconv -f {given} -t UTF-8 | gzip > {shown}.utf8 && mv {shown}.utf8 {shown}"
+               if shown.endswith(".gz") else f"iconv -f {given} -t UTF-8 {shown} > {shown}.utf8")  # fmt: skip
         raise ValueError(
-            f"{path} is {name}, not UTF-8: convert it, e.g. `iconv -f {given} -t UTF-8 {shown} > "
-            f'{shown}.utf8` (as Excel\'s "Unicode Text" export and Notepad\'s "Unicode" write it).'
+            f'{path} is {name}, not UTF-8: convert it, e.g. `{fix}` (as Excel\'s "Unicode Text" export and '
+            'Notepad\'s "Unicode" write it).'
         )
