@@ -87,9 +87,10 @@ class VaswaniCommonTest(ModelTesterMixin, unittest.TestCase):
     is_encoder_decoder = True
     test_missing_keys = True
     test_resize_embeddings = True
+    model_tester_class = VaswaniModelTester
 
     def setUp(self):
-        self.model_tester = VaswaniModelTester(self)
+        self.model_tester = self.model_tester_class(self)
         self.config_tester = ConfigTester(self, config_class=VaswaniConfig, d_model=32)
 
     def test_config(self):
@@ -103,17 +104,12 @@ class MarianModelTester(VaswaniModelTester):
     config_class = MarianConfig
 
 
-class MarianControlTest(ModelTesterMixin, unittest.TestCase):
+class MarianControlTest(VaswaniCommonTest):
     """Transformers' Marian through the same mixin in the same run (the second tier: tests/extended_tier.txt)."""
 
     all_model_classes = (MarianModel, MarianMTModel)
-    all_generative_model_classes = ()
-    is_encoder_decoder = True
-    test_missing_keys = True
-    test_resize_embeddings = True
-
-    def setUp(self):
-        self.model_tester = MarianModelTester(self)
+    model_tester_class = MarianModelTester
+    test_config = None  # the configuration tested is ours alone
 
 
 @pytest.mark.parametrize("attn", ["eager", "sdpa"])
