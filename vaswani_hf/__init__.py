@@ -16,11 +16,15 @@ import importlib.abc
 import importlib.util
 import sys
 
-from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM, AutoTokenizer, PretrainedConfig
+from .openmp import wait_passively
 
-from .model.configuration_vaswani import VaswaniConfig
-from .model.modeling_vaswani import VaswaniForConditionalGeneration, VaswaniModel, VaswaniPreTrainedModel
-from .model.search_vaswani import gnmt_length_penalty
+wait_passively()  # before anything imports torch: libgomp reads its wait policy once, when torch loads it
+
+from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM, AutoTokenizer, PretrainedConfig  # noqa: E402
+
+from .model.configuration_vaswani import VaswaniConfig  # noqa: E402
+from .model.modeling_vaswani import VaswaniForConditionalGeneration, VaswaniModel, VaswaniPreTrainedModel  # noqa: E402
+from .model.search_vaswani import gnmt_length_penalty  # noqa: E402
 
 # name -> the module that defines it, imported on first use (PEP 562)
 _LAZY = {
