@@ -6,19 +6,18 @@ import torch
 from vaswani_hf.data.number_words import builtin_splits
 from vaswani_hf.translation.inference import load_for_inference
 
-from .helpers import TRAINED_RUN, vaswani
+from .helpers import vaswani
 
 ctranslate2 = pytest.importorskip("ctranslate2")
 
 
 @pytest.fixture(scope="module")
-def exported(tmp_path_factory):
+def exported(tmp_path_factory, translator):
+    """The session's trained translator (conftest.py; the ONNX and docs tests' too: no model of its own to train)."""
     root = tmp_path_factory.mktemp("export")
-    result = vaswani("train", *TRAINED_RUN, "--output_dir", str(root / "model"))
+    result = vaswani("export", str(translator), str(root / "ct2"), "--to", "ctranslate2")
     assert result.returncode == 0, result.stderr[-3000:]
-    result = vaswani("export", str(root / "model"), str(root / "ct2"), "--to", "ctranslate2")
-    assert result.returncode == 0, result.stderr[-3000:]
-    return root / "model", root / "ct2"
+    return translator, root / "ct2"
 
 
 def test_export_greedy_outputs_equal_ours(exported):

@@ -96,6 +96,18 @@ class VaswaniCommonTest(ModelTesterMixin, unittest.TestCase):
     def test_config(self):
         self.config_tester.run_common_tests()
 
+    def _callTestMethod(self, method):
+        """A test that fails for the model is run at once on Marian's control: its failure says whether Marian
+        fails it too (the harness's or the release's) or the model alone."""
+        try:
+            method()
+        except unittest.SkipTest:
+            raise
+        except Exception as err:
+            if type(self) is VaswaniCommonTest:
+                err.add_note(marian_control(self._testMethodName))
+            raise
+
 
 class MarianModelTester(VaswaniModelTester):
     """The same shapes and inputs for Transformers' Marian, the control: a test that fails for both is the
@@ -105,11 +117,24 @@ class MarianModelTester(VaswaniModelTester):
 
 
 class MarianControlTest(VaswaniCommonTest):
-    """Transformers' Marian through the same mixin in the same run (the second tier: tests/extended_tier.txt)."""
+    """Transformers' Marian through the same mixin: each test the model fails, run on Marian (marian_control); the
+    whole class with VASWANI_MARIAN_CONTROL=1 (in the second tier: tests/extended_tier.txt), as on a new release."""
 
+    __test__ = os.environ.get("VASWANI_MARIAN_CONTROL") == "1"
     all_model_classes = (MarianModel, MarianMTModel)
     model_tester_class = MarianModelTester
     test_config = None  # the configuration tested is ours alone
+
+
+def marian_control(name: str) -> str:
+    """What Marian's control makes of the test `name` the model failed."""
+    result = unittest.TestResult()
+    MarianControlTest(name).run(result)
+    if result.failures or result.errors:
+        return f"Marian's control fails {name} too: the harness's or the release's failure, not the model's"
+    if result.skipped:
+        return f"Marian's control skips {name}: {result.skipped[0][1]}"
+    return f"Marian's control passes {name}: the model's failure"
 
 
 @pytest.mark.parametrize("attn", ["eager", "sdpa"])
@@ -122,3 +147,16 @@ def test_tester_inputs_run(attn):
     with torch.no_grad():
         out = model(**inputs)
     assert out.logits.shape == (13, 7, 99)
+
+
+@pytest.mark.parametrize("marian_fails", [False, True])
+def test_a_test_the_model_fails_says_what_marian_s_control_makes_of_it(monkeypatch, marian_fails):
+    def probe(self):  # fails for the model; for Marian too, or not
+        assert self.all_model_classes[0] is not VaswaniModel and not marian_fails
+
+    monkeypatch.setattr(VaswaniCommonTest, "test_probe", probe, raising=False)
+    result = unittest.TestResult()
+    VaswaniCommonTest("test_probe").run(result)
+    ((_, trace),) = result.failures
+    verdict = "fails test_probe too" if marian_fails else "passes test_probe: the model's failure"
+    assert f"Marian's control {verdict}" in trace, trace

@@ -169,6 +169,21 @@ def test_the_native_api_can_return_the_cross_attention_of_the_best_translation(s
         assert line["source_tokens"][-1] == line["target_tokens"][-1] == "</s>"
 
 
+def test_the_cross_attention_of_a_line_of_sentences_is_each_sentence_s_over_its_own_tokens(service):
+    """A line's sentences are decoded one by one (sentences.py): its attention is theirs side by side, each
+    sentence's rows over its own source tokens, zeros over the others' (it was a 500: the joined line had none)."""
+    first, second = f"{LINES[0]}.", f"{LINES[1]}."
+    (whole,) = call(service, ("/v1/translate", {"texts": [f"{first} {second}"], "attention": True}))
+    (alone,) = call(service, ("/v1/translate", {"texts": [first, second], "attention": True}))
+    assert whole.status_code == alone.status_code == 200, whole.text
+    (line,) = whole.json()["translations"][0]["attention"]
+    one, two = (translation["attention"][0] for translation in alone.json()["translations"])
+    for tokens in ("source_tokens", "target_tokens"):
+        assert line[tokens] == one[tokens] + two[tokens]
+    before, after = [0.0] * len(one["source_tokens"]), [0.0] * len(two["source_tokens"])
+    assert line["weights"] == [row + after for row in one["weights"]] + [before + row for row in two["weights"]]
+
+
 def test_the_page_and_the_model_facts_are_served(service):
     async def send():
         from vaswani_hf.serving.app import create_app

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
@@ -340,28 +341,52 @@ def _answer(connection: socket.socket) -> bytes:
     return answer
 
 
+START = b"GET /health HTTP/1.1\r\nHost: x\r\n"
+OVERSIZED = {  # what the client sends (never the headers' end), the option its 431 names (the default bounds)
+    "a header of a mebibyte, streamed": (START + b"X-Big: " + b"a" * (1 << 20), "--max_header_bytes"),
+    "a long request line": (b"GET /health?" + b"a" * 100_000 + b" HTTP/1.1\r\n", "--max_header_bytes"),
+    "many header fields": (START + b"".join(b"X-%d: v\r\n" % i for i in range(120)), "--max_headers"),
+}
+
+
+def _refused_431(port: int, case: str) -> None:
+    """OVERSIZED[case] sent on a connection of its own, as a client writes (a chunk at a time): a JSON 431 naming
+    the option passed, then the connection closed."""
+    sent, option = OVERSIZED[case]
+    with socket.create_connection(("127.0.0.1", port)) as connection:
+        try:
+            for at in range(0, len(sent), 8192):
+                connection.sendall(sent[at : at + 8192])
+        except OSError:
+            pass  # the server stopped reading: the answer is waiting
+        answer = _answer(connection)
+    assert answer.startswith(b"HTTP/1.1 431 "), (case, answer[:200])
+    assert option in json.loads(answer.split(b"\r\n\r\n", 1)[1])["error"], case
+
+
 def test_headers_past_their_bounds_get_431_at_once_and_the_server_serves_on():
     with Stub([A]) as stub:  # the default bounds: 64 KiB of request line and headers, 100 header fields
-        start = b"GET /health HTTP/1.1\r\nHost: x\r\n"
-        cases = {  # what the client sends (never the headers' end), the option its 431 names
-            "a header of a mebibyte, streamed": (start + b"X-Big: " + b"a" * (1 << 20), "--max_header_bytes"),
-            "a long request line": (b"GET /health?" + b"a" * 100_000 + b" HTTP/1.1\r\n", "--max_header_bytes"),
-            "many header fields": (start + b"".join(b"X-%d: v\r\n" % i for i in range(120)), "--max_headers"),
-        }
-        for case, (sent, option) in cases.items():
-            with socket.create_connection(("127.0.0.1", stub.port)) as connection:
-                try:
-                    for at in range(0, len(sent), 8192):  # as a client writes: a chunk at a time
-                        connection.sendall(sent[at : at + 8192])
-                except OSError:
-                    pass  # the server stopped reading: the answer is waiting
-                answer = _answer(connection)
-            assert answer.startswith(b"HTTP/1.1 431 "), (case, answer[:200])
-            assert option in json.loads(answer.split(b"\r\n\r\n", 1)[1])["error"], case
+        for case in OVERSIZED:
+            _refused_431(stub.port, case)
         # within the bounds: served (90 fields and httpx's 5, 63 KiB)
         fields = {f"X-{i}": "v" * 700 for i in range(90)}
         assert httpx.get(f"{stub.url}/health", headers=fields, timeout=10).status_code == 200
         assert stub.health()["status"] == "ready"
+
+
+def test_the_header_bounds_hold_under_max_connections_and_many_connections_at_once():
+    """--max_connections (uvicorn's limit, 503 past it) is judged once a request's headers are read: the header
+    parser's bounds come first, for every connection at once, with the limit reached by idle ones meanwhile."""
+    with Stub([A], settings={"max_connections": 2}) as stub:
+        idle = [socket.create_connection(("127.0.0.1", stub.port)) for _ in range(2)]  # the limit, reached
+        try:
+            with ThreadPoolExecutor(9) as pool:  # three connections of each case at once
+                list(pool.map(lambda case: _refused_431(stub.port, case), [*OVERSIZED] * 3))
+        finally:
+            for connection in idle:
+                connection.close()
+        time.sleep(0.5)  # the closed connections leave the count
+        assert httpx.get(f"{stub.url}/health", timeout=10).status_code == 200
 
 
 def test_one_deadline_bounds_a_request_across_its_load_its_queues_and_both_legs_of_a_pair():

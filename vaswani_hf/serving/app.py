@@ -173,8 +173,20 @@ def create_app(catalog: Catalog | Service, routers: Routers | None = None) -> Fa
             at += len(text)
         return out
 
-    for router in (routers or translation_routers)(service, run, check_key):
+    made = (routers or translation_routers)(service, run, check_key)
+    for router in made:
         app.include_router(router, responses=REFUSALS)
+    generate = app.openapi
+
+    def openapi() -> dict:
+        """FastAPI's schema, with what a router declares of this server (`declare`: its languages, its bounds)."""
+        if app.openapi_schema is None:
+            schema = generate()
+            for router in made:
+                getattr(router, "declare", lambda _schema: None)(schema)
+        return app.openapi_schema
+
+    app.openapi = openapi
 
     @app.get("/health", summary="ready or not, and what is served", responses={503: REFUSALS[503]})
     async def health() -> JSONResponse:

@@ -253,6 +253,10 @@ class Catalog:
         composed = sorted(t for (s, t), route in self.routes.items() if s == source and len(route.models) == 2)
         return [*reached, *composed, *([source] if (source, source) in self.routes else [])]
 
+    def targets(self) -> list[str]:
+        """Every language some served language translates to (the schema's targets)."""
+        return list(dict.fromkeys(target for source in self.sources() for target in self.targets_of(source)))
+
     def route(self, source: str, target: str) -> Route:
         """The route a request from `source` to `target` takes: a composed one through another pivot while a model
         of its best is failing (and one of another pivot is not); NoRoute where none is served."""

@@ -21,6 +21,7 @@ import math
 import re
 import time
 from collections import deque
+from contextvars import ContextVar
 from typing import Any
 from urllib.parse import parse_qsl
 
@@ -157,10 +158,30 @@ def deadline_of(request: Request, timeout: float) -> float:
     return request.scope.get("state", {}).get("arrived", time.monotonic()) + timeout
 
 
+# the deadline of the request whose work a pool thread runs (`within` sets it; the thread's context is a copy)
+_DEADLINE: ContextVar[float | None] = ContextVar("deadline", default=None)
+
+
 async def within(deadline: float, work, *args):
     """`work(*args)` off the event loop, awaited until `deadline` at most (TimeoutError past it: its result, when
-    it comes, is dropped; a thread cannot be stopped, but nothing waits for it)."""
-    return await asyncio.wait_for(asyncio.to_thread(work, *args), max(0.0, deadline - time.monotonic()))
+    it comes, is dropped). Work still waiting for a pool thread then never starts (its job is cancelled); work under
+    way cannot be stopped, but its steps run through `each` stop at the next step, so the thread is soon free."""
+    token = _DEADLINE.set(deadline)
+    try:
+        return await asyncio.wait_for(asyncio.to_thread(work, *args), max(0.0, deadline - time.monotonic()))
+    finally:
+        _DEADLINE.reset(token)
+
+
+def each(step, items) -> list:
+    """`[step(item) for item in items]`, but no step started past the deadline of the `within` running it
+    (TimeoutError: nobody waits for the rest)."""
+    deadline, out = _DEADLINE.get(), []
+    for item in items:
+        if deadline is not None and time.monotonic() > deadline:
+            raise TimeoutError("the request's time ran out")
+        out.append(step(item))
+    return out
 
 
 def too_slow(timeout: float, noun: str) -> ApiError:

@@ -22,7 +22,6 @@ language the client never named."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 import uuid
@@ -36,10 +35,10 @@ from fastapi.responses import JSONResponse, Response
 from starlette.datastructures import UploadFile
 
 from .catalog import Catalog, NoRoute, Route
-from .guard import ApiError, check_chars, deadline_of, not_text, shown, too_long, too_slow, within
+from .guard import ApiError, check_chars, deadline_of, each, not_text, shown, too_long, too_slow, within
 from .language_id import detect
 from .markup import BadMarkup, Document, TooManyTexts
-from .native import alternative, lines_of
+from .native import alternative, lines_of, pairs_schema
 from .service import LANGUAGE_NAMES
 
 FILE_FORMATS = {".txt": "text/plain; charset=utf-8", ".html": "text/html; charset=utf-8",
@@ -95,18 +94,44 @@ def content_disposition(name: str) -> str:
     return f"attachment; filename=\"{fallback}\"; filename*=UTF-8''{quote(name, safe='')}"
 
 
-# the fields LibreTranslate's routes read (from JSON, a form or the query string), as its own spec declares them
+# the fields LibreTranslate's routes read (from JSON, a form or the query string), as its own spec declares them,
+# with what this server refuses of them (fields_of): an empty text, the languages it does not serve, its bounds
 TEXT = {"type": "string"}
-TEXTS = {"anyOf": [TEXT, {"type": "array", "items": TEXT}]}
-TRANSLATE_FIELDS = {"q": TEXTS, "source": TEXT, "target": TEXT, "format": {"type": "string", "enum": ["text", "html"]},
-                    "alternatives": {"type": "integer", "minimum": 0}, "api_key": TEXT}  # fmt: skip
 FORMS = ["application/json", "application/x-www-form-urlencoded", "multipart/form-data"]
 
 
-def request_body(fields: dict, required: list[str], types: list[str] = FORMS) -> dict:
-    """The OpenAPI request body of a route that reads its fields by hand: these fields, in each content type."""
-    schema = {"type": "object", "properties": fields, "required": required}
-    return {"requestBody": {"required": True, "content": {kind: {"schema": schema} for kind in types}}}
+def fields_of(catalog: Catalog, form: bool = False) -> dict[str, dict]:
+    """Every field of LibreTranslate's routes as this server takes it (a route's schema takes those it reads). In a
+    form, a list of one text is that text: `[""]` is an empty q."""
+    settings, most = catalog.settings, catalog.settings.batch_limit
+    texts = [{"type": "array", "items": TEXT, "minItems": 1, "maxItems": most}]
+    if form:
+        texts = [
+            {"type": "array", "items": TEXT, "minItems": 2, "maxItems": most},
+            {"type": "array", "items": {"type": "string", "minLength": 1}, "minItems": 1, "maxItems": 1},
+        ]
+    return {
+        "q": {"anyOf": [{"type": "string", "minLength": 1}, *texts]},
+        "source": {"type": "string", "enum": ["auto", *catalog.sources()]},
+        "target": {"type": "string", "enum": catalog.targets()},
+        "format": {"type": "string", "enum": ["text", "html"]},
+        "alternatives": {"type": "integer", "maximum": settings.max_nbest - 1},  # below 0: none
+        "api_key": {"anyOf": [TEXT, {"type": "null"}]},  # null: none
+        "file": {"type": "string", "format": "binary"},  # UTF-8 text, named with a suffix of FILE_FORMATS
+    }  # fmt: skip
+
+
+def request_body(catalog: Catalog, names: list[str], required: list[str], types: list[str] = FORMS) -> dict:
+    """The OpenAPI request body of a route that reads its fields by hand: these fields in each content type, and
+    the pairs served (a route with a source and a target)."""
+    content = {}
+    for kind in types:
+        fields = fields_of(catalog, form=kind != "application/json")
+        schema = {"type": "object", "properties": {name: fields[name] for name in names}, "required": required}
+        if "source" in names:
+            schema["anyOf"] = pairs_schema(catalog, auto=True)
+        content[kind] = {"schema": schema}
+    return {"requestBody": {"required": True, "content": content}}
 
 
 def libretranslate_router(catalog: Catalog, run, check_key) -> APIRouter:
@@ -135,7 +160,7 @@ def libretranslate_router(catalog: Catalog, run, check_key) -> APIRouter:
     def documents_of(texts: list[str]) -> list[Document]:
         """The HTML texts parsed; refused (400) past --max_lines text nodes or where the parser cannot read one."""
         try:
-            return [Document(text, settings.max_lines) for text in texts]
+            return each(lambda text: Document(text, settings.max_lines), texts)  # none started past the deadline
         except TooManyTexts as err:
             raise too_long(True, f"the document has more than {err.most} text nodes to translate, each a line for "
                            f"the model; this server takes at most {settings.max_lines} a request (--max_lines): "
@@ -189,14 +214,18 @@ def libretranslate_router(catalog: Catalog, run, check_key) -> APIRouter:
                             char_limit=char_limit)  # fmt: skip
         best = [[t.nbest[0][0] for t in text] for text in results]
         if html:
-            rendered = await asyncio.to_thread(lambda: [d.render(b) for d, b in zip(documents, best, strict=True)])
+            rendered = await in_time(
+                request, each, lambda pair: pair[0].render(pair[1]), list(zip(documents, best, strict=True))
+            )
             return rendered, results
         return ["\n".join(b) for b in best], results
 
     @router.post(
         "/translate",
         summary="LibreTranslate's translate: JSON, a form or the query string",
-        openapi_extra=request_body(TRANSLATE_FIELDS, ["q", "source", "target"]),
+        openapi_extra=request_body(
+            catalog, ["q", "source", "target", "format", "alternatives", "api_key"], ["q", "source", "target"]
+        ),
     )
     async def translate(request: Request) -> JSONResponse:
         fields = await read_fields(request)
@@ -237,7 +266,7 @@ def libretranslate_router(catalog: Catalog, run, check_key) -> APIRouter:
 
     @router.post(
         "/detect",
-        openapi_extra=request_body({"q": TEXTS, "api_key": TEXT}, ["q"]),
+        openapi_extra=request_body(catalog, ["q", "api_key"], ["q"]),
         summary="LibreTranslate's detect: the text's likeliest languages, best first",
     )
     async def detect_language(request: Request) -> list[dict]:
@@ -245,7 +274,7 @@ def libretranslate_router(catalog: Catalog, run, check_key) -> APIRouter:
         char_limit = check_key(key_of(fields), request.headers.get("authorization"))
         text = "\n".join(texts_of(fields))
         check_chars(settings, True, len(text), char_limit)
-        return await asyncio.to_thread(detect, text, catalog.default_pair()[0])
+        return await in_time(request, detect, text, catalog.default_pair()[0])
 
     @router.get("/languages", summary="LibreTranslate's languages: each source with every target it reaches")
     async def languages() -> list[dict]:
@@ -279,9 +308,8 @@ def libretranslate_router(catalog: Catalog, run, check_key) -> APIRouter:
         raise ApiError(403, "Suggestions are disabled on this server.", "suggestions_off")
 
     @router.post("/translate_file", summary="LibreTranslate's file translation: .txt and .html",
-                 openapi_extra=request_body({"file": {"type": "string", "format": "binary"}, "source": TEXT,
-                                             "target": TEXT, "api_key": TEXT}, ["file", "source", "target"],
-                                            ["multipart/form-data"]))  # fmt: skip
+                 openapi_extra=request_body(catalog, ["file", "source", "target", "api_key"],
+                                            ["file", "source", "target"], ["multipart/form-data"]))  # fmt: skip
     async def translate_file(request: Request) -> dict:
         fields = await read_fields(request)
         char_limit = check_key(key_of(fields), request.headers.get("authorization"))

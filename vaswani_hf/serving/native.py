@@ -79,13 +79,16 @@ def native_router(catalog: Catalog, run, check_key) -> APIRouter:
     """The routes; `run` translates a request's texts along a route within the bounds, `check_key` checks its key."""
     settings, router = catalog.settings, APIRouter()
 
-    def route_of(source: str | None, target: str | None) -> Route:
+    def route_of(source: str | None, target: str | None, status: int = 422) -> Route:
+        """The pair's route (a field left out: the first model's); a pair not served is a 422, or `status`."""
         default = catalog.default_pair()
         try:
             source, target = (source or "").strip() or default[0], (target or "").strip() or default[1]
             return catalog.route(source.lower(), target.lower())
         except NoRoute as err:
-            raise ApiError(422, f"invalid request: {err}", "language") from None
+            raise ApiError(status, f"invalid request: {err}", "language") from None
+
+    router.declare = lambda schema: declare_bounds(schema, catalog)  # create_app applies it to the schema
 
     @router.post("/v1/translate", response_model=NativeResponse, summary="Translate texts, with n-best and scores")
     async def native_translate(asked: NativeRequest, request: Request,
@@ -119,8 +122,11 @@ def native_router(catalog: Catalog, run, check_key) -> APIRouter:
 
     @router.get("/v1/model", summary="What is served for a pair (default: the first model's): the model's size, "
                 "its scores, the server's limits")  # fmt: skip
-    async def model_facts(source: str | None = None, target: str | None = None) -> dict:
-        route = route_of(source, target)
+    async def model_facts(request: Request, source: str | None = None, target: str | None = None) -> dict:
+        for name in ("source", "target"):
+            if request.query_params.getlist(name)[1:]:
+                raise ApiError(422, f"invalid request: {name} is given more than once: give one language", "invalid")
+        route = route_of(source, target, 404)  # what is served for a pair: nothing here
         facts = describe(catalog, route.models[0] if route.models else catalog.models[0])
         names = {"source_name": LANGUAGE_NAMES.get(route.source, route.source),
                  "target_name": LANGUAGE_NAMES.get(route.target, route.target)}  # fmt: skip
@@ -142,6 +148,35 @@ def native_router(catalog: Catalog, run, check_key) -> APIRouter:
         return HTMLResponse(PAGE)
 
     return router
+
+
+def declare_bounds(schema: dict, catalog: Catalog) -> None:
+    """The served languages and the server's --max_nbest and --max_beam in its OpenAPI schema (pydantic's is the
+    same for every server): a request the schema allows is one the server takes."""
+    settings, languages = catalog.settings, {"source": catalog.sources(), "target": catalog.targets()}
+    asking = schema["components"]["schemas"]["NativeRequest"]
+    asking["anyOf"], fields = pairs_schema(catalog, native=True), asking["properties"]
+    fields["nbest"]["maximum"] = settings.max_nbest
+    fields["beam_size"]["anyOf"][0]["maximum"] = settings.max_beam
+    asked = [p for p in schema["paths"]["/v1/model"]["get"]["parameters"] if p["name"] in languages]
+    for name, codes in languages.items():
+        for field in [fields[name], *(p["schema"] for p in asked if p["name"] == name)]:
+            field["anyOf"][0]["enum"] = [*codes, ""]  # empty: the first model's
+
+
+def pairs_schema(catalog: Catalog, auto: bool = False, native: bool = False) -> list[dict]:
+    """The pairs a request may name, as JSON Schema's `anyOf` over its source and target: each pair served; `auto`:
+    the source auto with any target; `native`: the native API's, whose field left out, null or empty is the first
+    model's language, and whose `attention` is one model's (not a composed pair's, nor the identity's)."""
+    first, pairs = catalog.default_pair(), []
+    for (source, target), route in catalog.routes.items():
+        codes = {name: [code, None, ""] if native and code == default else [code]
+                 for name, code, default in (("source", source, first[0]), ("target", target, first[1]))}  # fmt: skip
+        fields = {name: {"enum": values} for name, values in codes.items()}
+        if native and len(route.models) != 1:
+            fields["attention"] = {"enum": [False]}
+        pairs.append({"properties": fields})
+    return pairs + [{"properties": {"source": {"enum": ["auto"]}}}] * auto
 
 
 PAGE = resources.files(__package__).joinpath("page.html").read_text(encoding="utf-8")

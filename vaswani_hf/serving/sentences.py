@@ -20,6 +20,7 @@ window's is bounded), and a sentence is never longer than a window (the model cu
 
 from __future__ import annotations
 
+from .guard import each
 from .service import Translation
 
 Pieces = list[tuple[str, str, str]]  # a line's sentences as (spaces before, sentence, spaces after)
@@ -83,7 +84,7 @@ def _merged_spaces(parts: list[str]) -> list[str]:
 
 def split(lines: list[str], language: str) -> list[Pieces]:
     """Each line's sentences (`sentences_of`): what the model is sent is every piece's sentence, in order."""
-    return [sentences_of(line, language) for line in lines]
+    return each(lambda line: sentences_of(line, language), lines)  # none started past the request's deadline
 
 
 def flatten(split_lines: list[Pieces]) -> list[str]:
@@ -106,8 +107,21 @@ def joined(results: list[Translation], split_lines: list[Pieces]) -> list[Transl
             text = "".join(f"{before}{text}{after}" for (text, _), (before, _, after) in pairs)
             scores = [score for _, score in chosen]
             nbest.append((text, None if any(s is None for s in scores) else sum(scores)))
-        out.append(Translation(nbest, tokens=sum(t.tokens for t in mine)))
+        out.append(Translation(nbest, tokens=sum(t.tokens for t in mine), attention=side_by_side(mine)))
     return out
+
+
+def side_by_side(results: list[Translation]) -> dict | None:
+    """A line's cross-attention from its sentences' (each decoded alone): their tokens in order, each sentence's
+    rows over its own source tokens and zeros over the others'. None where the request asked for none."""
+    if any(t.attention is None for t in results):
+        return None
+    parts = [t.attention for t in results]
+    widths = [len(part["source_tokens"]) for part in parts]
+    weights = [[0.0] * sum(widths[:i]) + row + [0.0] * sum(widths[i + 1 :])
+               for i, part in enumerate(parts) for row in part["weights"]]  # fmt: skip
+    tokens = {name: [token for part in parts for token in part[name]] for name in ("source_tokens", "target_tokens")}
+    return {**tokens, "weights": weights}
 
 
 async def by_sentences(decode, lines: list[str], options: dict, language: str) -> list[Translation]:

@@ -21,6 +21,7 @@ from ..model.alignment_vaswani import forced_attentions
 from ..translation.inference import translate_nbest
 from ..translation.source_lines import source_limit
 from .batching import BatchStats, DynamicBatcher, Line
+from .guard import each, within
 from .language_id import identifier
 
 # the options a request may set, and what `generate()` calls them
@@ -200,15 +201,16 @@ class Service:
         error; TimeoutError past `deadline` (the request's, from its arrival: one bound across its loads and batch
         queues; None: --request_timeout from now); ConnectionAbortedError as soon as the client leaves (its
         waiting lines are dropped either way); TranslationError when its line failed in the model."""
-        # a megabyte of text is seconds of tokenizing: off the event loop, where /health and the other pairs wait
-        count = lambda: [self.count_tokens(line) for line in lines]  # noqa: E731
-        tokens = await asyncio.to_thread(count) if sum(map(len, lines)) > 20_000 else count()
+        deadline = time.monotonic() + self.settings.request_timeout if deadline is None else deadline
+        # a megabyte of text is seconds of tokenizing: off the event loop, where /health and the other pairs wait,
+        # within the request's time (none of its lines tokenized past it)
+        tokens = (await within(deadline, each, self.count_tokens, lines) if sum(map(len, lines)) > 20_000
+                  else [self.count_tokens(line) for line in lines])  # fmt: skip
         if self.settings.long_lines == "error":
             for number, count in enumerate(tokens, 1):
                 if count > self.limit:
                     raise LineTooLong(f"line {number} has {count} tokens, but the model reads at most {self.limit}: "
                                       "shorten it (this server refuses long lines: --long-lines error)")  # fmt: skip
-        deadline = time.monotonic() + self.settings.request_timeout if deadline is None else deadline
         queued = self.batcher.submit(lines, options, asyncio.get_running_loop(), tokens,
                                      self.settings.max_queue_lines)  # fmt: skip
         if queued is None:
