@@ -206,3 +206,40 @@ def test_a_processor_s_inf_forces_its_token_and_its_nan_is_impossible_never_an_e
 def test_an_empty_batch_is_refused_as_transformers_refuses_it():
     with pytest.raises(ValueError, match="non-empty batch"):
         tiny_model().generate(input_ids=torch.zeros((0, 3), dtype=torch.long), num_beams=3)
+
+
+def teacher_forced_log_probs(model, source: torch.Tensor, sequences: torch.Tensor) -> torch.Tensor:
+    """Each returned token's log-probability given the ones before it (rows x tokens; 0 after a row's EOS)."""
+    rows = sequences.shape[0] // source.shape[0]
+    source = source.repeat_interleave(rows, dim=0)
+    with torch.no_grad():
+        logits = model(input_ids=source, attention_mask=source.ne(0).long(), decoder_input_ids=sequences[:, :-1]).logits
+    tokens = sequences[:, 1:]
+    taken = logits.log_softmax(-1).gather(-1, tokens[..., None])[..., 0]
+    after_eos = (tokens == EOS).long().cumsum(-1) - (tokens == EOS).long() > 0
+    return taken.masked_fill(after_eos, 0.0)
+
+
+@pytest.mark.parametrize("graph_decoding", [False, True])
+def test_forced_eos_score_model_pays_the_capped_eos_log_probability_as_fairseq(graph_decoding):
+    """At the length cap fairseq's SequenceGenerator leaves `</s>` alone possible with the model's own log-probability
+    of it, where Transformers' `forced_eos_token_id` scores it 0: with `forced_eos_score="model"` a hypothesis cut at
+    the cap scores its tokens' log-probabilities, the forced EOS's included, over its length (fairseq's score), so
+    a looping hypothesis cannot outrank an ended one for free; the default stays Transformers'. Random weights run
+    every row to the cap of 4 tokens."""
+    model = tiny_model()
+    kwargs = dict(input_ids=SOURCE, attention_mask=SOURCE.ne(0).long(), num_beams=3, num_return_sequences=3,
+                  max_new_tokens=4, forced_eos_token_id=EOS, length_penalty=1.0, length_penalty_type="hf",
+                  max_length_offset=None, output_sequence_scores=True, graph_decoding=graph_decoding)  # fmt: skip
+    fairseq, transformers = model.generate(**kwargs, forced_eos_score="model"), model.generate(**kwargs)
+    for out, counts_eos in ((fairseq, True), (transformers, False)):
+        assert out.sequences.shape[1] == 5 and (out.sequences[:, -1] == EOS).all()  # every row cut at the cap
+        taken = teacher_forced_log_probs(model, SOURCE, out.sequences)
+        total = taken.sum(-1) if counts_eos else taken[:, :-1].sum(-1)
+        torch.testing.assert_close(out.sequences_scores, total / 4)
+    theirs = GenerationMixin.generate(model, **{k: v for k, v in kwargs.items() if k not in (
+        "length_penalty_type", "max_length_offset", "output_sequence_scores", "graph_decoding")},
+        return_dict_in_generate=True, output_scores=True)  # fmt: skip
+    torch.testing.assert_close(transformers.sequences_scores, theirs.sequences_scores)
+    with pytest.raises(ValueError, match="forced_eos_score must be one of"):
+        model.generate(**kwargs, forced_eos_score="fairseq")

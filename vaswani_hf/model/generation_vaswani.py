@@ -48,6 +48,7 @@ from .alignment_vaswani import with_alignments
 from .decoding_state_vaswani import DecodingState, ModelProducts
 from .lexical_vaswani import LexicalRequests
 from .search_vaswani import (
+    FORCED_EOS_SCORES,
     LENGTH_PENALTY_TYPES,
     DecodingSettings,
     SourceLengthLimitLogitsProcessor,
@@ -177,7 +178,9 @@ class VaswaniGenerationMixin:
     `length_penalty_type` ("gnmt": ((5 + |Y|) / 6) ** length_penalty, the paper's; "hf": |Y| ** length_penalty,
     Transformers') and `max_length_offset` (each output at most source length + offset tokens, EOS forced there;
     `None` for Transformers' `max_length`). An explicit `max_length`/`max_new_tokens`, as a keyword or in the call's
-    `generation_config`, wins over the offset.
+    `generation_config`, wins over the offset. `forced_eos_score` ("zero", Transformers': the EOS that
+    `forced_eos_token_id` forces at the length cap scores 0; "model", fairseq's: it keeps the model's own
+    log-probability, so a hypothesis cut at the cap pays for ending there as fairseq-generate's does).
 
     Extra arguments of `generate()`: `vocabulary_shortlist` (target ids to score, `vaswani_hf.translation.shortlist`),
     `output_sequence_scores=True` (beam search's `sequences_scores` alone; Transformers' `output_scores` also keeps
@@ -200,8 +203,12 @@ class VaswaniGenerationMixin:
         config = self._resolved_config(generation_config)
         penalty_type = kwargs.pop("length_penalty_type", getattr(config, "length_penalty_type", "hf"))
         offset = kwargs.pop("max_length_offset", getattr(config, "max_length_offset", None))
+        eos_score = kwargs.pop("forced_eos_score", getattr(config, "forced_eos_score", "zero"))
         if penalty_type not in LENGTH_PENALTY_TYPES:
             raise ValueError(f"length_penalty_type must be one of {LENGTH_PENALTY_TYPES}, got {penalty_type!r}.")
+        if eos_score not in FORCED_EOS_SCORES:
+            raise ValueError(f"forced_eos_score must be one of {FORCED_EOS_SCORES} (Transformers' 0 or the model's own "
+                             f"log-probability, as fairseq), got {eos_score!r}.")  # fmt: skip
         explicit_length = self._length_asked(generation_config, kwargs)
         # read before the model's config and Transformers' defaults fill them in (the loop's `has_default_*_length`)
         left_out = {name: _left_out(name, self, generation_config, kwargs) for name in ("max_length", "min_length")}
@@ -253,7 +260,7 @@ class VaswaniGenerationMixin:
             )
         if reason is None:
             output = self._decode(config, model_kwargs, source, limits, penalty_type, logits_processor, lexical,
-                                  shortlist, sequence_scores, fast, graphs)  # fmt: skip
+                                  shortlist, sequence_scores, fast, graphs, eos_score)  # fmt: skip
             if cache_asked and config.use_cache and isinstance(self, torch.nn.Module):
                 output[CACHE_FIELD] = self._cache_of(output.sequences, source)
             return with_alignments(self, output, source) if return_alignments else output
@@ -262,6 +269,12 @@ class VaswaniGenerationMixin:
                 f"generate(): {reason} runs in Transformers' own loop, whose beam search scores finished hypotheses "
                 "with |Y| ** length_penalty, not the GNMT penalty of length_penalty_type='gnmt'. Pass "
                 "length_penalty_type='hf' to silence this."
+            )
+        if eos_score == "model" and config.forced_eos_token_id is not None:
+            logger.warning_once(
+                f"generate(): {reason} runs in Transformers' own loop, whose forced_eos_token_id scores the EOS it "
+                "forces at the length cap 0, not the model's log-probability of forced_eos_score='model'. Pass "
+                "forced_eos_score='zero' to silence this."
             )
         if sequence_scores:  # Transformers' loop returns `sequences_scores` with the per-step scores only
             kwargs["output_scores"] = True
@@ -478,9 +491,10 @@ class VaswaniGenerationMixin:
         return DecodingState(self, hidden, mask, rows_per_example, products)
 
     def _decode(self, config, model_kwargs, source, limits, penalty_type, logits_processor, lexical, shortlist=None,
-                sequence_scores=False, fast=True, graphs=None):  # fmt: skip
+                sequence_scores=False, fast=True, graphs=None, eos_score="zero"):  # fmt: skip
         settings = self._settings(config, limits, penalty_type, logits_processor, batch=source.lengths.shape[0])
         settings.sequence_scores = sequence_scores
+        settings.forced_eos_keeps_score = eos_score == "model"
         if lexical.asked is not None:
             settings.prefix = lexical.prefix
             # no phrase anywhere: the paper's search as it is (`force_words=[[]] * n`)

@@ -76,9 +76,14 @@ FAIRSEQ_GENERATION_DEFAULTS = {
     "max_length_offset": None,
     "max_length": 202,  # the decoder's start, 200 tokens, </s>
     "early_stopping": True,  # a sentence ends with its beam-size finished hypotheses, as fairseq's search
+    "forced_eos_score": "model",  # the </s> forced at that cap keeps the model's log-probability, as fairseq's
 }
 DECODING_PRESETS = {"paper": PAPER_GENERATION_DEFAULTS, "fairseq": FAIRSEQ_GENERATION_DEFAULTS}
 LENGTH_PENALTY_TYPES = ("gnmt", "hf")
+# What the EOS that `forced_eos_token_id` forces at the length cap scores: "zero" (Transformers'
+# ForcedEOSTokenLogitsProcessor: log 1, whatever the model thinks of it) or "model" (fairseq's SequenceGenerator: the
+# model's own log-probability of it, every other token impossible).
+FORCED_EOS_SCORES = ("zero", "model")
 # Transformers' processors whose each row's scores depend on that row's tokens and scores alone (exact classes: a
 # subclass may read more), so a search may drop finished sentences' rows under them.
 ROW_LOCAL_PROCESSORS = (
@@ -158,6 +163,7 @@ class DecodingSettings:
     prefix: torch.LongTensor | None = None  # (examples, P) target prefix tokens, -1 after an example's own prefix
     constraints: LexicalConstraints | None = None  # every example's phrases (`lexical_vaswani`)
     sequence_scores: bool = False  # beam search's `sequences_scores` without the per-step scores
+    forced_eos_keeps_score: bool = False  # `forced_eos` keeps the model's score (fairseq's), not 0 (Transformers')
 
     @property
     def candidates(self) -> int:
@@ -263,7 +269,8 @@ def apply_processors(settings: DecodingSettings, scores: torch.Tensor, step: int
     if settings.forced_bos is not None:
         force(scores, step == 0, settings.forced_bos, rows=None if prefix is None else prefix < 0)
     if settings.forced_eos is not None:  # at the longest limit (a captured step's `max_new_tokens` is a bucket's)
-        force(scores, limit_reached(step, limits.max() if captured else settings.max_new_tokens), settings.forced_eos)
+        at_cap = limit_reached(step, limits.max() if captured else settings.max_new_tokens)
+        force(scores, at_cap, settings.forced_eos, keep_score=settings.forced_eos_keeps_score)
     if settings.suppress is not None:
         forbid(scores, True, settings.suppress)
     if settings.user_processors:
@@ -324,18 +331,20 @@ def force_prefix(scores: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
 
 
 def force(scores: torch.Tensor, when: bool | torch.Tensor, token: int | tuple[int, ...],
-          rows: torch.BoolTensor | None = None) -> None:  # fmt: skip
+          rows: torch.BoolTensor | None = None, keep_score: bool = False) -> None:  # fmt: skip
     """Transformers' forced-token rule, in place: the token (each of the tokens) scores 0, every other token is
-    impossible, `when` holds (a host bool, or a device one in a captured step) in `rows` (None: every row)."""
+    impossible, `when` holds (a host bool, or a device one in a captured step) in `rows` (None: every row).
+    `keep_score`: the token keeps its own score instead of 0 (fairseq's length cap: only EOS possible)."""
     if when is False:
         return
     token = list(token) if isinstance(token, tuple) else token
     if when is True and rows is None:
+        kept = scores[:, token].clone() if keep_score else 0
         scores.fill_(IMPOSSIBLE)
-        scores[:, token] = 0
+        scores[:, token] = kept
         return
-    forced = torch.full_like(scores[:1], IMPOSSIBLE)
-    forced[:, token] = 0
+    forced = torch.full_like(scores if keep_score else scores[:1], IMPOSSIBLE)
+    forced[:, token] = scores[:, token] if keep_score else 0
     chosen = when if rows is None else rows & when
     scores.copy_(torch.where(chosen.view(-1, 1) if chosen.dim() else chosen, forced, scores))
 

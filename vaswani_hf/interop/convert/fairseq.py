@@ -249,7 +249,12 @@ def vaswani_from_fairseq_layout(
 def fairseq_length(config, settings: dict) -> dict:
     """A fairseq decoding preset for one model: fairseq's SequenceGenerator stops at min(max_len_b,
     max_target_positions - 1) tokens and then forces </s>, so a model with fewer target positions than 201 gets the
-    smaller `max_length` (the decoder's start, the tokens, </s>); `max_target_positions` is the converted config's."""
+    smaller `max_length` (the decoder's start, the tokens, </s>); `max_target_positions` is the converted config's.
+    The </s> forced there is the model's `eos_token_id` (as `forced_eos_token_id`), scored with the
+    model's own log-probability of it as fairseq scores it (the preset's `forced_eos_score="model"`)."""
+    eos = getattr(config, "eos_token_id", None)
+    if settings.get("forced_eos_score") == "model" and "forced_eos_token_id" not in settings and eos is not None:
+        settings = {**settings, "forced_eos_token_id": eos}
     positions = getattr(config, "max_target_positions", None)
     if not isinstance(positions, int) or settings.get("max_length") is None:
         return settings
