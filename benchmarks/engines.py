@@ -153,7 +153,11 @@ def neighbour(kind: str | None, args, work: Path, source: Path):
         process.wait()
 
 
-def measure(args, work: Path, field_: list[Contender], source: Path, one_line: Path) -> None:
+def measure(args, work: Path, field_: list[Contender], source: Path, one_line: Path) -> dict[str, list[float]]:
+    """Times every contender into its `times` and `startup`; gives the seconds of `python -c "import torch"` (and
+    ctranslate2) measured in the same rounds, quiet."""
+    probes = [name for name in ("torch", "ctranslate2") if importlib.util.find_spec(name) is not None]
+    imports: dict[str, list[float]] = {name: [] for name in probes}
     cases = [(beams, batch) for beams in args.beams for batch in args.batch_sizes]
     env = environment(args.threads)
     settings = ["quiet"] + ([f"beside {args.neighbour}"] if args.neighbour else [])
@@ -170,18 +174,9 @@ def measure(args, work: Path, field_: list[Contender], source: Path, one_line: P
                               flush=True)  # fmt: skip
                 for c in field_ if r % 2 == 0 else field_[::-1]:
                     c.startup.setdefault(setting, []).append(first_line(c.command(one_line, 1, 32), env))
-
-
-def imports(threads: int, rounds: int) -> dict[str, float]:
-    """Whole-process seconds of `python -c "import X"`, medians."""
-    found = {}
-    for name in ("torch", "ctranslate2"):
-        if importlib.util.find_spec(name) is None:
-            continue
-        times = [run_whole([sys.executable, "-c", f"import {name}"], environment(threads), Path(os.devnull))
-                 for _ in range(rounds)]  # fmt: skip
-        found[name] = statistics.median(times)
-    return found
+                for name in probes if setting == "quiet" else []:
+                    imports[name].append(run_whole([sys.executable, "-c", f"import {name}"], env, Path(os.devnull)))
+    return imports
 
 
 def cpu_slug() -> str:
@@ -328,8 +323,8 @@ def main(argv: list[str] | None = None) -> None:
         references = args.reference.read_text(encoding="utf-8").splitlines()[: args.lines]
     field_ = contenders(args, work)
     print(f"exports in {work}; contenders: {', '.join(c.label for c in field_)}", flush=True)
-    measure(args, work, field_, source, one_line)
-    import_times = imports(args.threads, args.rounds)
+    import_times = {name: statistics.median(times) for name, times in measure(args, work, field_, source,
+                                                                               one_line).items()}  # fmt: skip
     text = report(args, field_, (" ".join(loads), " ".join(f"{x:.2f}" for x in os.getloadavg())), import_times,
                   references)  # fmt: skip
     out = args.out or HERE / "results" / f"engines_{cpu_slug()}.md"
