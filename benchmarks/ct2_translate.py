@@ -107,7 +107,11 @@ class Batcher:
                     carried = item
                     break
                 batch.append(item)
-            texts = self.translator.translate([line for line, _, _, _ in batch])
+            try:
+                texts = self.translator.translate([line for line, _, _, _ in batch])
+            except Exception as error:  # the batch's requests are answered (with nothing), the thread lives on
+                print(f"batch of {len(batch)} lines failed: {error!r}", file=sys.stderr, flush=True)
+                texts = [""] * len(batch)
             for (_, _, done, answer), text in zip(batch, texts, strict=True):
                 answer.append(text)
                 done.set()
