@@ -206,6 +206,11 @@ def versions() -> str:
     return ", ".join(found)
 
 
+def rate(value: float) -> str:
+    """Sentences/s as the table writes them: n/a where every round's start-up outlasted its run."""
+    return "n/a" if value != value else f"{value:,.1f}" if value >= 10 else f"{value:.3g}"
+
+
 def percent_equal(a: list[str], b: list[str]) -> str:
     return f"{100 * sum(x == y for x, y in zip(a, b, strict=True)) / max(len(a), 1):.1f}%"
 
@@ -260,13 +265,13 @@ def report(args, field_: list[Contender], loads: tuple, import_times: dict, refe
                 same_ours = percent_equal(c.outputs[case], ours.outputs[case]) if c is not ours else ""
                 bleu = (f"{sacrebleu.corpus_bleu(c.outputs[case], [references]).score:.2f}"
                         if references is not None else "")  # fmt: skip
-                spread = f"{min(rates[c.label]):,.1f}-{max(rates[c.label]):,.1f}" if rates[c.label] else ""
-                row = (f"| {beams} | {batch} | {c.label} | {median:,.1f} | {spread} | {ratio} | {whole:,.1f} | "
+                spread = f"{rate(min(rates[c.label]))}-{rate(max(rates[c.label]))}" if rates[c.label] else ""
+                row = (f"| {beams} | {batch} | {c.label} | {rate(median)} | {spread} | {ratio} | {rate(whole)} | "
                        f"{same_ct2} | {same_ours} | {bleu} |")  # fmt: skip
                 if args.neighbour:
                     found = c.rates(settings[1], case, args.lines)
                     beside = statistics.median(found) if found else float("nan")
-                    row += f" {beside:,.1f} | {beside / median:.2f} |"
+                    row += f" {rate(beside)} | {beside / median:.2f} |".replace("nan", "n/a")
                 lines.append(row)
     lines += ["", f"Rerun: `python benchmarks/engines.py {' '.join(args.argv)}`", ""]
     return "\n".join(lines)

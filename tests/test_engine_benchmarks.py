@@ -24,6 +24,10 @@ def table(text: str) -> list[dict[str, str]]:
     return [dict(zip(header, (cell.strip() for cell in row), strict=True)) for row in rows[2:]]
 
 
+def number(cell: str) -> float:
+    return float(cell.replace(",", ""))
+
+
 @pytest.fixture
 def lines(tmp_path):
     """Built-in test sentences of different lengths (so batches are sorted and put back) and their references."""
@@ -71,7 +75,7 @@ def test_engines_benchmark_runs_whole_processes_and_compares_outputs(translator,
     expected |= {"CTranslate2 fp32", "CTranslate2 int8"} if HAS_CT2 else set()
     assert set(rows) == expected
     for row in rows.values():
-        assert float(row["whole, sentences/s"]) > 0, row
+        assert number(row["whole, sentences/s"]) > 0, row
         assert float(row["BLEU"]) > 0, row  # the outputs are translations of the input, in its order
     assert 'python -c "import torch"`' in report and "Load average" in report
     if HAS_CT2:
@@ -89,5 +93,5 @@ def test_serve_engines_benchmark_drives_both_servers_with_one_client_loop(transl
     rows = table(report[report.index("| precision") :])
     assert [row["clients"] for row in rows] == ["1", "4"]
     for row in rows:
-        assert float(row["vaswani serve, sentences/s"]) > 0 and float(row["CTranslate2, sentences/s"]) > 0, row
+        assert number(row["vaswani serve, sentences/s"]) > 0 and number(row["CTranslate2, sentences/s"]) > 0, row
         assert row["equal answers"] == "100.0%", row  # greedy fp32: the same tokens through either server
