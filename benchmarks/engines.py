@@ -258,7 +258,8 @@ def report(args, field_: list[Contender], loads: tuple, import_times: dict, refe
             for c in field_:
                 median = statistics.median(rates[c.label]) if rates[c.label] else float("nan")
                 ct2 = by_label.get(f"CTranslate2 {c.precision}")
-                ratio = f"{median / statistics.median(rates[ct2.label]):.2f}" if ct2 and rates[ct2.label] else ""
+                known = ct2 and rates[ct2.label] and rates[c.label]
+                ratio = f"{median / statistics.median(rates[ct2.label]):.2f}" if known else "n/a" if ct2 else ""
                 whole = args.lines / statistics.median(c.times[("quiet", case)])
                 same_ct2 = percent_equal(c.outputs[case], ct2.outputs[case]) if ct2 and ct2 is not c else ""
                 ours = by_label["vaswani translate fp32"]
