@@ -443,18 +443,21 @@ ISA_LIMITS = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "
               "FBGEMM_ENABLE_INSTRUCTIONS", "CT2_FORCE_CPU_ISA")  # fmt: skip
 
 
+def cpu_flags() -> set[str]:
+    """The CPU's flags as /proc/cpuinfo lists them (none where it is absent)."""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return set(line.split(":", 1)[1].split())
+    return set()
+
+
 def machine() -> str:
     import transformers
 
     from vaswani_hf.model.precision import cpu_name
 
-    flags = set()
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                flags = set(line.split(":", 1)[1].split())
-                break
-
+    flags = cpu_flags()
     present = " ".join(flag for flag in CPU_FLAGS if flag in flags) or "none of " + " ".join(CPU_FLAGS)
     limits = " ".join(f"{name}={os.environ[name]}" for name in ISA_LIMITS if os.environ.get(name))
     present += f"; limited by {limits}" if limits else ""
