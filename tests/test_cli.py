@@ -1,6 +1,8 @@
 """The `vaswani` command end to end on tiny settings, and its error messages."""
 
 import json
+import subprocess
+import sys
 
 import pytest
 
@@ -47,6 +49,30 @@ def test_translate_from_stdin_keeps_line_count_and_order(trained):
     result = vaswani("translate", str(out), "--num-beams", "1", stdin="seven\ntwenty-one , five\nninety\n")
     assert result.returncode == 0, result.stderr[-2000:]
     assert len(result.stdout.splitlines()) == 3
+
+
+# What `vaswani translate` may import of this package: the command, the model and the translation loop. The rest
+# (training, data preparation, scoring, serving, parsing, converters) and the libraries only they use would cost
+# every start of the command (docs/performance.md, "Start-up").
+TRANSLATE_IMPORTS = ("vaswani_hf", "vaswani_hf.cli", "vaswani_hf.cli_decoding", "vaswani_hf.data",
+                     "vaswani_hf.data.encodings", "vaswani_hf.translation", "vaswani_hf.translation.inference",
+                     "vaswani_hf.translation.source_lines")  # fmt: skip
+NOT_FOR_TRANSLATE = ("datasets", "sacrebleu", "evaluate", "peft", "pyarrow", "matplotlib", "nltk", "onnxruntime",
+                     "ctranslate2", "fastapi", "starlette", "uvicorn", "transformers.trainer", "transformers.pipelines",
+                     "transformers.hf_argparser")  # fmt: skip
+
+
+def test_translate_imports_only_what_it_translates_with(trained):
+    out, _ = trained
+    code = (f"import sys; from vaswani_hf.cli import main; assert main(['translate', {str(out)!r}]) == 0; "
+            "print(*sorted(sys.modules), sep='\\n', file=sys.stderr)")  # fmt: skip
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, input="seven\n")
+    assert result.returncode == 0, result.stderr[-2000:]
+    loaded = set(result.stderr.splitlines())
+    ours = {m for m in loaded if m.startswith("vaswani_hf") and not m.startswith("vaswani_hf.model")}
+    assert ours <= set(TRANSLATE_IMPORTS), sorted(ours - set(TRANSLATE_IMPORTS))
+    assert not loaded & set(NOT_FOR_TRANSLATE), sorted(loaded & set(NOT_FOR_TRANSLATE))
+    assert len(result.stdout.splitlines()) == 1
 
 
 def test_train_on_a_data_folder_and_evaluate(tmp_path, trained):

@@ -19,7 +19,6 @@ from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, PreTrainedTokeniz
 from ..model.configuration_vaswani import VaswaniConfig
 from ..model.modeling_vaswani import VaswaniForConditionalGeneration
 from ..model.precision import Precision, resolve_precision
-from .metrics import load_metrics, score_with
 from .source_lines import SCORE_LONG_LINES, LineReport, long_pairs, pieces_of, rejoined, source_limit
 
 logger = logging.getLogger("vaswani")
@@ -432,4 +431,6 @@ def score_translations(
 def score(hypotheses: list[str], references: list[str], metrics: Iterable[str] = ()) -> dict:
     """Cased, detokenized corpus BLEU and chrF (section 6.1) with their signatures, and the `metrics` asked for
     (`vaswani_hf.translation.metrics`: packaged names, local 🤗 Evaluate modules, Hub ids when online)."""
+    from .metrics import load_metrics, score_with  # not at the top: `vaswani translate` scores nothing
+
     return score_with(load_metrics(metrics), hypotheses, references)
