@@ -9,7 +9,7 @@ import pytest
 from vaswani_hf.data.number_words import english, german
 from vaswani_hf.training.trainer import noam_learning_rate
 
-from .helpers import TINY_RUN, vaswani
+from .helpers import TINY_RUN, forget_measured_ways, vaswani
 
 
 def test_number_words_need_reordering():
@@ -238,6 +238,24 @@ def test_translate_stream_reads_one_window_before_it_answers(trained):
 
     results = translate_stream(model, tokenizer, endless(), window=5, num_beams=1)
     assert [next(results) for _ in range(7)] and len(pulled) == 10
+
+
+def test_a_one_batch_input_is_decoded_without_timing_ways(trained, monkeypatch):
+    """A whole input of one batch decodes with the model's own products, the same tokens, and no stopwatch trial (it
+    cannot pay for itself within one search); an input of several batches still times the fast products' ways."""
+    from vaswani_hf.model.speed import fast_products
+    from vaswani_hf.translation.inference import load_for_inference, translate_nbest, translate_stream
+
+    model, tokenizer = load_for_inference(trained[0], device="cpu")
+    lines = ["seven", "twenty-one , five", "ninety"]
+    forget_measured_ways(monkeypatch)
+    one_batch = list(translate_stream(model, tokenizer, iter(lines)))
+    assert not fast_products._LINEAR_TRIALS and not fast_products._FASTEST_LINEAR
+    assert not fast_products._FASTEST_PRODUCT and not fast_products._OUTPUT_TRIALS
+    assert one_batch == translate_nbest(model, tokenizer, lines, progress=False, cpu_fast_paths=False)
+    several = list(translate_stream(model, tokenizer, iter(lines), batch_size=1))
+    assert fast_products._LINEAR_TRIALS or fast_products._FASTEST_LINEAR
+    assert [c[0][0] for c in several] == [c[0][0] for c in one_batch]
 
 
 def test_translate_names_the_line_that_is_not_utf8(tmp_path, trained):
