@@ -1,13 +1,15 @@
 """The `vaswani` command end to end on tiny settings, and its error messages."""
 
 import json
+import subprocess
+import sys
 
 import pytest
 
 from vaswani_hf.data.number_words import english, german
 from vaswani_hf.training.trainer import noam_learning_rate
 
-from .helpers import TINY_RUN, vaswani
+from .helpers import TINY_RUN, forget_measured_ways, vaswani
 
 
 def test_number_words_need_reordering():
@@ -47,6 +49,30 @@ def test_translate_from_stdin_keeps_line_count_and_order(trained):
     result = vaswani("translate", str(out), "--num-beams", "1", stdin="seven\ntwenty-one , five\nninety\n")
     assert result.returncode == 0, result.stderr[-2000:]
     assert len(result.stdout.splitlines()) == 3
+
+
+# What `vaswani translate` may import of this package: the command, the model and the translation loop. The rest
+# (training, data preparation, scoring, serving, parsing, converters) and the libraries only they use would cost
+# every start of the command (docs/performance.md, "Start-up").
+TRANSLATE_IMPORTS = ("vaswani_hf", "vaswani_hf.cli", "vaswani_hf.cli_decoding", "vaswani_hf.data",
+                     "vaswani_hf.data.encodings", "vaswani_hf.translation", "vaswani_hf.translation.inference",
+                     "vaswani_hf.translation.source_lines")  # fmt: skip
+NOT_FOR_TRANSLATE = ("datasets", "sacrebleu", "evaluate", "peft", "pyarrow", "matplotlib", "nltk", "onnxruntime",
+                     "ctranslate2", "fastapi", "starlette", "uvicorn", "transformers.trainer", "transformers.pipelines",
+                     "transformers.hf_argparser")  # fmt: skip
+
+
+def test_translate_imports_only_what_it_translates_with(trained):
+    out, _ = trained
+    code = (f"import sys; from vaswani_hf.cli import main; assert main(['translate', {str(out)!r}]) == 0; "
+            "print(*sorted(sys.modules), sep='\\n', file=sys.stderr)")  # fmt: skip
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, input="seven\n")
+    assert result.returncode == 0, result.stderr[-2000:]
+    loaded = set(result.stderr.splitlines())
+    ours = {m for m in loaded if m.startswith("vaswani_hf") and not m.startswith("vaswani_hf.model")}
+    assert ours <= set(TRANSLATE_IMPORTS), sorted(ours - set(TRANSLATE_IMPORTS))
+    assert not loaded & set(NOT_FOR_TRANSLATE), sorted(loaded & set(NOT_FOR_TRANSLATE))
+    assert len(result.stdout.splitlines()) == 1
 
 
 def test_train_on_a_data_folder_and_evaluate(tmp_path, trained):
@@ -212,6 +238,24 @@ def test_translate_stream_reads_one_window_before_it_answers(trained):
 
     results = translate_stream(model, tokenizer, endless(), window=5, num_beams=1)
     assert [next(results) for _ in range(7)] and len(pulled) == 10
+
+
+def test_a_one_batch_input_is_decoded_without_timing_ways(trained, monkeypatch):
+    """A whole input of one batch decodes with the model's own products, the same tokens, and no stopwatch trial (it
+    cannot pay for itself within one search); an input of several batches still times the fast products' ways."""
+    from vaswani_hf.model.speed import fast_products
+    from vaswani_hf.translation.inference import load_for_inference, translate_nbest, translate_stream
+
+    model, tokenizer = load_for_inference(trained[0], device="cpu")
+    lines = ["seven", "twenty-one , five", "ninety"]
+    forget_measured_ways(monkeypatch)
+    one_batch = list(translate_stream(model, tokenizer, iter(lines)))
+    assert not fast_products._LINEAR_TRIALS and not fast_products._FASTEST_LINEAR
+    assert not fast_products._FASTEST_PRODUCT and not fast_products._OUTPUT_TRIALS
+    assert one_batch == translate_nbest(model, tokenizer, lines, progress=False, cpu_fast_paths=False)
+    several = list(translate_stream(model, tokenizer, iter(lines), batch_size=1))
+    assert fast_products._LINEAR_TRIALS or fast_products._FASTEST_LINEAR
+    assert [c[0][0] for c in several] == [c[0][0] for c in one_batch]
 
 
 def test_translate_names_the_line_that_is_not_utf8(tmp_path, trained):

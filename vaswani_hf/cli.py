@@ -8,13 +8,14 @@ defaults. Without `--data`, `vaswani train` runs the built-in number-words task,
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
 import sys
 from pathlib import Path
 
 from huggingface_hub.errors import StrictDataclassError
-from transformers import HfArgumentParser
 
+# the decoding commands' module imports only the standard library at its top: each command imports what it uses
 from .cli_decoding import (
     at_least_one,
     evaluate_command,
@@ -23,7 +24,6 @@ from .cli_decoding import (
     shortlist_command,
     translate_command,
 )
-from .cli_parsing import evalb_command, parse_command
 
 logger = logging.getLogger("vaswani")
 
@@ -73,6 +73,7 @@ def train_arguments(argv: list[str], device: str | None = None) -> tuple:
     defaults of the task asked for: where they depart from the paper's WMT-sized ones, for its built-in data or
     for this `device` kind (default: "cuda" where one is visible and not --use_cpu, else "cpu")."""
     import torch
+    from transformers import HfArgumentParser
 
     from .tasks import task_named
     from .training.recipe import DataArguments, ModelArguments, VaswaniTrainingArguments
@@ -97,6 +98,8 @@ def train_arguments(argv: list[str], device: str | None = None) -> tuple:
 
 def train_command(argv: list[str]) -> int:
     if argv and argv[0] in ("-h", "--help"):
+        from transformers import HfArgumentParser
+
         from .training.recipe import DataArguments, ModelArguments, VaswaniTrainingArguments
 
         HfArgumentParser((DataArguments, ModelArguments, VaswaniTrainingArguments), prog="vaswani train").print_help()
@@ -108,6 +111,8 @@ def train_command(argv: list[str]) -> int:
 
 
 def prepare_command(argv: list[str]) -> int:
+    from transformers import HfArgumentParser
+
     from .data.preparation import prepare, say
     from .data.prepared_cache import clear_cache
     from .tasks import task_named
@@ -302,6 +307,20 @@ def convert_command(argv: list[str]) -> int:
     print(f"Vaswani model written to {output} (AutoModelForSeq2SeqLM.from_pretrained, or vaswani translate {output})")
     return 0
 
+
+def _imported_when_run(module: str, name: str):
+    """A command whose module is imported only when that command runs: `vaswani translate` must not pay for the
+    parser's imports (its task, treebanks, PEFT) at every start."""
+
+    def command(argv: list[str]) -> int:
+        return getattr(importlib.import_module(module, __package__), name)(argv)
+
+    command.__name__ = name
+    return command
+
+
+parse_command = _imported_when_run(".cli_parsing", "parse_command")
+evalb_command = _imported_when_run(".cli_parsing", "evalb_command")
 
 COMMANDS = {"train": train_command, "prepare": prepare_command, "translate": translate_command,
             "evaluate": evaluate_command, "average": average_command, "push": push_command,

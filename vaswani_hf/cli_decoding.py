@@ -49,13 +49,16 @@ def _add_decoding(parser: argparse.ArgumentParser) -> None:
 def _decoding(args: argparse.Namespace, model=None) -> dict:
     """generate() settings the user gave (a preset, then single settings); the rest come from the model's
     generation config. fairseq's presets stop where fairseq would for this model (`fairseq_length`)."""
-    from .interop.convert.fairseq import FAIRSEQ_DECODING, OTT_DECODING, fairseq_length
     from .model.search_vaswani import DECODING_PRESETS
 
-    presets = {**DECODING_PRESETS, "fairseq": FAIRSEQ_DECODING, "ott": OTT_DECODING}
-    settings = dict(presets[args.decoding]) if getattr(args, "decoding", None) else {}
-    if getattr(args, "decoding", None) in ("fairseq", "ott"):
-        settings = fairseq_length(getattr(model, "config", None), settings)
+    settings = {}
+    if getattr(args, "decoding", None) in ("fairseq", "ott"):  # the converters' module, imported only for them
+        from .interop.convert.fairseq import FAIRSEQ_DECODING, OTT_DECODING, fairseq_length
+
+        preset = FAIRSEQ_DECODING if args.decoding == "fairseq" else OTT_DECODING
+        settings = fairseq_length(getattr(model, "config", None), dict(preset))
+    elif getattr(args, "decoding", None):
+        settings = dict(DECODING_PRESETS[args.decoding])
     settings.update({name: value for name, value in (("num_beams", args.num_beams),
                      ("length_penalty", args.length_penalty)) if value is not None})  # fmt: skip
     return settings

@@ -19,7 +19,6 @@ from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, PreTrainedTokeniz
 from ..model.configuration_vaswani import VaswaniConfig
 from ..model.modeling_vaswani import VaswaniForConditionalGeneration
 from ..model.precision import Precision, resolve_precision
-from .metrics import load_metrics, score_with
 from .source_lines import SCORE_LONG_LINES, LineReport, long_pairs, pieces_of, rejoined, source_limit
 
 logger = logging.getLogger("vaswani")
@@ -318,19 +317,40 @@ def translate_stream(
     """`translate_nbest` (which takes `translate_kwargs`) for inputs of any size: reads `window` lines at a time
     (with their `constraints` and `prefixes`, read in step), translates them (sorted by length, batched by tokens)
     and yields each line's n-best in input order before reading on, so memory holds one window whatever the
-    input's length. `progress` shows a bar over the lines (`total` of them, if known)."""
+    input's length. `progress` shows a bar over the lines (`total` of them, if known).
+
+    A whole input of one batch (`one_search`) is decoded with the model's own products: the CPU fast products
+    choose their way by stopwatch on a process's first searches, which cannot pay for itself within one search."""
     lexical = {name: value for name, value in (("constraints", constraints), ("prefixes", prefixes))
                if value is not None}  # fmt: skip
     rows = _side_by_side(lines, *lexical.values(), names=["input", *lexical])
     first_line = 1
     with tqdm(total=total, desc="translating", unit="line", disable=not progress) as bar:
         while chunk := list(itertools.islice(rows, window)):
+            if first_line == 1 and one_search(model, len(chunk), window, translate_kwargs):
+                translate_kwargs = {"cpu_fast_paths": False, **translate_kwargs}
             columns = [list(column) for column in zip(*chunk, strict=True)]
             extra = dict(zip(lexical, columns[1:], strict=True))
             yield from translate_nbest(model, tokenizer, columns[0], progress=False, first_line=first_line, **extra,
                                        **translate_kwargs)  # fmt: skip
             first_line += len(chunk)
             bar.update(len(chunk))
+
+
+def one_search(model, lines: int, window: int, translate_kwargs: dict) -> bool:
+    """Whether a stream whose first window read `lines` lines is one batch of one search: the window ended before
+    it was full (the input ended) and holds no more lines than a batch. Such a job is decoded with the model's own
+    products (`cpu_fast_paths=False`, the same tokens), unless the caller chose: the fast products time their ways
+    on a process's first searches (`speed/fast_products.py`), 12 steps per way of the decoder's linears (4 ways)
+    and then of the output projection (4 to 5) before one is kept, building a packed copy of every weight for it,
+    and its first step times the output projection's ways apart (`_fastest`), so a job of one search pays the
+    trial and ends before or soon after a way is kept. A choice kept in a file for later processes would let one
+    timed while a neighbour ran hold for every later run, so none is kept."""
+    from ..model.generation_vaswani import VaswaniGenerationMixin
+
+    batch = translate_kwargs.get("batch_size", 32)
+    return (isinstance(model, VaswaniGenerationMixin) and "cpu_fast_paths" not in translate_kwargs
+            and lines < window and lines <= batch)  # fmt: skip
 
 
 def _side_by_side(*streams: Iterable, names: list[str]) -> Iterator[tuple]:
@@ -432,4 +452,6 @@ def score_translations(
 def score(hypotheses: list[str], references: list[str], metrics: Iterable[str] = ()) -> dict:
     """Cased, detokenized corpus BLEU and chrF (section 6.1) with their signatures, and the `metrics` asked for
     (`vaswani_hf.translation.metrics`: packaged names, local 🤗 Evaluate modules, Hub ids when online)."""
+    from .metrics import load_metrics, score_with  # not at the top: `vaswani translate` scores nothing
+
     return score_with(load_metrics(metrics), hypotheses, references)
