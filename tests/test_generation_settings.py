@@ -243,3 +243,21 @@ def test_forced_eos_score_model_pays_the_capped_eos_log_probability_as_fairseq(g
     torch.testing.assert_close(transformers.sequences_scores, theirs.sequences_scores)
     with pytest.raises(ValueError, match="forced_eos_score must be one of"):
         model.generate(**kwargs, forced_eos_score="fairseq")
+
+
+@pytest.mark.parametrize("graph_decoding", [False, True])
+@pytest.mark.parametrize("cap", [1, 2])
+def test_forced_eos_score_model_wins_over_a_minimum_length_at_the_cap(graph_decoding, cap):
+    """A minimum length that reaches the cap (`--decoding fairseq` asks for one token at least, so
+    `max_new_tokens=1` does) forbids EOS there; the cap's EOS still ends every row, with the model's score of it
+    (fairseq asserts min_len <= max_len and scores that EOS), not the forbidding rule's -inf, which had made every
+    token impossible and returned EOS first with -inf scores."""
+    model = tiny_model()
+    kwargs = dict(input_ids=SOURCE, attention_mask=SOURCE.ne(0).long(), num_beams=3, max_new_tokens=cap,
+                  min_new_tokens=cap, forced_eos_token_id=EOS, length_penalty=1.0, length_penalty_type="hf",
+                  max_length_offset=None, output_sequence_scores=True, graph_decoding=graph_decoding)  # fmt: skip
+    fairseq, transformers = model.generate(**kwargs, forced_eos_score="model"), model.generate(**kwargs)
+    torch.testing.assert_close(fairseq.sequences, transformers.sequences)
+    assert fairseq.sequences.shape[1] == cap + 1 and (fairseq.sequences[:, -1] == EOS).all()
+    taken = teacher_forced_log_probs(model, SOURCE, fairseq.sequences)
+    torch.testing.assert_close(fairseq.sequences_scores, taken.sum(-1) / cap)

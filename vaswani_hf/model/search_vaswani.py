@@ -264,13 +264,18 @@ def apply_processors(settings: DecodingSettings, scores: torch.Tensor, step: int
         prefix = prefix.to(scores.device) if bool((prefix >= 0).any()) else None
     if settings.bad_words is not None:
         scores = settings.bad_words(input_ids(), scores)
+    # the cap's EOS keeps the model's score as the minimum length found it: at the cap it wins over that rule, as
+    # Transformers' forced EOS does (fairseq asserts min_len <= max_len), instead of keeping the rule's -inf
+    eos_score = None
+    if settings.forced_eos is not None and settings.forced_eos_keeps_score:
+        eos_score = scores[:, settings.forced_eos].clone()
     if settings.min_new_tokens:
         forbid(scores, step < settings.min_new_tokens, settings.eos)
     if settings.forced_bos is not None:
         force(scores, step == 0, settings.forced_bos, rows=None if prefix is None else prefix < 0)
     if settings.forced_eos is not None:  # at the longest limit (a captured step's `max_new_tokens` is a bucket's)
         at_cap = limit_reached(step, limits.max() if captured else settings.max_new_tokens)
-        force(scores, at_cap, settings.forced_eos, keep_score=settings.forced_eos_keeps_score)
+        force(scores, at_cap, settings.forced_eos, keep_score=settings.forced_eos_keeps_score, kept=eos_score)
     if settings.suppress is not None:
         forbid(scores, True, settings.suppress)
     if settings.user_processors:
@@ -331,20 +336,24 @@ def force_prefix(scores: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
 
 
 def force(scores: torch.Tensor, when: bool | torch.Tensor, token: int | tuple[int, ...],
-          rows: torch.BoolTensor | None = None, keep_score: bool = False) -> None:  # fmt: skip
+          rows: torch.BoolTensor | None = None, keep_score: bool = False,
+          kept: torch.Tensor | None = None) -> None:  # fmt: skip
     """Transformers' forced-token rule, in place: the token (each of the tokens) scores 0, every other token is
     impossible, `when` holds (a host bool, or a device one in a captured step) in `rows` (None: every row).
-    `keep_score`: the token keeps its own score instead of 0 (fairseq's length cap: only EOS possible)."""
+    `keep_score`: the token keeps its own score instead of 0 (fairseq's length cap: only EOS possible); `kept`,
+    that score as read before other rules changed it."""
     if when is False:
         return
     token = list(token) if isinstance(token, tuple) else token
+    if keep_score and kept is None:
+        kept = scores[:, token].clone()
     if when is True and rows is None:
-        kept = scores[:, token].clone() if keep_score else 0
+        kept = kept if keep_score else 0
         scores.fill_(IMPOSSIBLE)
         scores[:, token] = kept
         return
     forced = torch.full_like(scores if keep_score else scores[:1], IMPOSSIBLE)
-    forced[:, token] = scores[:, token] if keep_score else 0
+    forced[:, token] = kept if keep_score else 0
     chosen = when if rows is None else rows & when
     scores.copy_(torch.where(chosen.view(-1, 1) if chosen.dim() else chosen, forced, scores))
 
