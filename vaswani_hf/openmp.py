@@ -19,7 +19,8 @@ WAIT_POLICY = "PASSIVE"
 
 def wait_passively() -> None:
     """Set `OMP_WAIT_POLICY=PASSIVE` for this process and its children, where it still takes effect and the user
-    chose nothing (`OMP_WAIT_POLICY=ACTIVE`, or any `GOMP_SPINCOUNT`, keeps theirs)."""
-    if "torch" in sys.modules or "OMP_WAIT_POLICY" in os.environ or "GOMP_SPINCOUNT" in os.environ:
+    chose nothing (`OMP_WAIT_POLICY=ACTIVE`, or any `GOMP_SPINCOUNT`, keeps theirs; an empty value, which libgomp
+    reads as unset, is no choice)."""
+    if "torch" in sys.modules or os.environ.get("OMP_WAIT_POLICY") or os.environ.get("GOMP_SPINCOUNT"):
         return
     os.environ["OMP_WAIT_POLICY"] = WAIT_POLICY
