@@ -105,6 +105,17 @@ def contenders(args, work: Path) -> list[Contender]:
     return out
 
 
+def wait_policies() -> str:
+    """Each engine's OpenMP wait policy, as its users get it: the environment's where set, else each one's default."""
+    chosen = os.environ.get("OMP_WAIT_POLICY") or (os.environ.get("GOMP_SPINCOUNT") and "GOMP_SPINCOUNT")
+    if chosen:
+        return f"{chosen} for every contender (from the environment)"
+    return (
+        "each engine's default: `vaswani` passive (set when it imports vaswani_hf, vaswani_hf/openmp.py), "
+        "CTranslate2 libgomp's spinning one"
+    )
+
+
 def environment(threads: int) -> dict:
     return {**os.environ, "OMP_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "false"}
 
@@ -234,6 +245,8 @@ def report(args, field_: list[Contender], loads: tuple, import_times: dict, refe
         f"source tokens, output limit source + {args.offset}; beam search with length penalty {args.alpha} (GNMT "
         f"for ours, score / length ** alpha for CTranslate2); medians of {args.rounds} rounds, the contenders taking "
         "turns. sentences/s: lines / (process time - its start-up); whole: start-up included.",
+        "",
+        f"OpenMP's wait policy: {wait_policies()}.",
         "",
         "Start-up, time to the first line of a one-line input (medians): "
         + ", ".join(f"{c.label} {statistics.median(c.startup['quiet']):.2f} s" for c in field_)
