@@ -164,3 +164,24 @@ def test_missing_graph_and_wrong_options_are_named(exported, tmp_path):
     runner = OnnxSeq2Seq(exported / "onnx")
     with pytest.raises(ValueError, match="greedy and beam search only: the beam_sample mode"):
         runner.generate(input_ids=torch.tensor([[5, 6, 2]]), do_sample=True)
+
+
+@pytest.mark.parametrize("layout", ["sinusoidal", "sinusoidal_fairseq"])
+def test_the_graphs_positions_end_where_they_were_exported(tmp_path, layout):
+    """The PyTorch model computes sinusoids for any position; its graphs hold the exported table alone (16 rows
+    here): the source + offset limit is cut there, with the PyTorch model's tokens up to it, and a longer explicit
+    request is refused by name, where onnxruntime had stopped on a broadcast error in its MatMul."""
+    torch.manual_seed(0)
+    options = dict(position_embedding_type=layout, max_position_embeddings=16, init_std=0.3)
+    if layout == "sinusoidal_fairseq":
+        options.update(pad_token_id=1, bos_token_id=0)
+    model = VaswaniForConditionalGeneration(VaswaniConfig.tiny(**options)).eval()
+    export_onnx(model, None, tmp_path)
+    runner = OnnxSeq2Seq(tmp_path)
+    source = torch.randint(4, model.config.vocab_size, (2, 9))
+    kwargs = dict(input_ids=source, attention_mask=torch.ones_like(source), num_beams=1, max_length_offset=50)
+    theirs, ours = runner.generate(**kwargs), model.generate(**kwargs)
+    assert theirs.shape[1] == 17 and ours.shape[1] > 17  # start token + 16 positions; the model itself goes on
+    assert torch.equal(theirs[:, :16], ours[:, :16])
+    with pytest.raises(ValueError, match="position table has max_position_embeddings=16: ask for at most"):
+        runner.generate(input_ids=source, max_new_tokens=40)

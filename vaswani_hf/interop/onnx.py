@@ -303,6 +303,12 @@ class OnnxSeq2Seq(VaswaniGenerationMixin):
                              "model (drop --engine onnxruntime).")  # fmt: skip
         return None
 
+    def _position_table_rows(self) -> int:
+        """The graphs hold the positions exported, `max_position_embeddings` of them whatever their kind: the
+        sinusoids the PyTorch model computes for any position are a fixed table in a graph, so a longer output is
+        cut there (the source + offset limit) or refused (an explicit longer request), as a learned table's is."""
+        return self.config.max_position_embeddings
+
     def _encode(self, source) -> torch.Tensor:
         if source.input_ids is None:
             raise ValueError("The onnxruntime engine encodes `input_ids` (with `attention_mask`) itself.")

@@ -330,21 +330,21 @@ class VaswaniGenerationMixin:
         tokens (the start token, or a `decoder_input_ids` prefix), N new tokens feed P + N - 1 decoder positions.
         The source + offset limit is cut there (EOS forced); an explicit longer request, or a target prefix and
         phrases that need more tokens, is an error naming the table, not the input, before any decoding."""
-        if getattr(self.config, "position_embedding_type", None) != "learned":
+        positions = self._position_table_rows()
+        if positions is None:
             return limits
-        positions = self.config.max_position_embeddings
         prompt_length = prompt.shape[-1] if prompt is not None else 1
         room = positions - prompt_length + 1
         if room < 1:
             raise ValueError(
-                f"generate(): the decoder prefix has {prompt_length} tokens, but this model's learned position table "
+                f"generate(): the decoder prefix has {prompt_length} tokens, but this model's position table "
                 f"has max_position_embeddings={positions}: shorten `decoder_input_ids` to at most {positions} tokens."
             )
         if lexical is not None and lexical.needed is not None and int(lexical.needed.max()) > room:
             needed = int(lexical.needed.max())
             raise ValueError(
                 f"generate(): {lexical.asked} of example {int(lexical.needed.argmax())} need {needed} new tokens "
-                f"(with EOS), but this model's learned position table has max_position_embeddings={positions}, room "
+                f"(with EOS), but this model's position table has max_position_embeddings={positions}, room "
                 f"for {room} after a decoder prompt of {prompt_length}: shorten the prefix or the phrases."
             )
         if limits is not None:
@@ -353,10 +353,17 @@ class VaswaniGenerationMixin:
         if asked > room:
             raise ValueError(
                 f"generate(): {asked} new tokens after a decoder prompt of {prompt_length} need "
-                f"{asked + prompt_length - 1} decoder positions, but this model's learned position table has "
+                f"{asked + prompt_length - 1} decoder positions, but this model's position table has "
                 f"max_position_embeddings={positions}: ask for at most max_new_tokens={room}."
             )
         return limits
+
+    def _position_table_rows(self) -> int | None:
+        """Where the decoder's positions end: a learned table's rows; None for sinusoids, computed for any position
+        (an exported graph, whose sinusoids are a fixed table, says otherwise: `interop.onnx`)."""
+        if getattr(self.config, "position_embedding_type", None) != "learned":
+            return None
+        return self.config.max_position_embeddings
 
     def _resolved_config(self, generation_config: GenerationConfig | None) -> GenerationConfig:
         """The call's generation config: its own settings, then the model's, then Transformers' defaults."""
