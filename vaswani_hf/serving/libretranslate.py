@@ -114,8 +114,12 @@ def fields_of(catalog: Catalog, form: bool = False) -> dict[str, dict]:
         "q": {"anyOf": [{"type": "string", "minLength": 1}, *texts]},
         "source": {"type": "string", "enum": ["auto", *catalog.sources()]},
         "target": {"type": "string", "enum": catalog.targets()},
-        "format": {"type": "string", "enum": ["text", "html"]},
-        "alternatives": {"type": "integer", "maximum": settings.max_nbest - 1},  # below 0: none
+        "format": {"anyOf": [{"type": "string", "enum": ["text", "html", ""]}, {"type": "null"}]},  # "", null: text
+        # as LibreTranslate reads it, int() of the value: below 0, null, false, "" or left out is none
+        "alternatives": {"anyOf": [{"type": "integer", "maximum": settings.max_nbest - 1},
+                                   {"type": "number", "exclusiveMaximum": settings.max_nbest},
+                                   {"type": "boolean"}, {"type": "null"},
+                                   {"type": "string", "pattern": r"^\s*([+-]?[0-9]+)?\s*$"}]},  # fmt: skip
         "api_key": {"anyOf": [TEXT, {"type": "null"}]},  # null: none
         "file": {"type": "string", "format": "binary"},  # UTF-8 text, named with a suffix of FILE_FORMATS
     }  # fmt: skip
@@ -233,8 +237,9 @@ def libretranslate_router(catalog: Catalog, run, check_key) -> APIRouter:
         texts = texts_of(fields)
         q = fields["q"]
         source, target = languages_of(fields)
-        form = fields.get("format") or "text"
-        if form not in ("text", "html"):
+        form = fields.get("format")
+        form = "text" if form is None or form == "" else form  # an object or a list is no format: refused
+        if not isinstance(form, str) or form not in ("text", "html"):
             raise ApiError(400, f"{shown(form)} format is not supported", "invalid")
         asked = fields.get("alternatives", 0)
         try:
