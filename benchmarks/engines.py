@@ -346,7 +346,12 @@ def main(argv: list[str] | None = None) -> None:
                                                                                one_line).items()}  # fmt: skip
     text = report(args, field_, (" ".join(loads), " ".join(f"{x:.2f}" for x in os.getloadavg())), import_times,
                   references)  # fmt: skip
-    out = args.out or HERE / "results" / f"engines_{cpu_slug()}.md"
+    write_report(text, args.out, "engines")
+
+
+def write_report(text: str, out: Path | None, name: str) -> None:
+    """The report to `out`, or to benchmarks/results/NAME_<cpu>.md, and to the screen."""
+    out = out or HERE / "results" / f"{name}_{cpu_slug()}.md"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(text)
     print(text)

@@ -29,16 +29,13 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
-
-import httpx
 
 sys.path.insert(0, str(Path(__file__).parent))
 import serve_load  # noqa: E402
 from compare_marian import machine  # noqa: E402
 from engines import MULTI30K, export  # noqa: E402
-from serve_process import free_port, start  # noqa: E402
+from serve_process import free_port, ready, start  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 
@@ -50,16 +47,7 @@ def start_ct2(args, folder: Path) -> tuple[subprocess.Popen, str]:
                                 args.model, "--serve", str(port), "--beams", str(args.beams), "--threads",
                                 str(args.threads), "--length-penalty", str(args.alpha), "--offset", str(args.offset),
                                 "--batching", args.ct2_batching])  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 120
-    while time.time() < deadline:
-        try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                return process, url
-        except httpx.TransportError:
-            time.sleep(0.1)
-    process.kill()
-    raise SystemExit("the CTranslate2 server did not get ready in 120 s")
+    return ready(process, f"http://127.0.0.1:{port}", 120, "the CTranslate2 server")
 
 
 def drive(url: str, lines: list[str], clients: int, requests: int) -> dict:
@@ -161,13 +149,9 @@ def main(argv: list[str] | None = None) -> None:
     loads = " ".join(f"{x:.2f}" for x in os.getloadavg())
     results = measure(args, lines_of(args))
     text = report(args, results, (loads, " ".join(f"{x:.2f}" for x in os.getloadavg())))
-    from engines import cpu_slug
+    from engines import write_report
 
-    out = args.out or HERE / "results" / f"serve_engines_{cpu_slug()}.md"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(text)
-    print(text)
-    print(f"written to {out}")
+    write_report(text, args.out, "serve_engines")
 
 
 if __name__ == "__main__":

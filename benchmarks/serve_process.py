@@ -25,8 +25,12 @@ def start(model: str | list[str], *options: str) -> tuple[subprocess.Popen, str]
                                stderr=subprocess.DEVNULL)  # fmt: skip
     # the timeout is long: with batching off, 32 clients queue behind one-line batches (a base-size model's
     # run to the source + 50 limit took longer than the default 60 s)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 300
+    return ready(process, f"http://127.0.0.1:{port}", 300, "the server")
+
+
+def ready(process: subprocess.Popen, url: str, seconds: float, what: str) -> tuple[subprocess.Popen, str]:
+    """`process` once its /health answers 200 (killed, and the benchmark stopped, after `seconds`)."""
+    deadline = time.time() + seconds
     while time.time() < deadline:
         try:
             if httpx.get(f"{url}/health", timeout=2).status_code == 200:
@@ -34,4 +38,4 @@ def start(model: str | list[str], *options: str) -> tuple[subprocess.Popen, str]
         except httpx.TransportError:
             time.sleep(0.2)
     process.kill()
-    raise SystemExit("the server did not get ready in 300 s")
+    raise SystemExit(f"{what} did not get ready in {seconds:g} s")
