@@ -53,7 +53,7 @@ def test_translate_from_stdin_keeps_line_count_and_order(trained):
 
 # What `vaswani translate` may import of this package: the command, the model and the translation loop. The rest
 # (training, data preparation, scoring, serving, parsing, converters) and the libraries only they use would cost
-# every start of the command (docs/performance.md, "Start-up").
+# every start of the command (docs/engines-performance.md, "Start-up").
 TRANSLATE_IMPORTS = ("vaswani_hf", "vaswani_hf.openmp", "vaswani_hf.cli", "vaswani_hf.cli_decoding", "vaswani_hf.data",
                      "vaswani_hf.data.encodings", "vaswani_hf.translation", "vaswani_hf.translation.inference",
                      "vaswani_hf.translation.source_lines")  # fmt: skip

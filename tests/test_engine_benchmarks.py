@@ -1,4 +1,4 @@
-"""The rerunnable engine comparisons of docs/performance.md: benchmarks/engines.py (`vaswani translate` against
+"""The rerunnable engine comparisons of docs/engines-performance.md: benchmarks/engines.py (`vaswani translate` against
 CTranslate2 as whole processes) and benchmarks/serve_engines.py (`vaswani serve` against CTranslate2 behind an HTTP
 loop), each run end to end on a few lines of a trained tiny model. Greedy fp32 outputs are the same tokens in both
 engines (tests/test_export.py), so any line that differs is the harness's fault: the token strings CTranslate2 was

@@ -1,5 +1,5 @@
 """OpenMP's wait policy: a process that imports vaswani_hf before torch gets passive waiting threads, so that a
-CPU-bound neighbour does not slow it 40-fold (vaswani_hf/openmp.py; docs/performance.md, "Beside a neighbour"),
+CPU-bound neighbour does not slow it 40-fold (vaswani_hf/openmp.py; docs/engines-performance.md, "Beside a neighbour"),
 and a policy the user chose stays theirs."""
 
 import os
