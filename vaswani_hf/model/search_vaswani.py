@@ -264,17 +264,19 @@ def apply_processors(settings: DecodingSettings, scores: torch.Tensor, step: int
         prefix = prefix.to(scores.device) if bool((prefix >= 0).any()) else None
     if settings.bad_words is not None:
         scores = settings.bad_words(input_ids(), scores)
+    at_cap = False  # at the longest limit (a captured step's `max_new_tokens` is a bucket's)
+    if settings.forced_eos is not None:
+        at_cap = limit_reached(step, limits.max() if captured else settings.max_new_tokens)
     # the cap's EOS keeps the model's score as the minimum length found it: at the cap it wins over that rule, as
     # Transformers' forced EOS does (fairseq asserts min_len <= max_len), instead of keeping the rule's -inf
     eos_score = None
-    if settings.forced_eos is not None and settings.forced_eos_keeps_score:
+    if settings.forced_eos_keeps_score and at_cap is not False:  # read at the cap only (a host step knows when)
         eos_score = scores[:, settings.forced_eos].clone()
     if settings.min_new_tokens:
         forbid(scores, step < settings.min_new_tokens, settings.eos)
     if settings.forced_bos is not None:
         force(scores, step == 0, settings.forced_bos, rows=None if prefix is None else prefix < 0)
-    if settings.forced_eos is not None:  # at the longest limit (a captured step's `max_new_tokens` is a bucket's)
-        at_cap = limit_reached(step, limits.max() if captured else settings.max_new_tokens)
+    if settings.forced_eos is not None:
         force(scores, at_cap, settings.forced_eos, keep_score=settings.forced_eos_keeps_score, kept=eos_score)
     if settings.suppress is not None:
         forbid(scores, True, settings.suppress)
