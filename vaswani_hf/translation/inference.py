@@ -4,6 +4,7 @@ decoding (the log-probability of given translations, for filtering and reranking
 from __future__ import annotations
 
 import bisect
+import inspect
 import itertools
 import json
 import logging
@@ -348,7 +349,7 @@ def one_search(model, lines: int, window: int, translate_kwargs: dict) -> bool:
     timed while a neighbour ran hold for every later run, so none is kept."""
     from ..model.generation_vaswani import VaswaniGenerationMixin
 
-    batch = translate_kwargs.get("batch_size", 32)
+    batch = translate_kwargs.get("batch_size", inspect.signature(translate_nbest).parameters["batch_size"].default)
     return (isinstance(model, VaswaniGenerationMixin) and "cpu_fast_paths" not in translate_kwargs
             and lines < window and lines <= batch)  # fmt: skip
 
