@@ -137,6 +137,18 @@ class ModelProducts:
     def searching(model, rows: int) -> contextlib.AbstractContextManager:
         return contextlib.nullcontext()
 
+    @staticmethod
+    def decoder_step(state: DecodingState, tokens: torch.LongTensor) -> torch.Tensor:
+        """The decoder's own forward for the newest token of every row: (rows,) ids -> (rows, d_model)."""
+        decoder_output = state.model.get_decoder()(
+            input_ids=tokens[:, None],
+            encoder_hidden_states=state.encoder_hidden,
+            encoder_attention_mask=state.encoder_mask,
+            cache=state.cache,
+            use_cache=True,
+        )
+        return decoder_output.last_hidden_state[:, -1]
+
 
 class DecodingState:
     """What the decoder keeps for the sentences still being decoded: encoder output, caches and per-row tensors.
@@ -164,14 +176,18 @@ class DecodingState:
     def _self_attention_cache(self) -> DynamicCache:
         """The decoder self-attention cache: Transformers' own, whose layers follow beam search's survivors in one
         copy a step (`VaswaniBeamSearchCacheLayer`) when there are beams."""
-        cache = DynamicCache(config=self.model.config)
-        if self.rows_per_example > 1:
-            cache.layers[:] = [VaswaniBeamSearchCacheLayer() for _ in cache.layers]
-        return cache
+        return self._cache(VaswaniBeamSearchCacheLayer if self.rows_per_example > 1 else DynamicLayer)
 
     def _cross_attention_cache(self) -> DynamicCache:
         """The cross-attention cache: keys and values of the encoder output, computed at the first step."""
-        return DynamicCache(config=self.model.config)
+        return self._cache(DynamicLayer)
+
+    def _cache(self, layer_class: type[DynamicLayer]) -> DynamicCache:
+        # one layer per decoder layer, given here: `DynamicCache(config=...)` would deep-copy the configuration at
+        # every call of generate() to learn the same (about half a millisecond each)
+        cache = DynamicCache()
+        cache.layers[:] = [layer_class() for _ in range(self.model.config.decoder_layers)]
+        return cache
 
     def restrict(self, allowed: torch.LongTensor, within: bool = False) -> None:
         """Score only the `allowed` target ids (sorted; a vocabulary shortlist): the output projection multiplies
@@ -199,14 +215,7 @@ class DecodingState:
         """One decoder step for the newest token of every row: (rows,) ids -> (rows, d_model) final hidden states."""
         if self.within:
             tokens = self.shortlist[tokens]
-        decoder_output = self.model.get_decoder()(
-            input_ids=tokens[:, None],
-            encoder_hidden_states=self.encoder_hidden,
-            encoder_attention_mask=self.encoder_mask,
-            cache=self.cache,
-            use_cache=True,
-        )
-        return decoder_output.last_hidden_state[:, -1]
+        return self.products.decoder_step(self, tokens)
 
     def greedy_logits(self, tokens: torch.LongTensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """One decoder step for greedy decoding: (rows, vocabulary) scores whose argmax is each row's next token,

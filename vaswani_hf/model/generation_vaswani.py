@@ -86,11 +86,14 @@ HANDED_OVER_SETTINGS = {
 @dataclass
 class DecodingSpeedups:
     """The seam where the installed package plugs in its speed paths (`vaswani_hf.model.speed`, at import):
-    `cpu_products`, a `ModelProducts` that computes the same logits faster on CPU; `graphs`, a module with
-    `graph_decoding(asked, device)` (the switch), `fits(settings, model)` and `graphed_search(model, settings,
-    hidden, mask)` (the static-shape search). Empty in remote code: the plain products and the eager search."""
+    `cpu_products`, a `ModelProducts` that computes the same logits faster on CPU; `cpu_exact_products`, one that
+    computes the same bits as `ModelProducts` with less around them (the decoder's step without module calls), for
+    CPU searches with the fast products off; `graphs`, a module with `graph_decoding(asked, device)` (the switch),
+    `fits(settings, model)` and `graphed_search(model, settings, hidden, mask)` (the static-shape search). Empty in
+    remote code: the plain products and the eager search."""
 
     cpu_products: type | None = None
+    cpu_exact_products: type | None = None
     graphs: object | None = None
 
 
@@ -492,9 +495,11 @@ class VaswaniGenerationMixin:
     def _decoding_state(self, hidden: torch.Tensor, mask: torch.Tensor | None, rows_per_example: int,
                         fast: bool = True):  # fmt: skip
         """What the searches step: this model's decoder (another engine's runner gives its own: interop.onnx),
-        its products computed the fastest measured way on CPU where `fast` (the `cpu_fast_paths` switch)."""
-        fast = fast and SPEEDUPS.cpu_products is not None and hidden.device.type == "cpu"
-        products = SPEEDUPS.cpu_products if fast else ModelProducts
+        its products computed the fastest measured way on CPU where `fast` (the `cpu_fast_paths` switch), else the
+        same bits as the model's own layers compute."""
+        products = ModelProducts
+        if hidden.device.type == "cpu":
+            products = (SPEEDUPS.cpu_products if fast else SPEEDUPS.cpu_exact_products) or ModelProducts
         return DecodingState(self, hidden, mask, rows_per_example, products)
 
     def _decode(self, config, model_kwargs, source, limits, penalty_type, logits_processor, lexical, shortlist=None,

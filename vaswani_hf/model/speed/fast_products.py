@@ -38,6 +38,8 @@ from typing import TypeVar
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
+from . import lean_step
+
 T = TypeVar("T")
 
 
@@ -728,8 +730,10 @@ def greedy_output_logits(model, hidden: torch.Tensor) -> tuple[torch.Tensor, tor
 class FastCpuProducts:
     """The seam `DecodingState` calls (`decoding_state_vaswani.ModelProducts` is the plain one): the output
     projection (`output_logits`), greedy's screened projection (`greedy_output_logits`), and the decoder's linears
-    bound to their fastest way for the length of a search (`decoder_linears_for`)."""
+    bound to their fastest way for the length of a search (`decoder_linears_for`), and the decoder's step without
+    its module calls (`lean_step.decoder_step`)."""
 
     logits = staticmethod(output_logits)
     greedy_logits = staticmethod(greedy_output_logits)
     searching = staticmethod(decoder_linears_for)
+    decoder_step = staticmethod(lean_step.decoder_step)
