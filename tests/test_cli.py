@@ -258,6 +258,18 @@ def test_a_one_batch_input_is_decoded_without_timing_ways(trained, monkeypatch):
     assert [c[0][0] for c in several] == [c[0][0] for c in one_batch]
 
 
+def test_a_one_batch_input_keeps_the_users_fast_paths_setting(trained, monkeypatch):
+    """`VASWANI_CPU_FAST_PATHS=1` is the user's choice: a one-batch input then times the fast products' ways too."""
+    from vaswani_hf.model.speed import fast_products
+    from vaswani_hf.translation.inference import load_for_inference, translate_stream
+
+    model, tokenizer = load_for_inference(trained[0], device="cpu")
+    forget_measured_ways(monkeypatch)
+    monkeypatch.setenv("VASWANI_CPU_FAST_PATHS", "1")
+    list(translate_stream(model, tokenizer, iter(["seven", "ninety"])))
+    assert fast_products._LINEAR_TRIALS or fast_products._FASTEST_LINEAR
+
+
 def test_translate_names_the_line_that_is_not_utf8(tmp_path, trained):
     source = tmp_path / "in.en"
     source.write_bytes(b"seven\nninety\ntwenty \xff one\n")

@@ -8,6 +8,7 @@ import inspect
 import itertools
 import json
 import logging
+import os
 import re
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -346,12 +347,13 @@ def one_search(model, lines: int, window: int, translate_kwargs: dict) -> bool:
     and then of the output projection (4 to 5) before one is kept, building a packed copy of every weight for it,
     and its first step times the output projection's ways apart (`_fastest`), so a job of one search pays the
     trial and ends before or soon after a way is kept. A choice kept in a file for later processes would let one
-    timed while a neighbour ran hold for every later run, so none is kept."""
+    timed while a neighbour ran hold for every later run, so none is kept. A user who set `VASWANI_CPU_FAST_PATHS`
+    chose too: their setting holds."""
     from ..model.generation_vaswani import VaswaniGenerationMixin
 
     batch = translate_kwargs.get("batch_size", inspect.signature(translate_nbest).parameters["batch_size"].default)
-    return (isinstance(model, VaswaniGenerationMixin) and "cpu_fast_paths" not in translate_kwargs
-            and lines < window and lines <= batch)  # fmt: skip
+    chosen = "cpu_fast_paths" in translate_kwargs or os.environ.get("VASWANI_CPU_FAST_PATHS", "").strip()
+    return isinstance(model, VaswaniGenerationMixin) and not chosen and lines < window and lines <= batch
 
 
 def _side_by_side(*streams: Iterable, names: list[str]) -> Iterator[tuple]:
