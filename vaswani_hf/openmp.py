@@ -5,8 +5,9 @@ Why: torch's CPU wheel runs its threads on libgomp, whose waiting threads spin f
 Beside another CPU-bound process (a second translate, a training run, CTranslate2) each of the thousands of
 parallel regions of a decoding run then waits for a thread the scheduler has parked, and spins while it waits:
 on 2 cores of an AMD EPYC (Zen 3) greedy decoding of 32 sentences took 40x its quiet time beside one training
-process (6.9 s against 0.17 s a call), 1.4x with the policy passive. Quiet, an interleaved A/B measured the passive
-policy equal at batch 1 and about 8% slower at batch 32 (docs/engines-performance.md, "Beside a neighbour"). libgomp
+process (6.9 s against 0.17 s a call), 1.4x with the policy passive. Quiet, the passive policy costs about 8% at
+batch 32 and, since the decoder steps without module calls, a fifth to a quarter at batch 1 greedy, where every
+operator wakes the other thread (docs/engines-performance.md, "Beside a neighbour"): the smaller loss. libgomp
 reads the variable once, when torch loads it, so it has to be set before `import torch`: a program that imports
 torch first keeps OpenMP's default and can set the variable itself.
 """
