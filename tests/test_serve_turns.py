@@ -374,6 +374,31 @@ def test_headers_past_their_bounds_get_431_at_once_and_the_server_serves_on():
         assert stub.health()["status"] == "ready"
 
 
+def test_health_answers_while_a_client_streams_its_headers_slowly():
+    """The header parser reads what arrives and goes back to the loop: while one client trickles 60 KiB of header
+    (within the bound), a second connection's /health is answered before the first client has sent its headers'
+    end; then the slow request is served too."""
+    with Stub([A]) as stub:
+        finished = threading.Event()
+
+        def trickle() -> bytes:
+            with socket.create_connection(("127.0.0.1", stub.port)) as connection:
+                connection.sendall(START + b"X-Big: ")
+                for _ in range(60):
+                    connection.sendall(b"a" * 1024)
+                    time.sleep(0.1)
+                finished.set()
+                connection.sendall(b"\r\n\r\n")
+                return _answer(connection)
+
+        thread, out = in_thread(trickle)
+        time.sleep(0.5)
+        health = httpx.get(f"{stub.url}/health", timeout=10)
+        assert health.status_code == 200 and not finished.is_set()
+        thread.join()
+        assert out["result"].startswith(b"HTTP/1.1 200"), out["result"][:200]
+
+
 def test_the_header_bounds_hold_under_max_connections_and_many_connections_at_once():
     """--max_connections (uvicorn's limit, 503 past it) is judged once a request's headers are read: the header
     parser's bounds come first, for every connection at once, with the limit reached by idle ones meanwhile."""
