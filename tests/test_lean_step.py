@@ -113,6 +113,12 @@ def _tiny():
     return VaswaniForConditionalGeneration(VaswaniConfig.tiny()).eval()
 
 
+def _plan(model) -> lean_step.LeanStep | None:
+    """The plan as a search makes it: without gradients (with them, no plan)."""
+    with torch.inference_mode():
+        return lean_step.LeanStep.plan(model)
+
+
 def _plan_on_first_step(model) -> lean_step.LeanStep | None:
     ids = torch.tensor([[5, 6, 7]])
     with torch.inference_mode():
@@ -152,8 +158,9 @@ def test_eager_attention_and_the_switch_keep_the_module_path(monkeypatch):
 
 
 def test_training_mode_and_gradients_keep_the_module_path():
-    model = _tiny().train()
-    assert lean_step.LeanStep.plan(model) is None
+    model = _tiny()
+    assert _plan(model) is not None
+    assert _plan(model.train()) is None
     model.eval()
     with torch.enable_grad():
         assert lean_step.LeanStep.plan(model) is None
@@ -192,3 +199,75 @@ def test_cpu_searches_step_leanly_with_the_fast_products_on_or_off(beams, fast, 
     monkeypatch.setenv("VASWANI_LEAN_STEP", "0")
     model.generate(input_ids=ids, **kwargs)
     assert len(steps) == 5
+
+
+def _same_search_as_the_module_path(model, monkeypatch) -> None:
+    """Greedy with per-step scores and beam search's scores: the same with the lean step as with the modules."""
+    ids = torch.tensor([[5, 6, 7, 8], [9, 10, 0, 0]])
+    mask = (ids != 0).long()
+    results = []
+    for lean in ("0", "1"):
+        monkeypatch.setenv("VASWANI_LEAN_STEP", lean)
+        torch.manual_seed(0)  # a module left in training mode draws its dropout alike on both paths
+        greedy = model.generate(input_ids=ids, attention_mask=mask, num_beams=1, max_new_tokens=6, output_scores=True,
+                                return_dict_in_generate=True, cpu_fast_paths=False)  # fmt: skip
+        beams = model.generate(input_ids=ids, attention_mask=mask, num_beams=3, max_new_tokens=6, cpu_fast_paths=False,
+                               return_dict_in_generate=True, output_sequence_scores=True)  # fmt: skip
+        results.append((greedy.sequences, torch.stack(greedy.scores), beams.sequences, beams.sequences_scores))
+    for plain, lean in zip(*results, strict=True):
+        assert torch.equal(plain, lean)
+
+
+def test_a_decoder_module_left_in_training_mode_keeps_the_module_path(monkeypatch):
+    """Monte Carlo dropout: the model in eval mode, the decoder (or one attention) in training mode: its dropout
+    runs at every step, as the modules do it."""
+    torch.manual_seed(0)
+    model = VaswaniForConditionalGeneration(VaswaniConfig.tiny(dropout=0.5, attention_dropout=0.3)).eval()
+    model.get_decoder().layers[0].encoder_attn.train()
+    assert _plan(model) is None
+    _same_search_as_the_module_path(model, monkeypatch)
+
+
+def test_a_forward_replaced_on_an_instance_keeps_the_module_path(monkeypatch):
+    """A caller's wrapper set as `module.forward` (a tracer, Accelerate's offloading) runs at every step."""
+    model = _tiny()
+    layer = model.get_decoder().layers[1]
+    calls = []
+    original = layer.forward
+    layer.forward = lambda *args, **kwargs: (calls.append(1), original(*args, **kwargs))[1]
+    assert _plan(model) is None
+    _same_search_as_the_module_path(model, monkeypatch)
+    assert calls
+
+
+def test_accelerates_offloaded_decoder_keeps_the_module_path(monkeypatch):
+    """Accelerate's `cpu_offload` keeps the weights on the meta device and loads them in a wrapped `forward`: the
+    lean step, which reads weights directly, would fail on meta tensors."""
+    from accelerate import cpu_offload
+
+    model = _tiny()
+    cpu_offload(model.get_decoder(), execution_device=torch.device("cpu"))
+    assert _plan(model) is None
+    _same_search_as_the_module_path(model, monkeypatch)
+
+
+def test_a_compiled_decoder_layer_keeps_the_module_path():
+    model = _tiny()
+    model.get_decoder().layers[0].compile()
+    assert _plan(model) is None
+
+
+def test_a_users_sdpa_function_keeps_the_module_path(monkeypatch):
+    """Transformers lets a user register their own function under "sdpa" (`AttentionInterface`): it then runs."""
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    def halved(module, query, key, value, attention_mask, **kwargs):
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+        output, weights = sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+        return output * 0.5, weights
+
+    model = _tiny()
+    monkeypatch.setitem(ALL_ATTENTION_FUNCTIONS._global_mapping, "sdpa", halved)
+    assert _plan(model) is None
+    _same_search_as_the_module_path(model, monkeypatch)

@@ -188,6 +188,15 @@ def test_a_composed_pair_says_so_and_gives_n_best_from_summed_scores(server, exp
     assert nbest[0]["text"] == body["translations"][0]["text"] == expected[("de", "fr")][LINES[0]]
     direct = server.post("/v1/translate", json={"texts": [LINES[0]], "source": "en", "target": "de"}).json()
     assert direct["route"]["pivot"] is None and direct["translations"][0]["text"] == expected[("en", "de")][LINES[0]]
+    facts = httpx.get(f"{server.url}/v1/model", params={"source": "de", "target": "fr"}).json()
+    alone = [httpx.get(f"{server.url}/v1/model", params=dict(zip(("source", "target"), pair, strict=True))).json()
+             for pair in (("de", "en"), ("en", "fr"))]  # fmt: skip
+    assert facts["model"] == "de-en + en-fr" and [m["model"] for m in facts["each_model"]] == ["de-en", "en-fr"]
+    assert facts["parameters"] == alone[0]["parameters"] + alone[1]["parameters"]  # not the first model's alone
+    assert facts["size"] == {} and facts["scores"] == {}
+    identity = httpx.get(f"{server.url}/v1/model", params={"source": "fr", "target": "fr"}).json()
+    assert identity["model"] == "identity" and identity["parameters"] == 0 and identity["each_model"] == []
+    assert identity["loaded"] and identity["size"] == {}
     attention = server.post("/v1/translate", json={"texts": ["x"], "source": "de", "target": "fr", "attention": True})
     assert attention.status_code == 422 and "composed" in attention.json()["error"]
     unknown = server.post("/translate", json={"q": "x", "source": "fr", "target": "de"})
@@ -301,3 +310,27 @@ def test_the_pivot_is_the_one_whose_weaker_model_scored_best():
     assert routes[("fr", "fr")].models == () and ("fr", "de") not in routes
     unscored = plan_routes([ServedModel("de-en", "de", "en"), ServedModel("en-fr", "en", "fr")])
     assert unscored[("de", "fr")].pivot == "en"
+
+
+def test_v1_model_of_a_composed_pair_says_failed_when_any_of_its_models_failed():
+    """de->fr through en: de-en merely unloaded, en-fr failed its file check. The route's state is "failed" with
+    en-fr's failure, not the first model's "unloaded" beside another model's failure."""
+    from fastapi.testclient import TestClient
+
+    from vaswani_hf.serving.app import create_app
+    from vaswani_hf.serving.catalog import Catalog, ServedModel
+    from vaswani_hf.serving.service import Settings
+
+    def check(model):
+        if model.name == "en-fr":
+            raise ValueError("en-fr is broken")
+
+    def load(model, metrics):
+        raise RuntimeError("not loaded in this test")
+
+    catalog = Catalog([ServedModel("de-en", "de", "en"), ServedModel("en-fr", "en", "fr")], Settings(), load, None,
+                      check=check)  # fmt: skip
+    catalog.check_files()
+    facts = TestClient(create_app(catalog)).get("/v1/model", params={"source": "de", "target": "fr"}).json()
+    assert facts["state"] == "failed" and "en-fr is broken" in facts["failure"]["cause"]
+    assert not facts["loaded"] and [m["state"] for m in facts["each_model"]] == ["unloaded", "failed"]

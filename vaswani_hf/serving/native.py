@@ -131,7 +131,8 @@ def native_router(catalog: Catalog, run, check_key) -> APIRouter:
         names = {"source_name": LANGUAGE_NAMES.get(route.source, route.source),
                  "target_name": LANGUAGE_NAMES.get(route.target, route.target)}  # fmt: skip
         if len(route.models) != 1:  # composed (or the identity): the route's models, not the first one's
-            facts["model"] = " + ".join(m.name for m in route.models) or "identity"
+            facts.pop("failure", None)
+            facts |= route_facts(catalog, route)
         return {**facts, **route.describe(), **names}
 
     @router.get("/v1/models", summary="Every model served and every pair the server answers")
@@ -216,6 +217,32 @@ def describe(catalog: Catalog, model: ServedModel) -> dict:
         "precision": catalog.precision,
         "endpoint": "v1/translate",  # where the page sends what is typed (a parser's routes say /parse)
     }
+
+
+def route_facts(catalog: Catalog, route: Route) -> dict:
+    """What a composed pair or the identity is, where `describe` tells one model: its models' names, parameters
+    summed (None where one is unknown; 0 for the identity, which computes nothing), no one size or score (each model
+    has its own: `each_model`), loaded only when every model is; its state "failed" where a model failed (with that
+    model's failure), else the state of the first model not loaded."""
+    each = [describe(catalog, model) for model in route.models]
+    parameters = [facts["parameters"] for facts in each]
+    waiting = [facts for facts in each if facts["state"] != "loaded"]
+    facts = {
+        "model": " + ".join(m.name for m in route.models) or "identity",
+        "parameters": None if None in parameters else sum(parameters),
+        "size": {},
+        "scores": {},
+        "loaded": not waiting,
+        "state": next(
+            (f["state"] for f in waiting if f["state"] == "failed"), waiting[0]["state"] if waiting else "loaded"
+        ),
+        "each_model": [
+            {key: facts[key] for key in ("model", "source", "target", "parameters", "size", "scores", "state")}
+            for facts in each
+        ],  # fmt: skip
+    }
+    failed = [each["failure"] for each in waiting if "failure" in each]
+    return facts | ({"failure": failed[0]} if failed else {})
 
 
 def lines_of(text: str) -> list[str]:

@@ -214,6 +214,7 @@ def _inference_only(
             return torch.nn.functional.linear(hidden, module.weight, module.bias)
         return forward(hidden)
 
+    guarded.fast_product = True  # the lean step (`lean_step.py`) knows this re-binding from a caller's own
     return guarded
 
 
@@ -439,6 +440,7 @@ class _StepTrial:
                 self.step_begins()
             return self.first(hidden)
 
+        first_of_a_step.fast_product = True  # a re-binding the lean step knows (`_inference_only`)
         linears[0].forward = first_of_a_step
 
     def bind_linears(self, forwards: list[Callable | None]) -> None:

@@ -11,10 +11,12 @@ at the first step into the cross-attention cache, as the layer does), so the hid
 (tests/test_lean_step.py draws models, batches, beams and padding, and compares them with the module path and the
 searches' tokens and scores).
 
-It steps only where that holds, and the decoder's own forward runs otherwise (`LeanStep.plan` is None): the model
-in eval mode with no gradient recorded; sdpa attention (eager attention builds a mask at every step; flash and
-flex take one encoder row per decoder row); no forward hook or pre-hook on any decoder module, and none global
-(they would not fire); the decoder's layers, sub-layer connections and attention of this package's own classes.
+It steps only where that holds, and the decoder's own forward runs otherwise (`LeanStep.plan` is None): every
+decoder module in eval mode, no gradient recorded; Transformers' own sdpa attention (eager attention builds a mask
+at every step; flash and flex take one encoder row per decoder row; a user may register another function as
+"sdpa"); no decoder module whose call does more than its class's `forward` (`_wrapped`: hooks, a `forward` replaced
+on the instance as Accelerate's offloading does, a compiled call); the decoder's layers, sub-layer connections and
+attention of this package's own classes.
 It is exact, not chosen by stopwatch, so the CPU searches take it with the fast products on (`FastCpuProducts`) or
 off (`LeanProducts`). Switch: `VASWANI_LEAN_STEP=0`.
 Part of the installed package, not of a checkpoint's remote code (`speed/__init__.py` plugs it into generate()).
@@ -28,6 +30,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch.nn.modules import module as torch_module
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from ..decoding_state_vaswani import DecodingState, ModelProducts
 from ..modeling_vaswani import (
@@ -82,10 +86,22 @@ class _Layer:
     final_norm: _Norm
 
 
-def _hooked(modules: list[torch.nn.Module]) -> bool:
+def _wrapped(modules: list[torch.nn.Module]) -> bool:
+    """Whether a module's call does anything but its class's `forward`, which the lean step would skip: a forward
+    hook or pre-hook (its own or a global one), a `forward` replaced on the instance (Accelerate's offloading
+    `_hf_hook`, a tracer, a user's wrapper; the fast products' re-binding of a linear computes the same and is
+    kept), a compiled call (`module.compile()`), or a module in training mode (its dropout)."""
     if torch_module._global_forward_hooks or torch_module._global_forward_pre_hooks:
         return True
-    return any(m._forward_hooks or m._forward_pre_hooks for m in modules)
+    return any(
+        m.training
+        or m._forward_hooks
+        or m._forward_pre_hooks
+        or getattr(m, "_compiled_call_impl", None) is not None
+        or hasattr(m, "_hf_hook")
+        or ("forward" in vars(m) and not getattr(m.forward, "fast_product", False))
+        for m in modules
+    )
 
 
 class LeanStep:
@@ -103,10 +119,11 @@ class LeanStep:
     def plan(cls, model) -> LeanStep | None:
         if not lean_step_on() or model.training or torch.is_grad_enabled():
             return None
-        if model.config._attn_implementation != "sdpa":
-            return None
+        sdpa = ALL_ATTENTION_FUNCTIONS.get("sdpa")
+        if model.config._attn_implementation != "sdpa" or sdpa is not sdpa_attention_forward:
+            return None  # another attention, or a user's function registered as "sdpa"
         decoder = model.get_decoder()
-        if _hooked(list(decoder.modules())):
+        if _wrapped(list(decoder.modules())):
             return None
         layers = []
         for index, layer in enumerate(decoder.layers):
