@@ -261,3 +261,19 @@ def test_forced_eos_score_model_wins_over_a_minimum_length_at_the_cap(graph_deco
     assert fairseq.sequences.shape[1] == cap + 1 and (fairseq.sequences[:, -1] == EOS).all()
     taken = teacher_forced_log_probs(model, SOURCE, fairseq.sequences)
     torch.testing.assert_close(fairseq.sequences_scores, taken.sum(-1) / cap)
+
+
+def test_the_fairseq_preset_passed_to_generate_forces_eos_at_the_cap_as_fairseq():
+    """`DECODING_PRESETS["fairseq"]` in a user's generate() call, on a model whose generation config forces no EOS:
+    fairseq's search ends every hypothesis with </s> at the cap and scores it, so `forced_eos_score="model"` forces
+    the model's EOS there (the same as naming `forced_eos_token_id`), not a row run on without it."""
+    from vaswani_hf.model.search_vaswani import DECODING_PRESETS
+
+    model = tiny_model()
+    assert model.generation_config.forced_eos_token_id is None
+    kwargs = dict(input_ids=SOURCE, attention_mask=SOURCE.ne(0).long(), output_sequence_scores=True)
+    preset = {**DECODING_PRESETS["fairseq"], "max_length": 5}
+    out = model.generate(**kwargs, **preset)
+    named = model.generate(**kwargs, **preset, forced_eos_token_id=EOS)
+    assert out.sequences.shape[1] == 5 and (out.sequences[:, -1] == EOS).all()
+    torch.testing.assert_close(out.sequences_scores, named.sequences_scores)

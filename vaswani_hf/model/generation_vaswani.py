@@ -183,7 +183,8 @@ class VaswaniGenerationMixin:
     `None` for Transformers' `max_length`). An explicit `max_length`/`max_new_tokens`, as a keyword or in the call's
     `generation_config`, wins over the offset. `forced_eos_score` ("zero", Transformers': the EOS that
     `forced_eos_token_id` forces at the length cap scores 0; "model", fairseq's: it keeps the model's own
-    log-probability, so a hypothesis cut at the cap pays for ending there as fairseq-generate's does).
+    log-probability, so a hypothesis cut at the cap pays for ending there as fairseq-generate's does; where no
+    `forced_eos_token_id` is set, "model" forces the model's `eos_token_id` at the cap, as fairseq does).
 
     Extra arguments of `generate()`: `vocabulary_shortlist` (target ids to score, `vaswani_hf.translation.shortlist`),
     `output_sequence_scores=True` (beam search's `sequences_scores` alone; Transformers' `output_scores` also keeps
@@ -212,6 +213,10 @@ class VaswaniGenerationMixin:
         if eos_score not in FORCED_EOS_SCORES:
             raise ValueError(f"forced_eos_score must be one of {FORCED_EOS_SCORES} (Transformers' 0 or the model's own "
                              f"log-probability, as fairseq), got {eos_score!r}.")  # fmt: skip
+        if eos_score == "model" and kwargs.get("forced_eos_token_id", config.forced_eos_token_id) is None:
+            # fairseq's score is of the </s> it forces at the cap: the preset (`DECODING_PRESETS["fairseq"]`) passed
+            # to generate() on a model that forces none would otherwise run on past it, silently not fairseq's
+            kwargs["forced_eos_token_id"] = config.eos_token_id
         explicit_length = self._length_asked(generation_config, kwargs)
         # read before the model's config and Transformers' defaults fill them in (the loop's `has_default_*_length`)
         left_out = {name: _left_out(name, self, generation_config, kwargs) for name in ("max_length", "min_length")}
