@@ -277,3 +277,14 @@ def test_the_fairseq_preset_passed_to_generate_forces_eos_at_the_cap_as_fairseq(
     named = model.generate(**kwargs, **preset, forced_eos_token_id=EOS)
     assert out.sequences.shape[1] == 5 and (out.sequences[:, -1] == EOS).all()
     torch.testing.assert_close(out.sequences_scores, named.sequences_scores)
+
+
+def test_forced_eos_score_model_forces_the_calls_own_eos_or_none_when_asked():
+    """The EOS forced at the cap under `forced_eos_score="model"` is the call's own `eos_token_id` (not the model's
+    when the call names another), and `forced_eos_token_id=None` passed by name forces none."""
+    model = tiny_model()
+    kwargs = dict(input_ids=SOURCE, attention_mask=SOURCE.ne(0).long(), num_beams=1, max_new_tokens=4,
+                  max_length_offset=None, forced_eos_score="model")  # fmt: skip
+    assert (model.generate(**kwargs, eos_token_id=9)[:, -1] == 9).all()
+    plain = model.generate(**{**kwargs, "forced_eos_score": "zero"})
+    assert torch.equal(model.generate(**kwargs, forced_eos_token_id=None), plain)

@@ -271,3 +271,15 @@ def test_a_users_sdpa_function_keeps_the_module_path(monkeypatch):
     monkeypatch.setitem(ALL_ATTENTION_FUNCTIONS._global_mapping, "sdpa", halved)
     assert _plan(model) is None
     _same_search_as_the_module_path(model, monkeypatch)
+
+
+def test_a_users_forward_on_a_decoder_linear_runs_and_stays_with_the_fast_products_on():
+    """A caller's `forward` set on a decoder linear is theirs: the fast products neither re-bind nor remove it."""
+    model = _tiny()
+    linear = model.get_decoder().layers[0].feed_forward.fc1
+    calls = []
+    original = linear.forward
+    mine = lambda hidden: (calls.append(1), original(hidden))[1]  # noqa: E731
+    linear.forward = mine
+    model.generate(input_ids=torch.tensor([[5, 6, 7]]), num_beams=2, max_new_tokens=4, min_new_tokens=4)
+    assert calls and vars(linear)["forward"] is mine

@@ -213,10 +213,12 @@ class VaswaniGenerationMixin:
         if eos_score not in FORCED_EOS_SCORES:
             raise ValueError(f"forced_eos_score must be one of {FORCED_EOS_SCORES} (Transformers' 0 or the model's own "
                              f"log-probability, as fairseq), got {eos_score!r}.")  # fmt: skip
-        if eos_score == "model" and kwargs.get("forced_eos_token_id", config.forced_eos_token_id) is None:
+        eos = kwargs.get("eos_token_id", config.eos_token_id)
+        if eos_score == "model" and "forced_eos_token_id" not in kwargs and config.forced_eos_token_id is None:
             # fairseq's score is of the </s> it forces at the cap: the preset (`DECODING_PRESETS["fairseq"]`) passed
-            # to generate() on a model that forces none would otherwise run on past it, silently not fairseq's
-            kwargs["forced_eos_token_id"] = config.eos_token_id
+            # to generate() on a model that forces none would otherwise run on past it, silently not fairseq's. The
+            # call's own EOS (its first, for a list); `forced_eos_token_id=None` passed by name forces none.
+            kwargs["forced_eos_token_id"] = eos[0] if isinstance(eos, list | tuple) and eos else eos
         explicit_length = self._length_asked(generation_config, kwargs)
         # read before the model's config and Transformers' defaults fill them in (the loop's `has_default_*_length`)
         left_out = {name: _left_out(name, self, generation_config, kwargs) for name in ("max_length", "min_length")}
@@ -281,8 +283,9 @@ class VaswaniGenerationMixin:
         if eos_score == "model" and config.forced_eos_token_id is not None:
             logger.warning_once(
                 f"generate(): {reason} runs in Transformers' own loop, whose forced_eos_token_id scores the EOS it "
-                "forces at the length cap 0, not the model's log-probability of forced_eos_score='model'. Pass "
-                "forced_eos_score='zero' to silence this."
+                "forces at the length cap 0, not the model's log-probability of forced_eos_score='model' (which "
+                "forces the EOS where no forced_eos_token_id is set). Pass forced_eos_score='zero' (and "
+                "forced_eos_token_id for a forced EOS) to silence this."
             )
         if sequence_scores:  # Transformers' loop returns `sequences_scores` with the per-step scores only
             kwargs["output_scores"] = True

@@ -229,6 +229,8 @@ def _step_linears(model) -> list[torch.nn.Linear]:
     ]
     plain = all(
         type(m).forward is torch.nn.Linear.forward
+        # a caller's own `forward` on the instance runs as theirs (the fast products' re-bindings are marked)
+        and ("forward" not in vars(m) or getattr(m.forward, "fast_product", False))
         and type(m.weight) is torch.nn.Parameter
         and m.weight.dtype == torch.float32
         and m.weight.device.type == "cpu"
