@@ -157,7 +157,12 @@ def cpu_fast_paths(asked: bool | None = None) -> bool:
         return bool(asked)
     if torch.are_deterministic_algorithms_enabled():
         return False
-    return os.environ.get("VASWANI_CPU_FAST_PATHS", "1").strip().lower() not in ("0", "false", "no", "off")
+    return not switched_off("VASWANI_CPU_FAST_PATHS")
+
+
+def switched_off(variable: str) -> bool:
+    """Whether the environment turns a speed path off: `variable` set to 0, false, no or off."""
+    return os.environ.get(variable, "").strip().lower() in ("0", "false", "no", "off")
 
 
 def forward_wrapped(model) -> str | None:

@@ -225,24 +225,24 @@ def route_facts(catalog: Catalog, route: Route) -> dict:
     has its own: `each_model`), loaded only when every model is; its state "failed" where a model failed (with that
     model's failure), else the state of the first model not loaded."""
     each = [describe(catalog, model) for model in route.models]
-    parameters = [facts["parameters"] for facts in each]
-    waiting = [facts for facts in each if facts["state"] != "loaded"]
+    parameters = [one["parameters"] for one in each]
+    waiting = [one for one in each if one["state"] != "loaded"]
+    failed = [one for one in waiting if one["state"] == "failed"]
     facts = {
         "model": " + ".join(m.name for m in route.models) or "identity",
         "parameters": None if None in parameters else sum(parameters),
         "size": {},
         "scores": {},
         "loaded": not waiting,
-        "state": next(
-            (f["state"] for f in waiting if f["state"] == "failed"), waiting[0]["state"] if waiting else "loaded"
-        ),
+        "state": (failed or waiting)[0]["state"] if waiting else "loaded",
         "each_model": [
-            {key: facts[key] for key in ("model", "source", "target", "parameters", "size", "scores", "state")}
-            for facts in each
+            {key: one[key] for key in ("model", "source", "target", "parameters", "size", "scores", "state")}
+            for one in each
         ],  # fmt: skip
     }
-    failed = [each["failure"] for each in waiting if "failure" in each]
-    return facts | ({"failure": failed[0]} if failed else {})
+    if failed and "failure" in failed[0]:
+        facts["failure"] = failed[0]["failure"]
+    return facts
 
 
 def lines_of(text: str) -> list[str]:

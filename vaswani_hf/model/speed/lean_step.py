@@ -24,7 +24,6 @@ Part of the installed package, not of a checkpoint's remote code (`speed/__init_
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
@@ -34,17 +33,13 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from ..decoding_state_vaswani import DecodingState, ModelProducts
+from ..generation_vaswani import switched_off
 from ..modeling_vaswani import (
     VaswaniDecoderLayer,
     VaswaniMultiHeadAttention,
     VaswaniPositionwiseFeedForward,
     VaswaniSublayerConnection,
 )
-
-
-def lean_step_on() -> bool:
-    """The switch: on unless the environment's `VASWANI_LEAN_STEP` is 0, false, no or off."""
-    return os.environ.get("VASWANI_LEAN_STEP", "1").strip().lower() not in ("0", "false", "no", "off")
 
 
 @dataclass(frozen=True)
@@ -77,7 +72,6 @@ class _Norm:
 class _Layer:
     """One decoder layer's modules and constants, read once per search."""
 
-    index: int
     self_attn: VaswaniMultiHeadAttention
     self_norm: _Norm
     cross_attn: VaswaniMultiHeadAttention
@@ -117,7 +111,8 @@ class LeanStep:
 
     @classmethod
     def plan(cls, model) -> LeanStep | None:
-        if not lean_step_on() or model.training or torch.is_grad_enabled():
+        # a module in training mode (its dropout) is found among the decoder's by `_wrapped`
+        if switched_off("VASWANI_LEAN_STEP") or torch.is_grad_enabled():
             return None
         sdpa = ALL_ATTENTION_FUNCTIONS.get("sdpa")
         if model.config._attn_implementation != "sdpa" or sdpa is not sdpa_attention_forward:
@@ -139,7 +134,7 @@ class LeanStep:
                 and layer.self_attn.layer_idx == index == layer.encoder_attn.layer_idx
             ):
                 return None
-            layers.append(_Layer(index, layer.self_attn, _Norm.of(layer.self_attn_layer_norm), layer.encoder_attn,
+            layers.append(_Layer(layer.self_attn, _Norm.of(layer.self_attn_layer_norm), layer.encoder_attn,
                                  _Norm.of(layer.encoder_attn_layer_norm), layer.feed_forward,
                                  _Norm.of(layer.final_layer_norm)))  # fmt: skip
         final_norm = decoder.layer_norm
@@ -169,8 +164,7 @@ class LeanStep:
     @staticmethod
     def _self_attention(attn: VaswaniMultiHeadAttention, hidden: torch.Tensor, self_cache) -> torch.Tensor:
         rows = hidden.shape[0]
-        projected = attn.qkv_proj.forward(hidden)
-        query, key, value = projected.view(rows, 1, 3, attn.num_heads, attn.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+        query, key, value = attn._split_heads(attn.qkv_proj.forward(hidden), 3)
         key, value = self_cache.update(key, value, attn.layer_idx)
         # one query per row attends to every cached position: no mask (sdpa_attention_forward's is_causal is
         # False for one query)
@@ -184,16 +178,13 @@ class LeanStep:
         encoder_hidden, mask = state.encoder_hidden, state.encoder_mask
         sources = encoder_hidden.shape[0]
         per_source = rows // sources  # beam search's rows of one source attend as one batch row (`fold_beams`)
-        query = attn.q_proj.forward(hidden.reshape(sources, per_source, -1))
-        query = query.view(sources, per_source, attn.num_heads, attn.head_dim).transpose(1, 2)
+        (query,) = attn._split_heads(attn.q_proj.forward(hidden.reshape(sources, per_source, -1)), 1)
         cache = state.cache
         if cache.is_updated.get(attn.layer_idx):
             layer = cache.cross_attention_cache.layers[attn.layer_idx]
             key, value = layer.keys, layer.values
         else:
-            projected = attn.kv_proj.forward(encoder_hidden)
-            projected = projected.view(sources, encoder_hidden.shape[1], 2, attn.num_heads, attn.head_dim)
-            key, value = projected.permute(2, 0, 3, 1, 4).unbind(0)
+            key, value = attn._split_heads(attn.kv_proj.forward(encoder_hidden), 2)
             key, value = cache.cross_attention_cache.update(key, value, attn.layer_idx)
             cache.is_updated[attn.layer_idx] = True
         output = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=attn.scaling)
@@ -201,7 +192,8 @@ class LeanStep:
 
 
 def decoder_step(state: DecodingState, tokens: torch.LongTensor) -> torch.Tensor:
-    """The fast products' decoder step: `LeanStep` where it holds for this search, the model's own otherwise."""
+    """The CPU searches' decoder step (`FastCpuProducts`, `LeanProducts`): `LeanStep` where it holds for this
+    search, the model's own otherwise."""
     lean = state.__dict__.get("_lean_step", False)
     if lean is False:  # planned at a search's first step
         lean = state._lean_step = LeanStep.plan(state.model)
