@@ -38,7 +38,7 @@ from typing import TypeVar
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
-from . import lean_step
+from . import lean_step, step_threads
 
 T = TypeVar("T")
 
@@ -284,7 +284,7 @@ _OUTPUT_UNDER_TRIAL: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def _linear_key(linears: list[torch.nn.Linear], rows: int) -> tuple:
-    return tuple(tuple(m.weight.shape) for m in linears), rows, torch.get_num_threads()
+    return tuple(tuple(m.weight.shape) for m in linears), rows, step_threads.threads_for(rows)
 
 
 def _fastest_linear_way(linears: list[torch.nn.Linear], rows: int) -> Callable | None:
@@ -559,7 +559,7 @@ def _timed(weight: torch.Tensor) -> bool:
 
 
 def _output_key(weight: torch.Tensor, rows: int) -> tuple:
-    return (tuple(weight.shape), weight.dtype), rows.bit_length(), torch.get_num_threads()
+    return (tuple(weight.shape), weight.dtype), rows.bit_length(), step_threads.threads_for(rows)
 
 
 def _output_ways(weight: torch.Tensor, rows: int) -> tuple[Callable, ...]:
@@ -715,7 +715,7 @@ def greedy_output_logits(model, hidden: torch.Tensor) -> tuple[torch.Tensor, tor
         or weight.dtype != torch.float32
     ):
         return output_logits(model, hidden).t(), None
-    key = ((tuple(weight.shape), weight.dtype), rows.bit_length(), torch.get_num_threads())
+    key = ((tuple(weight.shape), weight.dtype), rows.bit_length(), step_threads.threads_for(rows))
     way = _FASTEST_GREEDY.get(key)
     if way is None:
         ways: tuple[Callable, ...] = (_product_by_fastest_way,)
@@ -735,9 +735,9 @@ class FastCpuProducts:
     """The seam `DecodingState` calls (`decoding_state_vaswani.ModelProducts` is the plain one): the output
     projection (`output_logits`), greedy's screened projection (`greedy_output_logits`), and the decoder's linears
     bound to their fastest way for the length of a search (`decoder_linears_for`), and the decoder's step without
-    its module calls (`lean_step.decoder_step`)."""
+    its module calls (`lean_step.decoder_step`); a step of few rows on one thread (`step_threads`)."""
 
-    logits = staticmethod(output_logits)
-    greedy_logits = staticmethod(greedy_output_logits)
+    logits = staticmethod(step_threads.by_rows(output_logits, lambda model, hidden: hidden.shape[0]))
+    greedy_logits = staticmethod(step_threads.by_rows(greedy_output_logits, lambda model, hidden: hidden.shape[0]))
     searching = staticmethod(decoder_linears_for)
-    decoder_step = staticmethod(lean_step.decoder_step)
+    decoder_step = staticmethod(step_threads.by_rows(lean_step.decoder_step, lambda state, tokens: tokens.shape[0]))

@@ -1,0 +1,105 @@
+"""A decoding step of few rows on one thread (`speed/step_threads.py`): the rows it takes, the caller's threads set
+back (after an error too, and another thread's untouched), its switch, and the searches' tokens and scores the
+same with it and without it over the search space (Hypothesis)."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from vaswani_hf.model.speed import step_threads
+from vaswani_hf.model.speed.fast_products import FastCpuProducts
+
+from .test_search_properties import decode, same_hypotheses, searches
+
+
+@pytest.fixture
+def two_threads():
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(before)
+
+
+def threads_inside(rows: int) -> int:
+    seen = []
+    step_threads.by_rows(lambda hidden: seen.append(torch.get_num_threads()), lambda hidden: hidden.shape[0])(
+        torch.zeros(rows, 4)
+    )
+    return seen[0]
+
+
+def test_few_rows_run_on_one_thread_and_the_callers_threads_come_back(two_threads, monkeypatch):
+    monkeypatch.delenv("VASWANI_ONE_THREAD_ROWS", raising=False)
+    assert [threads_inside(rows) for rows in (1, step_threads.ONE_THREAD_ROWS, step_threads.ONE_THREAD_ROWS + 1)] == [
+        1, 1, 2]  # fmt: skip
+    assert torch.get_num_threads() == 2
+
+    def fails(hidden):
+        raise RuntimeError("a step that fails")
+
+    with pytest.raises(RuntimeError, match="a step that fails"):
+        step_threads.by_rows(fails, lambda hidden: hidden.shape[0])(torch.zeros(1, 4))
+    assert torch.get_num_threads() == 2
+
+
+def test_the_count_is_the_calling_threads_own(two_threads):
+    # a server decodes each model in its own thread: one model's step of one row leaves the other's threads alone
+    other_started, step_done, seen = threading.Event(), threading.Event(), {}
+
+    def other():
+        torch.ones(2) + 1  # its threads set up before the step below
+        other_started.set()
+        step_done.wait(10)
+        seen["other"] = torch.get_num_threads()
+
+    thread = threading.Thread(target=other)
+    thread.start()
+    other_started.wait(10)
+
+    def step(hidden):
+        seen["inside"] = torch.get_num_threads()
+        step_done.set()
+        thread.join(10)
+
+    step_threads.by_rows(step, lambda hidden: hidden.shape[0])(torch.zeros(1, 4))
+    assert seen == {"inside": 1, "other": 2}
+
+
+@pytest.mark.parametrize(("value", "rows"), [("0", 0), ("off", 0), ("12", 12), (" 3 ", 3), ("", 2)])
+def test_the_switch_sets_the_rows_or_turns_it_off(value, rows, two_threads, monkeypatch):
+    monkeypatch.setenv("VASWANI_ONE_THREAD_ROWS", value)
+    assert step_threads.one_thread_rows() == rows
+    assert threads_inside(1) == (1 if rows else 2)
+
+
+@pytest.mark.parametrize("value", ["four", "-1", "2.5"])
+def test_a_bad_switch_value_is_named(value, monkeypatch):
+    monkeypatch.setenv("VASWANI_ONE_THREAD_ROWS", value)
+    with pytest.raises(ValueError, match="VASWANI_ONE_THREAD_ROWS"):
+        step_threads.one_thread_rows()
+
+
+def test_the_fast_products_take_the_rule():
+    for seam in ("decoder_step", "logits", "greedy_logits"):
+        assert getattr(getattr(FastCpuProducts, seam), "__wrapped__", None) is not None, seam
+
+
+@given(case=searches(), rows=st.integers(1, 40))
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_searches_give_the_same_tokens_and_scores_with_and_without_one_thread_steps(case, rows, monkeypatch):
+    model, sources, kwargs, switches = case
+    switches = {**switches, "cpu_fast_paths": True}
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)  # where the machine has one core, the rule has nothing to change
+    try:
+        monkeypatch.setenv("VASWANI_ONE_THREAD_ROWS", "0")
+        every_thread = decode(model, sources, kwargs, switches, monkeypatch)
+        monkeypatch.setenv("VASWANI_ONE_THREAD_ROWS", str(rows))
+        same_hypotheses(decode(model, sources, kwargs, switches, monkeypatch), every_thread)
+    finally:
+        torch.set_num_threads(before)

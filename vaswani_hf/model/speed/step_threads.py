@@ -1,0 +1,129 @@
+# Copyright 2026 The vaswani-hf authors. Licensed under the Apache License, Version 2.0.
+"""A decoding step with few rows runs on one thread.
+
+At a handful of rows (greedy search of one sentence, beam search of one sentence, the last sentences of a batch)
+each of a step's operators is microseconds of arithmetic, and splitting it over threads costs more than it saves:
+the other threads must be woken for every parallel operator (OpenMP's passive wait policy, which the package sets
+so that a process beside a busy neighbour keeps its share, see docs/engines-performance.md) or spin between them
+(which a neighbour turns into waits for a parked thread). On one thread the step has no parallel region at all.
+Measured on 2 cores of an AMD EPYC (Zen 3), the `small` preset, greedy, ms a step (benchmarks/step_threads.py):
+one row 2.97 on both threads against 2.30 on one (1.29x), two rows 3.90 against 3.59, but three and four rows
+slower on one (3.93 against 6.24, 3.95 against 4.38), and 32 rows 1.3x slower: `ONE_THREAD_ROWS` is 2.
+
+The thread count changes how a product's sums may be split, so a step's last bits may differ from the same step on
+all threads (MKL's single-precision products did at 5-11 rows, not at 1-4, on that machine): this is one of the
+fast products (`FastCpuProducts`, same tokens, scores up to rounding), off with them, and off alone with
+`VASWANI_ONE_THREAD_ROWS=0` (or another number of rows). The count is the calling thread's alone (OpenMP's and
+MKL's thread-local counts, `_ThreadCount`), set back after each step: a server's other decoding threads keep theirs.
+`torch.set_num_threads` would also set the count that a thread takes at its first parallel operator, so a thread
+started during one of these steps would keep one thread for good; it serves only where torch's OpenMP or MKL
+cannot be reached by name.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import TypeVar
+
+import torch
+
+T = TypeVar("T")
+
+ONE_THREAD_ROWS = 2  # measured: benchmarks/step_threads.py; docs/engines-performance.md
+
+
+def one_thread_rows() -> int:
+    """The rows at and below which a decoding step runs on one thread: `VASWANI_ONE_THREAD_ROWS` (0 turns it off),
+    else `ONE_THREAD_ROWS`."""
+    value = os.environ.get("VASWANI_ONE_THREAD_ROWS", "").strip()
+    if not value:
+        return ONE_THREAD_ROWS
+    if value.lower() in ("false", "no", "off"):
+        return 0
+    try:
+        rows = int(value)
+    except ValueError:
+        raise ValueError(
+            f"VASWANI_ONE_THREAD_ROWS={value!r} is not a number of rows: set it to a whole number (0 turns the "
+            f"one-thread steps off) or leave it unset for {ONE_THREAD_ROWS}"
+        ) from None
+    if rows < 0:
+        raise ValueError(f"VASWANI_ONE_THREAD_ROWS={value!r} is negative: 0 turns the one-thread steps off")
+    return rows
+
+
+def threads_for(rows: int) -> int:
+    """The threads a step of `rows` rows runs on: one where they are few, else the calling thread's count (the
+    fast products' measured ways are kept per thread count: a way timed on two threads may be slow on one)."""
+    return 1 if rows <= one_thread_rows() else torch.get_num_threads()
+
+
+class _ThreadCount:
+    """The calling thread's thread count, set through OpenMP's `omp_set_num_threads` and MKL's
+    `MKL_Set_Num_Threads_Local` (the C name of `mkl_set_num_threads_local`: the lowercase symbol is MKL's Fortran
+    one, which takes a pointer), as torch's own OpenMP runtime and MKL read them (each is per thread)."""
+
+    def __init__(self, omp_set: Callable[[int], None], mkl_set_local: Callable[[int], int] | None) -> None:
+        self.omp_set, self.mkl_set_local = omp_set, mkl_set_local
+
+    @classmethod
+    @functools.cache
+    def of_torch(cls) -> _ThreadCount | None:
+        """The setters of torch's own libraries, or None where they are not found or do not set what torch reads."""
+        lib = Path(torch.__file__).parent / "lib"
+        try:
+            omp = next((ctypes.CDLL(str(path)) for path in sorted(lib.glob("libgomp*.so*"))), None) or ctypes.CDLL(None)
+            omp_set = omp.omp_set_num_threads
+            mkl_set_local = None
+            if torch.backends.mkl.is_available():
+                mkl_set_local = ctypes.CDLL(str(lib / "libtorch_cpu.so")).MKL_Set_Num_Threads_Local
+        except (OSError, AttributeError):
+            return None
+        count = cls(omp_set, mkl_set_local)
+        threads = torch.get_num_threads()
+        if threads > 1:  # another OpenMP runtime found first would leave torch's count as it was
+            previous = count.set(1)
+            works = torch.get_num_threads() == 1
+            count.restore(threads, previous)
+            if not works:
+                return None
+        return count
+
+    def set(self, threads: int) -> int | None:
+        self.omp_set(threads)
+        return self.mkl_set_local(threads) if self.mkl_set_local is not None else None
+
+    def restore(self, threads: int, mkl_local: int | None) -> None:
+        self.omp_set(threads)
+        if self.mkl_set_local is not None:
+            self.mkl_set_local(mkl_local)
+
+
+def by_rows(product: Callable[..., T], rows_of: Callable[..., int]) -> Callable[..., T]:
+    """`product`, run on one thread where its rows (`rows_of` its arguments) are few, on the caller's threads
+    otherwise."""
+
+    def run(*args) -> T:
+        threads = torch.get_num_threads()
+        if threads == 1 or threads_for(rows_of(*args)) != 1:
+            return product(*args)
+        count = _ThreadCount.of_torch()
+        if count is None:
+            torch.set_num_threads(1)
+            try:
+                return product(*args)
+            finally:
+                torch.set_num_threads(threads)
+        mkl_local = count.set(1)
+        try:
+            return product(*args)
+        finally:
+            count.restore(threads, mkl_local)
+
+    run.__doc__ = product.__doc__
+    run.__wrapped__ = product
+    return run
