@@ -8,6 +8,7 @@ Nothing here is committed: the files are Transformers' and are fetched with pip.
 
 from __future__ import annotations
 
+import fcntl
 import subprocess
 import sys
 import tarfile
@@ -42,6 +43,15 @@ class UpstreamUnavailable(RuntimeError):
 
 def ensure_upstream_tests() -> Path:
     """Download (once per Transformers version) and unpack the upstream common tests; return their folder."""
+    UPSTREAM.mkdir(exist_ok=True)
+    with open(UPSTREAM.parent / "_upstream.lock", "w") as lock:
+        # each pytest-xdist worker imports this at collection: one fetches and writes, the others wait for it
+        # rather than read a file the first is rewriting
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _fetch_upstream_tests()
+
+
+def _fetch_upstream_tests() -> Path:
     version = transformers.__version__
     stamp = UPSTREAM / "VERSION"
     if stamp.is_file() and stamp.read_text() == version:
