@@ -77,11 +77,55 @@ def test_the_switch_sets_the_rows_or_turns_it_off(value, rows, two_threads, monk
     assert threads_inside(1) == (1 if rows else 2)
 
 
-@pytest.mark.parametrize("value", ["four", "-1", "2.5"])
+@pytest.mark.parametrize("value", ["four", "-1", "2.5", "1_000", "\uff11\uff12", "on"])
 def test_a_bad_switch_value_is_named(value, monkeypatch):
     monkeypatch.setenv("VASWANI_ONE_THREAD_ROWS", value)
     with pytest.raises(ValueError, match="VASWANI_ONE_THREAD_ROWS"):
         step_threads.one_thread_rows()
+
+
+def test_mkl_gets_its_count_back(two_threads):
+    # MKL keeps its own per-thread count: left at one, this thread's larger products would run on one thread and
+    # round another way (MKL's float32 products did at 5-11 rows on the Zen 3)
+    torch.manual_seed(0)
+    weight, rows = torch.randn(1024, 256), torch.randn(7, 256)
+    before = torch.nn.functional.linear(rows, weight)
+    step_threads.by_rows(lambda hidden: torch.nn.functional.linear(hidden, weight), lambda hidden: hidden.shape[0])(
+        rows[:1]
+    )
+    assert torch.equal(torch.nn.functional.linear(rows, weight), before)
+    count = step_threads._ThreadCount.of_torch()
+    if count is not None and count.mkl_set_local is not None:
+        previous = count.mkl_set_local(0)  # reads this thread's own MKL setting back (and leaves it as it was)
+        count.mkl_set_local(previous)
+        assert previous in (0, 2), previous
+
+
+def test_generate_steps_one_row_on_one_thread_and_more_rows_on_the_callers(two_threads, monkeypatch):
+    from vaswani_hf import VaswaniConfig, VaswaniForConditionalGeneration
+
+    if step_threads._ThreadCount.of_torch() is None:
+        pytest.skip("this torch build's thread-local setters are not found: the rule is off")
+    monkeypatch.delenv("VASWANI_ONE_THREAD_ROWS", raising=False)
+    torch.manual_seed(0)
+    model = VaswaniForConditionalGeneration(VaswaniConfig.tiny(vocab_size=50)).eval()
+    seen: list[tuple[int, int]] = []
+    # a hook sends the step through the decoder's own forward, still inside the fast products' step
+    model.get_decoder().register_forward_pre_hook(
+        lambda module, args, kwargs: seen.append((kwargs["input_ids"].shape[0], torch.get_num_threads())),
+        with_kwargs=True,
+    )
+    source = torch.tensor([[5, 6, 7, 8, 2]] * 4)
+    for batch, beams in ((1, 1), (1, 2), (4, 1), (1, 4)):
+        seen.clear()
+        model.generate(input_ids=source[:batch], num_beams=beams, max_new_tokens=4, min_new_tokens=4,
+                       cpu_fast_paths=True)  # fmt: skip
+        assert seen and all(threads == (1 if rows <= 2 else 2) for rows, threads in seen), (batch, beams, seen)
+    monkeypatch.setenv("VASWANI_ONE_THREAD_ROWS", "0")
+    seen.clear()
+    model.generate(input_ids=source[:1], max_new_tokens=3, cpu_fast_paths=True)
+    assert {threads for _, threads in seen} == {2}
+    assert torch.get_num_threads() == 2
 
 
 def test_the_fast_products_take_the_rule():

@@ -1,23 +1,22 @@
 # Copyright 2026 The vaswani-hf authors. Licensed under the Apache License, Version 2.0.
 """A decoding step with few rows runs on one thread.
 
-At a handful of rows (greedy search of one sentence, beam search of one sentence, the last sentences of a batch)
-each of a step's operators is microseconds of arithmetic, and splitting it over threads costs more than it saves:
-the other threads must be woken for every parallel operator (OpenMP's passive wait policy, which the package sets
-so that a process beside a busy neighbour keeps its share, see docs/engines-performance.md) or spin between them
-(which a neighbour turns into waits for a parked thread). On one thread the step has no parallel region at all.
+At one or two rows (greedy search of one sentence, a beam of two, the last sentences of a batch) each of a step's
+operators is microseconds of arithmetic, and splitting it over threads costs more than it saves: the other threads
+must be woken for every parallel operator (OpenMP's passive wait policy, which the package sets so that a process
+beside a busy neighbour keeps its share, see docs/engines-performance.md) or spin between them (which a neighbour
+turns into waits for a parked thread). On one thread the step has no parallel region at all.
 Measured on 2 cores of an AMD EPYC (Zen 3), the `small` preset, greedy, ms a step (benchmarks/step_threads.py):
-one row 2.97 on both threads against 2.30 on one (1.29x), two rows 3.90 against 3.59, but three and four rows
-slower on one (3.93 against 6.24, 3.95 against 4.38), and 32 rows 1.3x slower: `ONE_THREAD_ROWS` is 2.
+one row 2.97 on both threads against 2.35 on one (1.26x), two rows 3.90 against 3.64, but three and four rows
+slower on one (3.93 against 6.31, 3.95 against 4.43), and 32 rows 1.3x slower: `ONE_THREAD_ROWS` is 2.
 
 The thread count changes how a product's sums may be split, so a step's last bits may differ from the same step on
 all threads (MKL's single-precision products did at 5-11 rows, not at 1-4, on that machine): this is one of the
 fast products (`FastCpuProducts`, same tokens, scores up to rounding), off with them, and off alone with
 `VASWANI_ONE_THREAD_ROWS=0` (or another number of rows). The count is the calling thread's alone (OpenMP's and
 MKL's thread-local counts, `_ThreadCount`), set back after each step: a server's other decoding threads keep theirs.
-`torch.set_num_threads` would also set the count that a thread takes at its first parallel operator, so a thread
-started during one of these steps would keep one thread for good; it serves only where torch's OpenMP or MKL
-cannot be reached by name.
+Where those setters are not found, the rule is off: `torch.set_num_threads` would also set the count that a thread
+takes at its first parallel operator, so a thread started during one of these steps would keep one thread for good.
 """
 
 from __future__ import annotations
@@ -44,22 +43,20 @@ def one_thread_rows() -> int:
         return ONE_THREAD_ROWS
     if value.lower() in ("false", "no", "off"):
         return 0
-    try:
-        rows = int(value)
-    except ValueError:
+    if not (value.isascii() and value.isdigit()):
         raise ValueError(
-            f"VASWANI_ONE_THREAD_ROWS={value!r} is not a number of rows: set it to a whole number (0 turns the "
-            f"one-thread steps off) or leave it unset for {ONE_THREAD_ROWS}"
-        ) from None
-    if rows < 0:
-        raise ValueError(f"VASWANI_ONE_THREAD_ROWS={value!r} is negative: 0 turns the one-thread steps off")
-    return rows
+            f"VASWANI_ONE_THREAD_ROWS={value!r} is not a number of rows: set it to the most rows a one-thread step "
+            f"may have (0 turns the one-thread steps off) or leave it unset for {ONE_THREAD_ROWS}"
+        )
+    return int(value)
 
 
 def threads_for(rows: int) -> int:
     """The threads a step of `rows` rows runs on: one where they are few, else the calling thread's count (the
     fast products' measured ways are kept per thread count: a way timed on two threads may be slow on one)."""
-    return 1 if rows <= one_thread_rows() else torch.get_num_threads()
+    if rows <= one_thread_rows() and _ThreadCount.of_torch() is not None:
+        return 1
+    return torch.get_num_threads()
 
 
 class _ThreadCount:
@@ -73,19 +70,26 @@ class _ThreadCount:
     @classmethod
     @functools.cache
     def of_torch(cls) -> _ThreadCount | None:
-        """The setters of torch's own libraries, or None where they are not found or do not set what torch reads."""
-        lib = Path(torch.__file__).parent / "lib"
+        """The setters of the libraries torch itself is linked to, or None where they are not found or do not set
+        what torch reads. Looked up through `libtorch_cpu`'s own handle, whose lookup searches its dependencies: the
+        OpenMP runtime torch uses, even where another (a preloaded libgomp or libiomp) was loaded first."""
+        library = Path(torch.__file__).parent / "lib" / "libtorch_cpu.so"
+        if os.name != "posix" or not library.is_file():
+            return None
         try:
-            omp = next((ctypes.CDLL(str(path)) for path in sorted(lib.glob("libgomp*.so*"))), None) or ctypes.CDLL(None)
-            omp_set = omp.omp_set_num_threads
-            mkl_set_local = None
-            if torch.backends.mkl.is_available():
-                mkl_set_local = ctypes.CDLL(str(lib / "libtorch_cpu.so")).MKL_Set_Num_Threads_Local
+            torch_cpu = ctypes.CDLL(str(library))
+            omp_set = torch_cpu.omp_set_num_threads
         except (OSError, AttributeError):
             return None
+        mkl_set_local = None
+        if torch.backends.mkl.is_available():
+            try:
+                mkl_set_local = torch_cpu.MKL_Set_Num_Threads_Local
+            except AttributeError:
+                return None
         count = cls(omp_set, mkl_set_local)
         threads = torch.get_num_threads()
-        if threads > 1:  # another OpenMP runtime found first would leave torch's count as it was
+        if threads > 1:  # a setter that torch does not read would leave its count as it was
             previous = count.set(1)
             works = torch.get_num_threads() == 1
             count.restore(threads, previous)
@@ -113,11 +117,7 @@ def by_rows(product: Callable[..., T], rows_of: Callable[..., int]) -> Callable[
             return product(*args)
         count = _ThreadCount.of_torch()
         if count is None:
-            torch.set_num_threads(1)
-            try:
-                return product(*args)
-            finally:
-                torch.set_num_threads(threads)
+            return product(*args)
         mkl_local = count.set(1)
         try:
             return product(*args)
