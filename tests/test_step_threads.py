@@ -52,7 +52,6 @@ def test_the_count_is_the_calling_threads_own(two_threads):
     other_started, step_done, seen = threading.Event(), threading.Event(), {}
 
     def other():
-        torch.ones(2) + 1  # its threads set up before the step below
         other_started.set()
         step_done.wait(10)
         seen["other"] = torch.get_num_threads()

@@ -30,6 +30,8 @@ from typing import TypeVar
 
 import torch
 
+from ..generation_vaswani import switched_off
+
 T = TypeVar("T")
 
 ONE_THREAD_ROWS = 2  # measured: benchmarks/step_threads.py; docs/engines-performance.md
@@ -38,11 +40,11 @@ ONE_THREAD_ROWS = 2  # measured: benchmarks/step_threads.py; docs/engines-perfor
 def one_thread_rows() -> int:
     """The rows at and below which a decoding step runs on one thread: `VASWANI_ONE_THREAD_ROWS` (0 turns it off),
     else `ONE_THREAD_ROWS`."""
+    if switched_off("VASWANI_ONE_THREAD_ROWS"):
+        return 0
     value = os.environ.get("VASWANI_ONE_THREAD_ROWS", "").strip()
     if not value:
         return ONE_THREAD_ROWS
-    if value.lower() in ("false", "no", "off"):
-        return 0
     if not (value.isascii() and value.isdigit()):
         raise ValueError(
             f"VASWANI_ONE_THREAD_ROWS={value!r} is not a number of rows: set it to the most rows a one-thread step "
@@ -113,11 +115,9 @@ def by_rows(product: Callable[..., T], rows_of: Callable[..., int]) -> Callable[
 
     def run(*args) -> T:
         threads = torch.get_num_threads()
-        if threads == 1 or threads_for(rows_of(*args)) != 1:
+        if threads == 1 or threads_for(rows_of(*args)) != 1:  # one only where the setters are found
             return product(*args)
         count = _ThreadCount.of_torch()
-        if count is None:
-            return product(*args)
         mkl_local = count.set(1)
         try:
             return product(*args)
