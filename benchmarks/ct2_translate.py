@@ -154,8 +154,12 @@ def serve(translator: Ct2Translator, port: int, batching: bool, max_wait_ms: flo
                     answers = translator.translate(texts)
             self.reply(200, {"translatedText": answers if isinstance(fields["q"], list) else answers[0]}, started)
 
-    ThreadingHTTPServer.daemon_threads = True
-    ThreadingHTTPServer(("127.0.0.1", port), Handler).serve_forever()
+    class Server(ThreadingHTTPServer):
+        daemon_threads = True
+        # 32 clients connect at once: the stdlib's listen backlog of 5 reset some of them (httpx.ReadError)
+        request_queue_size = 128
+
+    Server(("127.0.0.1", port), Handler).serve_forever()
 
 
 def main(argv: list[str] | None = None) -> None:
