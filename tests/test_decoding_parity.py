@@ -497,6 +497,35 @@ def test_hooks_on_the_decoders_linears_see_every_step_of_a_fast_search(monkeypat
     assert "forward" not in vars(layer)  # its own forward back after the search
 
 
+def test_searches_whose_rows_share_a_power_of_two_bucket_share_the_measured_way(monkeypatch):
+    # a server's batches vary in size: keyed by the exact number of rows, every new size started a trial of its
+    # own (the slower ways in turn, every weight packed for it), and a mix of 40 batches of 1-32 sentences at beam
+    # 4 stayed under trial for all of its steps; a way measured for 5 rows now serves 4-7 (its own thread count)
+    from vaswani_hf.model.speed import fast_products as fp
+
+    forget_measured_ways(monkeypatch)
+    _, vaswani = random_pair(3, biases=True)
+    linears = fp._step_linears(vaswani)
+    assert fp._linear_key(linears, 5) == fp._linear_key(linears, 6) == fp._linear_key(linears, 7)
+    assert fp._linear_key(linears, 8) != fp._linear_key(linears, 7) != fp._linear_key(linears, 3)
+    fp._FASTEST_LINEAR[fp._linear_key(linears, 5)] = fp._linear_by_columns
+    trials = []
+    real_trial = fp._StepTrial
+
+    def trial(linears, rows, time_linears, output):
+        trials.append((rows, time_linears))
+        return real_trial(linears, rows, time_linears, output)
+
+    monkeypatch.setattr(fp, "_StepTrial", trial)
+    bound = []
+    real_bind = fp._bind
+    monkeypatch.setattr(fp, "_bind", lambda ls, forwards: (bound.append(forwards), real_bind(ls, forwards))[1])
+    input_ids, attention_mask = padded_batch(3, batch=6)
+    vaswani.generate(input_ids=input_ids, attention_mask=attention_mask, num_beams=1, max_new_tokens=4)
+    assert trials and all(rows == 6 and not time_linears for rows, time_linears in trials)
+    assert any(f is not None and getattr(f, "fast_product", False) for forwards in bound for f in forwards)
+
+
 def test_a_torch_without_the_private_ops_decodes_with_the_plain_products(monkeypatch):
     """The fast products call private ops (oneDNN's and MKL's packed linears, the int8 kernel): a build that has
     the backend but not an op (or a later torch without it) is offered only the plain ways, and decodes the same."""

@@ -271,7 +271,7 @@ def _linear_ways() -> tuple[Callable, ...]:
     return ways
 
 
-# ((the linears' shapes), rows, threads) -> the way decoding steps measured fastest on this machine
+# ((the linears' shapes), rows bucket, threads) -> the way decoding steps measured fastest on this machine
 _FASTEST_LINEAR: dict[tuple, Callable] = {}
 # the same keys -> each way's step times so far, while `_FASTEST_LINEAR` has no way for the key yet
 _LINEAR_TRIALS: dict[tuple, list[list[float]]] = {}
@@ -284,7 +284,11 @@ _OUTPUT_UNDER_TRIAL: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def _linear_key(linears: list[torch.nn.Linear], rows: int) -> tuple:
-    return tuple(tuple(m.weight.shape) for m in linears), rows, step_threads.threads_for(rows)
+    """Searches whose rows fall in the same power-of-two bucket share a way, as the output projection's do: keyed
+    by the exact number of rows, a server's batches (beam 4 over 1-32 sentences: 32 numbers of rows) kept every
+    search in a trial, running the slower ways in turn and packing every weight for each new number of rows (a
+    mix of 40 batches of 1-32 sentences: all of its 1,052 steps under trial)."""
+    return tuple(tuple(m.weight.shape) for m in linears), rows.bit_length(), step_threads.threads_for(rows)
 
 
 def _fastest_linear_way(linears: list[torch.nn.Linear], rows: int) -> Callable | None:
@@ -485,9 +489,10 @@ _BINDING = threading.Lock()
 @contextlib.contextmanager
 def decoder_linears_for(model, rows: int):
     """While one search runs with `rows` rows, the decoder's linear layers multiply the way measured fastest for
-    that many rows on this machine: their own `F.linear`, `weight @ hidden^T`, or a weight packed by oneDNN or by
-    MKL. `F.linear` re-reads the weight in its plain layout at every call, which at a few rows costs more than the
-    arithmetic, by how much depends on the CPU and the BLAS (from nothing to 2.4x). Until the first searches have
+    rows of that power-of-two bucket on this machine (`_linear_key`): their own `F.linear`, `weight @ hidden^T`, or
+    a weight packed by oneDNN or by MKL. `F.linear` re-reads the weight in its plain layout at every call, which at
+    a few rows costs more than the arithmetic, by how much depends on the CPU and the BLAS (from nothing to 2.4x).
+    Until the first searches have
     measured the ways (`_StepTrial`, which then times the output projection's ways too), steps run each way in
     turn. A step with fewer rows (sentences that finished) keeps the way; MKL's pack then multiplies by the plain
     weight. The layers get their own `forward` back when the last search running on the model ends; a search that
