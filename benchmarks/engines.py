@@ -24,7 +24,9 @@ equal to CTranslate2 at the same precision and to our fp32) and scored against `
 
 `--neighbour ct2` (or `train`) runs every round twice, quiet and then beside one CPU-bound process (a CTranslate2
 process translating the input again and again with `--threads` threads, or `vaswani train --preset tiny`), and
-reports each contender's speed beside it as a share of its quiet speed.
+reports each contender's speed beside it as a share of its quiet speed. A run beside the neighbour still going after
+`--neighbour-limit` seconds (300) is stopped and reported as slower than that (CTranslate2 beside CTranslate2, both
+spinning, took more than 9 minutes for 200 lines that take a few seconds quiet).
 
 The markdown report (default benchmarks/results/engines_<cpu>.md) names the CPU, its vector extensions, the
 versions, the date, the load average before and after, and the command. `--out` moves it; the contenders'
@@ -38,6 +40,7 @@ import contextlib
 import datetime
 import importlib.util
 import json
+import math
 import os
 import re
 import signal
@@ -120,11 +123,15 @@ def environment(threads: int) -> dict:
     return {**os.environ, "OMP_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "false"}
 
 
-def run_whole(argv: list[str], env: dict, output: Path) -> float:
-    """Seconds a whole process takes; its stdout in `output`."""
+def run_whole(argv: list[str], env: dict, output: Path, limit: float | None = None) -> float:
+    """Seconds a whole process takes; its stdout in `output`. A process still running after `limit` seconds is
+    stopped: infinity."""
     start = time.perf_counter()
     with output.open("w") as sink:
-        subprocess.run(argv, stdout=sink, stderr=subprocess.DEVNULL, env=env, check=True)
+        try:
+            subprocess.run(argv, stdout=sink, stderr=subprocess.DEVNULL, env=env, check=True, timeout=limit)
+        except subprocess.TimeoutExpired:
+            return math.inf
     return time.perf_counter() - start
 
 
@@ -178,9 +185,11 @@ def measure(args, work: Path, field_: list[Contender], source: Path, one_line: P
                 for beams, batch in cases:
                     for c in field_ if r % 2 == 0 else field_[::-1]:
                         output = work / f"{slug(c.label)}_b{beams}_n{batch}.txt"
-                        seconds = run_whole(c.command(source, beams, batch), env, output)
+                        limit = None if setting == "quiet" else args.neighbour_limit
+                        seconds = run_whole(c.command(source, beams, batch), env, output, limit)
                         c.times.setdefault((setting, (beams, batch)), []).append(seconds)
-                        c.outputs[(beams, batch)] = output.read_text(encoding="utf-8").splitlines()
+                        if setting == "quiet":  # a run stopped beside the neighbour wrote part of its lines
+                            c.outputs[(beams, batch)] = output.read_text(encoding="utf-8").splitlines()
                         print(f"round {r + 1} {setting} beam {beams} batch {batch}: {c.label} {seconds:.2f} s",
                               flush=True)  # fmt: skip
                 for c in field_ if r % 2 == 0 else field_[::-1]:
@@ -282,7 +291,10 @@ def report(args, field_: list[Contender], loads: tuple, import_times: dict, refe
                 spread = f"{rate(min(rates[c.label]))}-{rate(max(rates[c.label]))}" if rates[c.label] else ""
                 row = (f"| {beams} | {batch} | {c.label} | {rate(median)} | {spread} | {ratio} | {rate(whole)} | "
                        f"{same_ct2} | {same_ours} | {bleu} |")  # fmt: skip
-                if args.neighbour:
+                if args.neighbour and math.inf in c.times[(settings[1], case)]:  # stopped at the limit
+                    slowest = args.lines / args.neighbour_limit
+                    row += f" < {rate(slowest)} (stopped after {args.neighbour_limit:g} s) | < {slowest / median:.2f} |"
+                elif args.neighbour:
                     found = c.rates(settings[1], case, args.lines)
                     beside = statistics.median(found) if found else float("nan")
                     row += f" {rate(beside)} | {beside / median:.2f} |".replace("nan", "n/a")
@@ -307,6 +319,12 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--no-ct2", action="store_true", help=argparse.SUPPRESS)  # the smoke test without CT2
     parser.add_argument("--neighbour", choices=["ct2", "train"], help="measure again beside one CPU-bound process")
     parser.add_argument("--neighbour-warmup", type=float, default=5.0, help="seconds the neighbour runs first")
+    parser.add_argument(
+        "--neighbour-limit",
+        type=float,
+        default=300.0,
+        help="seconds a run beside the neighbour may take before it is stopped (default: %(default)s)",
+    )
     parser.add_argument("--work", type=Path, help="exports and outputs (default: a temporary folder)")
     parser.add_argument("--out", type=Path, help="the report (default: benchmarks/results/engines_<cpu>.md)")
     args = parser.parse_args(argv)

@@ -83,15 +83,33 @@ def test_engines_benchmark_runs_whole_processes_and_compares_outputs(translator,
         assert rows["CTranslate2 fp32"]["equal to ours fp32"] == "100.0%", report
 
 
+def test_a_run_beside_the_neighbour_past_its_limit_is_stopped_and_reported_as_slower(translator, lines, tmp_path):
+    # CTranslate2 beside CTranslate2 (both spinning) took more than 9 minutes for 200 lines that take a few seconds
+    # quiet, and the benchmark waited for it: `--neighbour-limit` stops such a run, and the report says so
+    source, _ = lines
+    out = tmp_path / "engines.md"
+    run("engines.py", str(translator), "--input", str(source), "--lines", "6", "--rounds", "1", "--batch-sizes", "32",
+        "--beams", "1", "--no-onnx", "--no-ct2", "--neighbour", "train", "--neighbour-warmup", "1",
+        "--neighbour-limit", "0.01", "--work", str(tmp_path / "work"), "--out", str(out))  # fmt: skip
+    report = out.read_text()
+    rows = {row["contender"]: row for row in table(report[report.index("| beams") :])}
+    assert set(rows) == {"vaswani translate fp32", "vaswani translate int8"}
+    for row in rows.values():
+        assert row["beside train, sentences/s"] == "< 600.0 (stopped after 0.01 s)", row
+        assert number(row["whole, sentences/s"]) > 0, row  # the quiet runs have no limit
+
+
 @pytest.mark.skipif(not HAS_CT2, reason="needs CTranslate2 (pip install ctranslate2)")
 def test_serve_engines_benchmark_drives_both_servers_with_one_client_loop(translator, lines, tmp_path):
     source, _ = lines
     out = tmp_path / "serve.md"
-    run("serve_engines.py", str(translator), "--lines", str(source), "--count", "6", "--clients", "1", "4",
-        "--requests", "12", "--rounds", "1", "--beams", "1", "--work", str(tmp_path), "--out", str(out))  # fmt: skip
+    # 32 clients connect at once, as the documented run's do: the CTranslate2 server's listen backlog was the
+    # stdlib's 5, and the connections past it were reset
+    run("serve_engines.py", str(translator), "--lines", str(source), "--count", "6", "--clients", "1", "32",
+        "--requests", "32", "--rounds", "1", "--beams", "1", "--work", str(tmp_path), "--out", str(out))  # fmt: skip
     report = out.read_text()
     rows = table(report[report.index("| precision") :])
-    assert [row["clients"] for row in rows] == ["1", "4"]
+    assert [row["clients"] for row in rows] == ["1", "32"]
     for row in rows:
         assert number(row["vaswani serve, sentences/s"]) > 0 and number(row["CTranslate2, sentences/s"]) > 0, row
         assert row["equal answers"] == "100.0%", row  # greedy fp32: the same tokens through either server
