@@ -6,7 +6,7 @@ folder translated by `translate_batch` on the token ids our tokenizer gives (its
     python benchmarks/ct2_translate.py CT2_DIR --tokenizer MODEL_DIR [--input FILE] [--beams 4] [--batch-size 32]
         [--max-tokens 4096] [--threads 2] [--length-penalty 0.6] [--offset 50]   # one translation a line
     ... --loop                  # translate the input again and again, printing nothing (a CPU-bound neighbour)
-    ... --serve PORT            # LibreTranslate's POST /translate on 127.0.0.1:PORT (stdlib ThreadingHTTPServer)
+    ... --serve PORT            # LibreTranslate's POST /translate on 127.0.0.1:PORT (stdlib HTTP server, backlog 128)
 
 Batches as `vaswani translate` makes them: sentences sorted by token length, longest first, at most `--batch-size`
 sentences and `--max-tokens` padded source tokens a batch. The output limit is source + `--offset` tokens, per batch

@@ -48,6 +48,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -135,13 +136,23 @@ def run_whole(argv: list[str], env: dict, output: Path, limit: float | None = No
     return time.perf_counter() - start
 
 
-def first_line(argv: list[str], env: dict) -> float:
-    """Seconds from the start of a process to its first line on stdout."""
+def first_line(argv: list[str], env: dict, limit: float | None = None) -> float:
+    """Seconds from the start of a process to its first line on stdout; infinity where it had none after `limit`
+    seconds (it is stopped)."""
     start = time.perf_counter()
     process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
-    process.stdout.readline()
+    timer = threading.Timer(limit, process.kill) if limit is not None else None
+    if timer is not None:
+        timer.start()
+    line = process.stdout.readline()
     seconds = time.perf_counter() - start
+    if timer is not None:
+        timer.cancel()
     process.stdout.close()
+    if not line and limit is not None and seconds >= limit:
+        process.kill()
+        process.wait()
+        return math.inf
     if process.wait() != 0:
         raise SystemExit(f"{' '.join(argv)} failed (exit {process.returncode})")
     return seconds
@@ -193,7 +204,8 @@ def measure(args, work: Path, field_: list[Contender], source: Path, one_line: P
                         print(f"round {r + 1} {setting} beam {beams} batch {batch}: {c.label} {seconds:.2f} s",
                               flush=True)  # fmt: skip
                 for c in field_ if r % 2 == 0 else field_[::-1]:
-                    c.startup.setdefault(setting, []).append(first_line(c.command(one_line, 1, 32), env))
+                    limit = None if setting == "quiet" else args.neighbour_limit
+                    c.startup.setdefault(setting, []).append(first_line(c.command(one_line, 1, 32), env, limit))
                 for name in probes if setting == "quiet" else []:
                     imports[name].append(run_whole([sys.executable, "-c", f"import {name}"], env, Path(os.devnull)))
     return imports
@@ -267,6 +279,7 @@ def report(args, field_: list[Contender], loads: tuple, import_times: dict, refe
     if args.neighbour:
         lines[-1:-1] = [f"Start-up beside {args.neighbour}: "
                         + ", ".join(f"{c.label} {statistics.median(c.startup[f'beside {args.neighbour}']):.2f} s"
+                                    .replace("inf s", f"more than {args.neighbour_limit:g} s")
                                     for c in field_) + "."]  # fmt: skip
     settings = ["quiet"] + ([f"beside {args.neighbour}"] if args.neighbour else [])
     header = "| beams | batch | contender | sentences/s | spread | x CTranslate2 | whole, sentences/s | equal to CT2 | "
@@ -291,16 +304,32 @@ def report(args, field_: list[Contender], loads: tuple, import_times: dict, refe
                 spread = f"{rate(min(rates[c.label]))}-{rate(max(rates[c.label]))}" if rates[c.label] else ""
                 row = (f"| {beams} | {batch} | {c.label} | {rate(median)} | {spread} | {ratio} | {rate(whole)} | "
                        f"{same_ct2} | {same_ours} | {bleu} |")  # fmt: skip
-                if args.neighbour and math.inf in c.times[(settings[1], case)]:  # stopped at the limit
-                    slowest = args.lines / args.neighbour_limit
-                    row += f" < {rate(slowest)} (stopped after {args.neighbour_limit:g} s) | < {slowest / median:.2f} |"
-                elif args.neighbour:
-                    found = c.rates(settings[1], case, args.lines)
-                    beside = statistics.median(found) if found else float("nan")
-                    row += f" {rate(beside)} | {beside / median:.2f} |".replace("nan", "n/a")
+                if args.neighbour:
+                    row += beside_cells(c, settings[1], case, args, median)
                 lines.append(row)
     lines += ["", f"Rerun: `python benchmarks/engines.py {' '.join(args.argv)}`", ""]
     return "\n".join(lines)
+
+
+def beside_cells(c: Contender, setting: str, case: tuple, args, quiet: float) -> str:
+    """The sentences/s beside the neighbour and its share of the quiet rate. A round stopped at the limit counts
+    as its bound, lines / (limit - its start-up): the rate it stayed below; the median is a bound ("<") where half
+    the rounds or more were stopped."""
+    values, stopped = [], 0
+    for whole, start in zip(c.times[(setting, case)], c.startup[setting], strict=True):
+        if math.isinf(whole) or math.isinf(start):
+            stopped += 1
+            left = args.neighbour_limit - (0.0 if math.isinf(start) else start)
+            values.append(args.lines / left if left > 0 else math.inf)
+        elif whole > start:
+            values.append(args.lines / (whole - start))
+    beside = statistics.median(values) if values else float("nan")
+    if stopped * 2 < len(c.times[(setting, case)]):
+        return f" {rate(beside)} | {beside / quiet:.2g} |".replace("nan", "n/a")
+    note = f"{stopped} of {len(c.times[(setting, case)])} rounds stopped after {args.neighbour_limit:g} s"
+    if math.isinf(beside):
+        return f" n/a ({note}) | n/a |"
+    return f" < {rate(beside)} ({note}) | < {beside / quiet:.2g} |"
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
@@ -335,6 +364,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         parser.error(f"--input {args.input}: no such file; give one sentence a line with --input FILE")
     if args.reference is None and args.input.suffix == ".en" and args.input.with_suffix(".de").is_file():
         args.reference = args.input.with_suffix(".de")
+    if not args.neighbour_limit > 0:
+        parser.error(f"--neighbour-limit must be a number of seconds above 0, not {args.neighbour_limit:g}")
     if args.neighbour == "ct2" and args.no_ct2:
         parser.error("--neighbour ct2 needs CTranslate2: use --neighbour train")
     generation = json.loads((Path(args.model) / "generation_config.json").read_text())

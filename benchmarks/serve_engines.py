@@ -4,18 +4,18 @@
     python benchmarks/serve_engines.py MODEL_DIR [--lines FILE] [--count 1000] [--clients 1 8 32] [--requests 500]
         [--rounds 3] [--precisions fp32 int8] [--beams 4] [--ct2-batching on|off] [--out FILE]
 
-MODEL_DIR is a folder saved by `vaswani train`; it is exported with `vaswani export` (CTranslate2, float32 and
-int8). Each contender is a server process on a loopback port, started alone (the other is stopped), warmed up with
-the first requests, then driven by N concurrent clients, one line a request, through one client loop
-(benchmarks/serve_load.py's `replay`: httpx, LibreTranslate's POST /translate): `vaswani serve MODEL_DIR` on its
-defaults (dynamic batching, --max_batch_tokens 4096, --max_wait_ms 10) but `--precision`, against
-`benchmarks/ct2_translate.py --serve` (stdlib ThreadingHTTPServer; `--ct2-batching on`, the default: one thread
-batches the waiting lines as `vaswani serve` does, 10 ms, 32 lines, 4,096 padded tokens; `off`: one request at a
-time, as LibreTranslate runs CTranslate2 through argos-translate). Both decode with the model's beam or `--beams`
-(GNMT alpha for ours, CTranslate2's own length normalisation for it) and the source + 50 limit, with `--threads`
-threads. The lines are the first `--count` of `--lines` (default: Multi30k's test2016.en); rounds alternate the
-order of the servers; the table gives medians of sentences/s and of p99 latency (as the clients saw it, and in the
-server, from its Server-Timing header), and the share of answers equal between the two engines.
+MODEL_DIR is a folder saved by `vaswani train`; it is exported with `vaswani export` (CTranslate2, float32 and int8).
+Each contender is a server process on a loopback port, started alone (the other is stopped), warmed up with the first
+requests, then driven by N concurrent clients, one line a request, through one client loop (benchmarks/serve_load.py's
+`replay`: httpx, LibreTranslate's POST /translate): `vaswani serve MODEL_DIR` on its defaults (dynamic batching,
+--max_batch_tokens 4096, --max_wait_ms 10) but `--precision`, against `benchmarks/ct2_translate.py --serve` (stdlib
+ThreadingHTTPServer, a backlog of 128; `--ct2-batching on`, the default: one thread batches the waiting lines as
+`vaswani serve` does, 10 ms, 32 lines, 4,096 padded tokens; `off`: one request at a time, as LibreTranslate runs
+CTranslate2 through argos-translate). Both decode with the model's beam or `--beams` (GNMT alpha for ours, CTranslate2's
+own length normalisation for it) and the source + 50 limit, with `--threads` threads. The lines are the first `--count`
+of `--lines` (default: Multi30k's test2016.en); rounds alternate the order of the servers; the table gives medians of
+sentences/s and of p99 latency (as the clients saw it, and in the server, from its Server-Timing header), and the share
+of answers equal between the two engines.
 """
 
 from __future__ import annotations

@@ -185,7 +185,7 @@ def test_the_linear_trial_keeps_the_way_whose_steps_were_fastest(slowed, monkeyp
 
     ways = [fp._plain_linear, fp._linear_by_columns]
     ways[slowed] = slowed_down(ways[slowed])
-    monkeypatch.setattr(fp, "_linear_ways", lambda: tuple(ways))
+    monkeypatch.setattr(fp, "_linear_ways", lambda rows=1: tuple(ways))
     forget_measured_ways(monkeypatch)
     marian, vaswani = random_pair(4, biases=True)
     input_ids, attention_mask = padded_batch(4, batch=1)
@@ -508,6 +508,10 @@ def test_searches_whose_rows_share_a_power_of_two_bucket_share_the_measured_way(
     linears = fp._step_linears(vaswani)
     assert fp._linear_key(linears, 5) == fp._linear_key(linears, 6) == fp._linear_key(linears, 7)
     assert fp._linear_key(linears, 8) != fp._linear_key(linears, 7) != fp._linear_key(linears, 3)
+    # MKL's pack serves one number of rows: not offered where a key spans more than the two packs kept
+    assert all(fp._linear_by_mkl_pack not in fp._linear_ways(rows) for rows in range(4, 300))
+    if torch.backends.mkl.is_available() and fp.has_ops(*fp.MKL_OPS):
+        assert all(fp._linear_by_mkl_pack in fp._linear_ways(rows) for rows in (1, 2, 3))
     fp._FASTEST_LINEAR[fp._linear_key(linears, 5)] = fp._linear_by_columns
     trials = []
     real_trial = fp._StepTrial

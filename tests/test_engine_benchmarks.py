@@ -5,6 +5,7 @@ engines (tests/test_export.py), so any line that differs is the harness's fault:
 handed, the decoding, the output limit or the order the batches put back."""
 
 import importlib.util
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -95,8 +96,35 @@ def test_a_run_beside_the_neighbour_past_its_limit_is_stopped_and_reported_as_sl
     rows = {row["contender"]: row for row in table(report[report.index("| beams") :])}
     assert set(rows) == {"vaswani translate fp32", "vaswani translate int8"}
     for row in rows.values():
-        assert row["beside train, sentences/s"] == "< 600.0 (stopped after 0.01 s)", row
+        assert row["beside train, sentences/s"] == "< 600.0 (1 of 1 rounds stopped after 0.01 s)", row
         assert number(row["whole, sentences/s"]) > 0, row  # the quiet runs have no limit
+
+
+def test_rounds_stopped_beside_the_neighbour_count_as_their_bound_in_the_median(tmp_path, capsys):
+    # one stopped round of three threw the finished rounds away ("< 0.667 ... | < 0.00" where two rounds ran at
+    # 50 sentences/s); the bound is lines / (limit - start-up); a limit of 0 or below is refused before measuring
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import engines
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    for name in ("config.json", "tokenizer.json", "generation_config.json"):
+        (tmp_path / name).write_text("{}")
+    (tmp_path / "input.txt").write_text("A line.\n")
+    model = [str(tmp_path), "--input", str(tmp_path / "input.txt"), "--neighbour", "train"]
+    args = engines.parse([*model, "--lines", "200", "--neighbour-limit", "120"])
+    contender = engines.Contender("vaswani translate fp32", "fp32", None)
+    case, setting = (1, 1), "beside train"
+    contender.startup[setting] = [1.0, 20.0, 1.0]
+    contender.times[(setting, case)] = [5.0, math.inf, 5.0]
+    assert engines.beside_cells(contender, setting, case, args, quiet=100.0) == " 50.0 | 0.5 |"
+    contender.times[(setting, case)] = [math.inf, math.inf, 5.0]
+    assert engines.beside_cells(contender, setting, case, args, quiet=100.0) == (
+        " < 2 (2 of 3 rounds stopped after 120 s) | < 0.02 |")  # fmt: skip
+    for limit in ("0", "-5"):
+        with pytest.raises(SystemExit):
+            engines.parse([*model, "--neighbour-limit", limit])
+        assert "--neighbour-limit must be a number of seconds above 0" in capsys.readouterr().err
 
 
 @pytest.mark.skipif(not HAS_CT2, reason="needs CTranslate2 (pip install ctranslate2)")

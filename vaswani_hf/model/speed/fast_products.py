@@ -261,12 +261,16 @@ def _onednn_bf16() -> bool:
             and torch.ops.mkldnn._is_mkldnn_bf16_supported())  # fmt: skip
 
 
-def _linear_ways() -> tuple[Callable, ...]:
-    """The ways this build of torch offers to multiply a decoder linear on CPU, the layer's own first."""
+def _linear_ways(rows: int = 1) -> tuple[Callable, ...]:
+    """The ways this build of torch offers to multiply a decoder linear on CPU at `rows` rows, the layer's own first.
+    MKL's pack serves exactly one number of rows, so it is offered only at 1-3 rows, where a way's key (`_linear_key`)
+    holds at most the two numbers of rows whose packs are kept (`MKL_PACKED_ROW_COUNTS`): kept for a wider bucket,
+    it repacked every weight for each search of another size (12 of 12 weights at every search of a beam-4 mix of
+    5-7 sentences; 0.08 s a search for a base-sized decoder)."""
     ways: tuple[Callable, ...] = (_plain_linear, _linear_by_columns)
     if torch.backends.mkldnn.is_available() and has_ops(*ONEDNN_OPS):
         ways += (_linear_by_onednn_pack,)
-    if torch.backends.mkl.is_available() and has_ops(*MKL_OPS):
+    if torch.backends.mkl.is_available() and has_ops(*MKL_OPS) and rows < 4:
         ways += (_linear_by_mkl_pack,)
     return ways
 
@@ -320,7 +324,7 @@ class _LinearWays:
 
     def __init__(self, trial: _StepTrial, linears: list[torch.nn.Linear], rows: int) -> None:
         self.trial, self.linears, self.rows = trial, linears, rows
-        self.key, self.ways = _linear_key(linears, rows), _linear_ways()
+        self.key, self.ways = _linear_key(linears, rows), _linear_ways(rows)
         self.times = _LINEAR_TRIALS.setdefault(self.key, [[] for _ in self.ways])
         self.forwards = [[way(m, rows) for m in linears] for way in self.ways]  # every pack built before any timing
 
