@@ -209,7 +209,7 @@ def test_the_output_projection_trial_keeps_the_way_whose_steps_were_fastest(slow
     from vaswani_hf.model.speed import fast_products as fp
 
     def slowed_down(way):
-        return lambda *args: (time.sleep(20e-3), way(*args))[1]
+        return lambda *args: (time.sleep(60e-3), way(*args))[1]  # far above a step, on a busy machine too
 
     ways = [fp._product_by_rows, fp._product_by_columns]
     ways[slowed] = slowed_down(ways[slowed])
@@ -528,6 +528,40 @@ def test_searches_whose_rows_share_a_power_of_two_bucket_share_the_measured_way(
     vaswani.generate(input_ids=input_ids, attention_mask=attention_mask, num_beams=1, max_new_tokens=4)
     assert trials and all(rows == 6 and not time_linears for rows, time_linears in trials)
     assert any(f is not None and getattr(f, "fast_product", False) for forwards in bound for f in forwards)
+
+
+@pytest.mark.parametrize("steps", [4, 6, 30])
+@pytest.mark.parametrize("offset", [0, 1, 2])
+def test_a_bucket_trial_over_searches_of_two_sizes_keeps_the_truly_fastest_way(steps, offset, monkeypatch):
+    # a bucket's searches differ in size: with each step given to the way with the fewest samples, lowest first, a
+    # search's few timed steps went to the same ways each time, and 6-step searches of 4 and 7 rows in turn kept the
+    # plain way over one 15% faster (an attacker's fake-clock run); each search now times the ways in whole cycles
+    import itertools
+    import types
+
+    from vaswani_hf.model.speed import fast_products as fp
+
+    monkeypatch.setattr(fp, "_TRIALS_STARTED", itertools.count(offset))
+    _, vaswani = random_pair(5, biases=True)
+    linears = fp._step_linears(vaswani)
+    ways = fp._linear_ways(4)
+    key = fp._linear_key(linears, 4)
+    assert key == fp._linear_key(linears, 7)
+    clock = [0.0]
+    monkeypatch.setattr(fp, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
+    for fast in range(len(ways)):
+        forget_measured_ways(monkeypatch)
+        for search in range(200):
+            if key in fp._FASTEST_LINEAR:
+                break
+            rows = 4 if search % 2 == 0 else 7
+            trial = fp._StepTrial(linears, rows, True, None)
+            for _ in range(steps):  # a step's time grows with its rows; the fast way's is 15% shorter
+                trial.step_begins()
+                clock[0] += rows * (0.85 if trial.way == fast else 1.0)
+            trial.end()
+            fp._bind(linears, [None] * len(linears))
+        assert fp._FASTEST_LINEAR[key] is ways[fast], (fast, steps)
 
 
 def test_a_torch_without_the_private_ops_decodes_with_the_plain_products(monkeypatch):
