@@ -271,7 +271,7 @@ def _linear_ways(rows: int = 1) -> tuple[Callable, ...]:
     ways: tuple[Callable, ...] = (_plain_linear, _linear_by_columns)
     if torch.backends.mkldnn.is_available() and has_ops(*ONEDNN_OPS):
         ways += (_linear_by_onednn_pack,)
-    if torch.backends.mkl.is_available() and has_ops(*MKL_OPS) and rows < 4:
+    if torch.backends.mkl.is_available() and has_ops(*MKL_OPS) and rows.bit_length() <= 2:  # 1-3 rows
         ways += (_linear_by_mkl_pack,)
     return ways
 
@@ -514,11 +514,10 @@ def decoder_linears_for(model, rows: int):
     rows of that power-of-two bucket on this machine (`_linear_key`): their own `F.linear`, `weight @ hidden^T`, or
     a weight packed by oneDNN or by MKL. `F.linear` re-reads the weight in its plain layout at every call, which at
     a few rows costs more than the arithmetic, by how much depends on the CPU and the BLAS (from nothing to 2.4x).
-    Until the first searches have
-    measured the ways (`_StepTrial`, which then times the output projection's ways too), steps run each way in
-    turn. A step with fewer rows (sentences that finished) keeps the way; MKL's pack then multiplies by the plain
-    weight. The layers get their own `forward` back when the last search running on the model ends; a search that
-    starts while another runs keeps the first one's way."""
+    Until the first searches have measured the ways (`_StepTrial`, which then times the output projection's ways
+    too), steps run each way in turn. A step with fewer rows (sentences that finished) keeps the way; MKL's pack
+    then multiplies by the plain weight. The layers get their own `forward` back when the last search running on the
+    model ends; a search that starts while another runs keeps the first one's way."""
     linears = _step_linears(model)
     trial = None
     with _BINDING:
