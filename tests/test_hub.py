@@ -164,3 +164,21 @@ def test_attention_command_writes_one_panel_per_layer_and_head(trained, tmp_path
         assert texts[b"Description"] == f"layers={count} heads={heads}".encode()
         width, height = struct.unpack(">II", chunks[b"IHDR"][0][:8])
         assert width > height * heads / count / 2  # a grid: heads across, layers down
+
+
+def test_an_attention_map_of_a_long_output_stays_a_readable_size(tmp_path):
+    """An untrained model's output runs to its length limit (a parser's: hundreds of tokens); the panels grew with
+    it, and a training card's maps came out 23,302 x 11,651 pixels, a minute each to draw. A panel now stops at
+    the size that labels 40 tokens."""
+    import torch
+
+    from vaswani_hf.translation.attention import LABELLED, plot_attention
+
+    layers, heads, length = 2, 4, 300
+    weights = {"source_tokens": [f"s{i}" for i in range(12)], "target_tokens": [f"t{i}" for i in range(length)],
+               "translation": "t " * length, "cross": torch.rand(layers, heads, length, 12).softmax(-1)}  # fmt: skip
+    chunks = png_chunks(plot_attention(weights, "cross", tmp_path / "cross.png").read_bytes())
+    width, height = struct.unpack(">II", chunks[b"IHDR"][0][:8])
+    panel = 0.22 * LABELLED * 80  # pixels (dpi 80) of a panel that labels 40 tokens
+    assert width <= heads * panel + 1 and height <= layers * panel + 1, (width, height)
+    assert width > height  # still the grid: heads across, layers down

@@ -10,6 +10,7 @@ import torch
 from ..model.alignment_vaswani import forced_attentions
 from .source_lines import source_limit
 
+LABELLED = 40  # most tokens a panel labels, one per row and column
 KINDS = {"encoder": "encoder self-attention", "decoder": "decoder self-attention", "cross": "cross-attention"}
 
 
@@ -54,9 +55,11 @@ def plot_attention(weights: dict, kind: str, path: str | Path, layers: list[int]
     heads = maps.shape[1]
     queries = weights["source_tokens"] if kind == "encoder" else weights["target_tokens"]
     keys = weights["target_tokens"] if kind == "decoder" else weights["source_tokens"]
-    size = max(1.6, 0.22 * max(len(queries), len(keys)))
+    # a panel grows with its tokens, for their labels (40 at most), and stops there: an untrained model's output
+    # runs to its length limit, and unbounded panels made PNGs 23,000 pixels wide that took a minute each to draw
+    size = min(LABELLED * 0.22, max(1.6, 0.22 * max(len(queries), len(keys))))
     figure, axes = plt.subplots(len(rows), heads, figsize=(size * heads, size * len(rows)), squeeze=False)
-    labelled = max(len(queries), len(keys)) <= 40
+    labelled = max(len(queries), len(keys)) <= LABELLED
     for r, layer in enumerate(rows):
         for head in range(heads):
             axis = axes[r][head]
