@@ -160,7 +160,7 @@ def holds_to_the_plain_search(case, monkeypatch) -> None:
 
 
 FAST_TIER = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-SECOND_TIER = settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+SECOND_TIER = settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 
 @given(case=searches())
