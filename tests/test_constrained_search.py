@@ -98,7 +98,7 @@ def test_the_banks_in_tensors_are_post_and_vilars_allocation(case, monkeypatch):
 
 
 # The second tier's draws here: each constrained search is decoded twice (ours, the reference's per-sentence Python
-# search), 0.2-0.8 s a case on 2 cores; 1,500 cases (the search properties' depth) took 6 and 19 minutes of CI on
+# search), 0.2-0.8 s a case on 2 cores; 1,500 cases (the search properties' depth then) took 6 and 19 minutes of CI on
 # the Zen 3, past the hour `.ci/run` keeps to. The fast tier draws its own cases at every run besides.
 CONSTRAINED_SECOND_TIER = settings(
     max_examples=400, deadline=None, suppress_health_check=FAST_TIER.suppress_health_check

@@ -166,19 +166,23 @@ def test_attention_command_writes_one_panel_per_layer_and_head(trained, tmp_path
         assert width > height * heads / count / 2  # a grid: heads across, layers down
 
 
-def test_an_attention_map_of_a_long_output_stays_a_readable_size(tmp_path):
+@pytest.mark.parametrize("layers, heads", [(2, 4), (6, 16)])
+def test_an_attention_map_of_a_long_output_stays_a_readable_size(tmp_path, layers, heads):
     """An untrained model's output runs to its length limit (a parser's: hundreds of tokens); the panels grew with
-    it, and a training card's maps came out 23,302 x 11,651 pixels, a minute each to draw. A panel now stops at
-    the size that labels 40 tokens."""
+    it, and a training card's maps came out 23,302 x 11,651 pixels, a minute each to draw. Past 40 tokens a panel
+    is small and unlabelled, and a whole map stays within 48 inches (3,840 pixels) whatever its heads and layers;
+    its title keeps the kind's name and cuts the translation to the width."""
     import torch
 
-    from vaswani_hf.translation.attention import LABELLED, plot_attention
+    from vaswani_hf.translation.attention import FIGURE_INCHES, plot_attention, title
 
-    layers, heads, length = 2, 4, 300
+    length = 300
     weights = {"source_tokens": [f"s{i}" for i in range(12)], "target_tokens": [f"t{i}" for i in range(length)],
                "translation": "t " * length, "cross": torch.rand(layers, heads, length, 12).softmax(-1)}  # fmt: skip
     chunks = png_chunks(plot_attention(weights, "cross", tmp_path / "cross.png").read_bytes())
     width, height = struct.unpack(">II", chunks[b"IHDR"][0][:8])
-    panel = 0.22 * LABELLED * 80  # pixels (dpi 80) of a panel that labels 40 tokens
-    assert width <= heads * panel + 1 and height <= layers * panel + 1, (width, height)
-    assert width > height  # still the grid: heads across, layers down
+    assert max(width, height) <= FIGURE_INCHES * 80 + 1 and width > height, (width, height)  # still heads across
+    for inches in (3.5, 20, 120):
+        line = title("cross", "a long translation " * 40, inches)
+        assert line.startswith("cross-attention: a long") and len(line) <= max(13 * inches, 25), line
+    assert title("cross", "kurz", 3.5) == "cross-attention: kurz"

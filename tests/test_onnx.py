@@ -3,6 +3,7 @@ sequences on a trained built-in model, a converted Marian and every architecture
 
 import pytest
 import torch
+from transformers import GenerationConfig
 
 from vaswani_hf import VaswaniConfig, VaswaniForConditionalGeneration
 from vaswani_hf.data.number_words import builtin_splits
@@ -112,7 +113,10 @@ def marian_graphs(tmp_path_factory):
     """A converted Marian model's graphs, exported once (about 50 s): the two decodings below convert the same
     weights and config, and differ only in the folder's generation_config.json, which each writes there."""
     folder = tmp_path_factory.mktemp("marian-onnx")
-    export_onnx(random_pair(4)[1], None, folder)
+    model = random_pair(4)[1]  # Transformers' decoding (the paper's is every other export's)
+    export_onnx(model, None, folder)
+    written = GenerationConfig.from_pretrained(folder).to_diff_dict()
+    assert written == model.generation_config.to_diff_dict() and written["length_penalty_type"] == "hf"
     return folder
 
 

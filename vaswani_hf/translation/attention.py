@@ -11,6 +11,7 @@ from ..model.alignment_vaswani import forced_attentions
 from .source_lines import source_limit
 
 LABELLED = 40  # most tokens a panel labels, one per row and column
+FIGURE_INCHES = 48  # a whole map's longer side at most: 3,840 pixels at its 80 dpi
 KINDS = {"encoder": "encoder self-attention", "decoder": "decoder self-attention", "cross": "cross-attention"}
 
 
@@ -55,11 +56,10 @@ def plot_attention(weights: dict, kind: str, path: str | Path, layers: list[int]
     heads = maps.shape[1]
     queries = weights["source_tokens"] if kind == "encoder" else weights["target_tokens"]
     keys = weights["target_tokens"] if kind == "decoder" else weights["source_tokens"]
-    # a panel grows with its tokens, for their labels (40 at most), and stops there: an untrained model's output
-    # runs to its length limit, and unbounded panels made PNGs 23,000 pixels wide that took a minute each to draw
-    size = min(LABELLED * 0.22, max(1.6, 0.22 * max(len(queries), len(keys))))
+    tokens = max(len(queries), len(keys))
+    size = panel_inches(tokens, heads, len(rows))
     figure, axes = plt.subplots(len(rows), heads, figsize=(size * heads, size * len(rows)), squeeze=False)
-    labelled = max(len(queries), len(keys)) <= LABELLED
+    labelled = tokens <= min(LABELLED, size / 0.12)  # 6-point labels need about 0.12 in each
     for r, layer in enumerate(rows):
         for head in range(heads):
             axis = axes[r][head]
@@ -74,13 +74,29 @@ def plot_attention(weights: dict, kind: str, path: str | Path, layers: list[int]
                 axis.set_xticks(range(len(keys)), keys, rotation=90, fontsize=6)
             if labelled and head == 0:
                 axis.set_yticks(range(len(queries)), queries, fontsize=6)
-    figure.suptitle(f"{KINDS[kind]}: {weights['translation']}", fontsize=9)
+    figure.suptitle(title(kind, weights["translation"], size * heads), fontsize=9)
     figure.tight_layout()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path, dpi=80, metadata={"Title": KINDS[kind], "Description": f"layers={len(rows)} heads={heads}"})
     plt.close(figure)
     return path
+
+
+def panel_inches(tokens: int, heads: int, layers: int) -> float:
+    """A panel's side in inches: room for its tokens' labels (0.22 in each, up to 40 tokens), 2.5 in past them
+    (nothing is labelled), and the whole grid within FIGURE_INCHES. An untrained model's output runs to its length
+    limit: panels that grew with it made PNGs 23,302 pixels wide that took a minute each to draw."""
+    size = max(1.6, 0.22 * tokens) if tokens <= LABELLED else 2.5
+    return min(size, FIGURE_INCHES / max(heads, layers))
+
+
+def title(kind: str, translation: str, inches: float) -> str:
+    """The map's title, one line of 9-point text (about 13 characters an inch), the translation cut to the
+    figure's width: matplotlib does not wrap, and a longer line ran off both edges, the kind's name with it."""
+    head = f"{KINDS[kind]}: "
+    room = max(8, int(13 * inches) - len(head))
+    return head + (translation if len(translation) <= room else translation[: room - 3] + "...")
 
 
 def write_attention_maps(model, tokenizer, sentence: str, prefix: str | Path, **generate_kwargs) -> list[Path]:
