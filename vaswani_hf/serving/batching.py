@@ -2,13 +2,17 @@
 takes token-budget batches of lines of similar length and translates each batch in one call of the function
 `vaswani translate` uses (`translate_nbest`: the same empty-line and long-line rules, the same search).
 
-A batch is formed when `max_wait_ms` have passed since its oldest line arrived (or since the last batch ended,
-when that is later: the clients just answered send their next lines then) or when the waiting lines fill
-`max_batch_tokens` (padded: lines x longest, as `vaswani translate --max-tokens` counts). It holds the oldest line,
-so none starves, and the lines nearest it in length with the same decoding options. A request's lines may travel
-in different batches; each line's result is set on its own future, so a request gets them back in order. A line
-whose request was abandoned (its client left, or its time ran out) is dropped before it is batched. A batch that
-fails is translated again line by line, so that a line that fails alone (too long, say) fails only its own request.
+A batch is formed when `max_wait_ms` have passed since its oldest line arrived, or when the waiting lines fill
+`max_batch_tokens` (padded: lines x longest, as `vaswani translate --max-tokens` counts). After a batch, the clients
+it answered send their next lines: the next batch waits for them, until as many lines wait as that batch answered
+and left waiting, for up to a tenth of its time (at least `max_wait_ms`, at most ten times it). Clients slower to
+come back than `max_wait_ms` (on a busy machine, 32 of them took 65-100 ms) would otherwise split into two groups
+taking turns in half-full batches; and a lone client's next line goes at once instead of waiting for company.
+A batch holds the oldest line, so none starves, and the lines nearest it in length with the same decoding options.
+A request's lines may travel in different batches; each line's result is set on its own future, so a request gets
+them back in order. A line whose request was abandoned (its client left, or its time ran out) is dropped before it
+is batched. A batch that fails is translated again line by line, so that a line that fails alone (too long, say)
+fails only its own request.
 """
 
 from __future__ import annotations
@@ -64,6 +68,8 @@ class DynamicBatcher:
         self.stopped = False
         self.busy = False
         self.free_since = 0.0  # when the last batch ended
+        self.last_seconds = 0.0  # how long it took
+        self.expected = 0  # lines it answered and left waiting: the next batch's, when their clients come back
         self.worker = threading.Thread(target=self._work, name="vaswani-serve-model", daemon=True)
         self.worker.start()
 
@@ -112,16 +118,22 @@ class DynamicBatcher:
                 if not self.waiting:
                     self.condition.wait()
                     continue
-                # from the oldest line's arrival, or from the end of the last batch, whose clients are sending
-                # their next lines now: they share the next batch instead of waiting behind a small one
-                left = max(self.waiting[0].arrived, self.free_since) + self.max_wait - time.monotonic()
-                if left > 0 and self._padded(self.waiting) < self.max_batch_tokens:
+                left = self._deadline() - time.monotonic()
+                back = 0 < self.expected <= len(self.waiting)
+                if left > 0 and not back and self._padded(self.waiting) < self.max_batch_tokens:
                     self.condition.wait(timeout=left)
                     continue
                 batch = self._batch_around(self.waiting[0])
                 taken = set(map(id, batch))
                 self.waiting = [line for line in self.waiting if id(line) not in taken]
                 return batch
+
+    def _deadline(self) -> float:
+        """When the next batch forms at the latest: `max_wait` after its oldest line arrived, and after a batch, a
+        tenth of that batch's time (between `max_wait` and ten times it) for its clients to send their next lines
+        (they share the next batch instead of waiting behind a small one; the model idles a tenth at most)."""
+        patience = min(max(self.max_wait, self.last_seconds / 10), 10 * self.max_wait)
+        return max(self.waiting[0].arrived + self.max_wait, self.free_since + patience)
 
     def _batch_around(self, oldest: Line) -> list[Line]:
         """The oldest line and the lines nearest it in length (same options), while lines x longest fits."""
@@ -160,7 +172,9 @@ class DynamicBatcher:
                 _hand_back(line, None if failed else result, result if failed else None)
             stats.output_tokens = sum(getattr(result, "tokens", 0) for result in results)
             stats.seconds = time.monotonic() - start
-            self.busy, self.free_since = False, time.monotonic()
+            with self.condition:
+                self.busy, self.free_since, self.last_seconds = False, time.monotonic(), stats.seconds
+                self.expected = len(batch) + len(self.waiting)
             self.on_batch(stats)
 
     def _one_by_one(self, batch: list[Line]) -> list:
