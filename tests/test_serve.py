@@ -4,6 +4,7 @@ fault must be injected (a failing batch, a slow one, a client that leaves)."""
 
 import asyncio
 import os
+import platform
 import signal
 import socket
 import subprocess
@@ -451,7 +452,7 @@ def test_after_a_batch_whose_clients_do_not_come_back_a_line_waits_ten_times_the
 
     async def scenario() -> None:
         loop = asyncio.get_running_loop()
-        first = batcher.submit(["a", "b", "c"], {}, loop)  # three clients that leave once answered
+        first = [line for text in "abc" for line in batcher.submit([text], {}, loop)]  # three clients, who leave
         await asyncio.gather(*(line.future for line in first))
         arrived.append(time.monotonic())
         (line,) = batcher.submit(["d"], {}, loop)
@@ -481,13 +482,54 @@ if __name__ == "__main__":
     sys.exit(subprocess.call([sys.executable, "-m", "pytest", __file__, *sys.argv[1:]]))
 
 
+def test_a_burst_after_a_quiet_spell_shares_one_batch():
+    """The wait for the answered clients lasts only its time after the batch: a line answered long ago must not
+    send the first line of the next burst off alone, its companions behind it (an attacker's find)."""
+    batches = []
+
+    def translate(texts, options):
+        batches.append(sorted(texts))
+        time.sleep(0.3)
+        return texts
+
+    batcher = DynamicBatcher(translate, len, max_batch_tokens=4096, max_wait_ms=30)
+    _clients_in_turn(batcher, [0.0], turnaround=0.0, rounds=1)
+    time.sleep(1.0)
+    _clients_in_turn(batcher, [0.002 * n for n in range(8)], turnaround=0.0, rounds=1)
+    batcher.stop()
+    assert batches == [["0"], [str(n) for n in range(8)]], batches
+
+
+def test_a_request_with_lines_still_waiting_is_no_client_coming_back():
+    """One request of six lines, four to a batch: its last two go as soon as the first four are done; counted as
+    clients that would send more, they waited the whole wait after the batch for lines that never came."""
+    ended, started = [], []
+
+    def translate(texts, options):
+        started.append(time.monotonic())
+        time.sleep(2.0)  # the wait after it: 200 ms (a tenth, under ten times the 30 ms wait)
+        ended.append(time.monotonic())
+        return texts
+
+    batcher = DynamicBatcher(translate, lambda text: 1, max_batch_tokens=4, max_wait_ms=30)
+
+    async def scenario() -> None:
+        lines = batcher.submit(list("abcdef"), {}, asyncio.get_running_loop())
+        await asyncio.gather(*(line.future for line in lines))
+
+    asyncio.run(scenario())
+    batcher.stop()
+    assert len(started) == 2 and started[1] - ended[0] < 0.1, (started, ended)
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="bound_memory sets glibc's allocator alone")
 def test_the_server_keeps_a_batch_s_tensors_on_the_heap():
     """bound_memory's fixed mmap threshold was 128 KiB: every tensor of a batch (a megabyte at 32 sentences, beam
     4) was mapped and its pages faulted in afresh at each step, and the server's batches took 1.5x as long as
     `vaswani translate`'s. A freed megabyte now comes back from the heap without page faults."""
     code = ("import resource, torch; from vaswani_hf.serving.server import bound_memory; bound_memory()\n"
             "faults = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_minflt\n"
-            "x = torch.ones(256 * 1024); del x\n"  # 1 MiB, once, to grow the heap
+            "for _ in range(20):\n    x = torch.ones(256 * 1024); del x\n"  # 1 MiB, until the heap settles
             "before = faults()\n"
             "for _ in range(50):\n    x = torch.ones(256 * 1024); del x\n"
             "print(faults() - before)")  # fmt: skip

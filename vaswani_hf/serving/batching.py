@@ -4,10 +4,11 @@ takes token-budget batches of lines of similar length and translates each batch 
 
 A batch is formed when `max_wait_ms` have passed since its oldest line arrived, or when the waiting lines fill
 `max_batch_tokens` (padded: lines x longest, as `vaswani translate --max-tokens` counts). After a batch, the clients
-it answered send their next lines: the next batch waits for them, until as many lines wait as that batch answered
-and left waiting, for up to a tenth of its time (at least `max_wait_ms`, at most ten times it). Clients slower to
-come back than `max_wait_ms` (on a busy machine, 32 of them took 65-100 ms) would otherwise split into two groups
-taking turns in half-full batches; and a lone client's next line goes at once instead of waiting for company.
+whose requests it finished send their next lines: the next batch waits for them, until a line from each and the
+lines it left waiting are there, for up to a tenth of its time (at least `max_wait_ms`, at most ten times it).
+Clients slower to come back than `max_wait_ms` (on a busy machine, 32 of them took 65-100 ms) would otherwise split
+into two groups taking turns in half-full batches; and a lone client's next line goes at once instead of waiting
+for company.
 A batch holds the oldest line, so none starves, and the lines nearest it in length with the same decoding options.
 A request's lines may travel in different batches; each line's result is set on its own future, so a request gets
 them back in order. A line whose request was abandoned (its client left, or its time ran out) is dropped before it
@@ -36,6 +37,7 @@ class Line:
     loop: asyncio.AbstractEventLoop
     arrived: float = field(default_factory=time.monotonic)
     abandoned: bool = False
+    request: object = None  # shared by the lines of one request: its client comes back when all are answered
 
 
 @dataclass
@@ -84,7 +86,9 @@ class DynamicBatcher:
         its result. None, and nothing queued, when the lines would take the queue past `max_depth`."""
         key = tuple(sorted(options.items()))
         counts = tokens if tokens is not None else [self.count_tokens(text) for text in texts]
-        lines = [Line(text, count, key, loop.create_future(), loop) for text, count in zip(texts, counts, strict=True)]
+        request = object()
+        lines = [Line(text, count, key, loop.create_future(), loop, request=request)
+                 for text, count in zip(texts, counts, strict=True)]  # fmt: skip
         with self.condition:
             if max_depth is not None and len(self.waiting) + len(lines) > max_depth:
                 return None
@@ -118,8 +122,11 @@ class DynamicBatcher:
                 if not self.waiting:
                     self.condition.wait()
                     continue
-                left = self._deadline() - time.monotonic()
-                back = 0 < self.expected <= len(self.waiting)
+                now, patience = time.monotonic(), self._patience()
+                left = max(self.waiting[0].arrived + self.max_wait, self.free_since + patience) - now
+                # the answered clients are back: only while their time after the batch lasts (a burst after a
+                # quiet spell waits max_wait for company, as the first lines of any burst do)
+                back = now < self.free_since + patience and 0 < self.expected <= len(self.waiting)
                 if left > 0 and not back and self._padded(self.waiting) < self.max_batch_tokens:
                     self.condition.wait(timeout=left)
                     continue
@@ -128,12 +135,11 @@ class DynamicBatcher:
                 self.waiting = [line for line in self.waiting if id(line) not in taken]
                 return batch
 
-    def _deadline(self) -> float:
-        """When the next batch forms at the latest: `max_wait` after its oldest line arrived, and after a batch, a
-        tenth of that batch's time (between `max_wait` and ten times it) for its clients to send their next lines
-        (they share the next batch instead of waiting behind a small one; the model idles a tenth at most)."""
-        patience = min(max(self.max_wait, self.last_seconds / 10), 10 * self.max_wait)
-        return max(self.waiting[0].arrived + self.max_wait, self.free_since + patience)
+    def _patience(self) -> float:
+        """How long the next batch waits after a batch for the clients it answered to send their next lines: a
+        tenth of that batch's time, between `max_wait` and ten times it (they share the next batch instead of waiting
+        behind a small one; the model idles a tenth at most)."""
+        return min(max(self.max_wait, self.last_seconds / 10), 10 * self.max_wait)
 
     def _batch_around(self, oldest: Line) -> list[Line]:
         """The oldest line and the lines nearest it in length (same options), while lines x longest fits."""
@@ -174,7 +180,11 @@ class DynamicBatcher:
             stats.seconds = time.monotonic() - start
             with self.condition:
                 self.busy, self.free_since, self.last_seconds = False, time.monotonic(), stats.seconds
-                self.expected = len(batch) + len(self.waiting)
+                # the lines left waiting, and a line from each client whose request this batch finished (a request
+                # with lines still waiting is no client coming back)
+                unfinished = {id(line.request) for line in self.waiting}
+                finished = {id(line.request) for line in batch} - unfinished
+                self.expected = len(self.waiting) + len(finished)
             self.on_batch(stats)
 
     def _one_by_one(self, batch: list[Line]) -> list:
