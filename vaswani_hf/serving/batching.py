@@ -71,7 +71,7 @@ class DynamicBatcher:
         self.busy = False
         self.free_since = 0.0  # when the last batch ended
         self.last_seconds = 0.0  # how long it took
-        self.expected = 0  # lines it answered and left waiting: the next batch's, when their clients come back
+        self.expected = 0  # lines it left waiting, and one per request it finished: the next batch's, all back
         self.worker = threading.Thread(target=self._work, name="vaswani-serve-model", daemon=True)
         self.worker.start()
 
