@@ -482,6 +482,31 @@ if __name__ == "__main__":
     sys.exit(subprocess.call([sys.executable, "-m", "pytest", __file__, *sys.argv[1:]]))
 
 
+def test_a_wait_of_zero_forms_each_batch_from_the_lines_waiting_then():
+    """`--max_wait_ms 0`: after a batch of three clients' lines, one line arriving alone goes at once, not after
+    a wait for the other two (docs/serving.md)."""
+    arrived, started = [], []
+
+    def translate(texts, options):
+        started.append(time.monotonic())
+        time.sleep(1.0 if len(started) == 1 else 0)
+        return texts
+
+    batcher = DynamicBatcher(translate, len, max_batch_tokens=4096, max_wait_ms=0)
+
+    async def scenario() -> None:
+        loop = asyncio.get_running_loop()
+        first = [line for text in "abc" for line in batcher.submit([text], {}, loop)]
+        await asyncio.gather(*(line.future for line in first))
+        arrived.append(time.monotonic())
+        (line,) = batcher.submit(["d"], {}, loop)
+        await line.future
+
+    asyncio.run(scenario())
+    batcher.stop()
+    assert started[1] - arrived[0] < 0.05, started[1] - arrived[0]
+
+
 def test_a_burst_after_a_quiet_spell_shares_one_batch():
     """The wait for the answered clients lasts only its time after the batch: a line answered long ago must not
     send the first line of the next burst off alone, its companions behind it (an attacker's find)."""
