@@ -4,7 +4,7 @@ import tempfile
 import pytest
 import torch
 
-from .helpers import TINY_RUN, TRAINED_RUN, vaswani
+from .helpers import TINY_RUN, TRAINED_RUN, trained_once
 
 # Tests never reach the Hub; they build tiny models and data themselves.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -44,12 +44,9 @@ def device(request) -> str:
 @pytest.fixture(scope="session")
 def trained(tmp_path_factory):
     """A tiny model trained by `vaswani train` on the built-in task (shared by the CLI and Hub tests)."""
-    out = tmp_path_factory.mktemp("run") / "model"
     # fp32 whatever the CPU: `--precision auto` trains in bf16 where it is fast, and a 4-step model's words (which
     # the serve and CLI tests compare) then depend on the CPU kind
-    result = vaswani("train", *TINY_RUN, "--precision", "fp32", "--output_dir", str(out))
-    assert result.returncode == 0, result.stderr[-3000:]
-    return out, result.stdout
+    return trained_once("run", [*TINY_RUN, "--precision", "fp32"], tmp_path_factory)
 
 
 @pytest.fixture(scope="session")
@@ -57,21 +54,9 @@ def translator(tmp_path_factory):
     """A tiny model trained 1,000 steps on the built-in task (about 30 s on 2 cores): it translates (BLEU ~90), so
     int8 BLEU, alignments and constraints can be judged (shared by the ONNX, translation-feature and metric tests,
     and the docs' blocks as their `vaswani-model/`)."""
-    out = tmp_path_factory.mktemp("translator") / "model"
-    result = vaswani(
-        "train",
-        *TRAINED_RUN,
-        "--max_steps",
-        "1000",
-        "--warmup_steps",
-        "100",
-        "--save_steps",
-        "200",
-        "--output_dir",
-        str(out),
-    )  # fmt: skip (checkpoints: the docs' `vaswani average` blocks use them)
-    assert result.returncode == 0, result.stderr[-3000:]
-    return out
+    # checkpoints: the docs' `vaswani average` blocks use them
+    args = [*TRAINED_RUN, "--max_steps", "1000", "--warmup_steps", "100", "--save_steps", "200"]
+    return trained_once("translator", args, tmp_path_factory)[0]
 
 
 # --- vaswani serve (tests/test_serve*.py) ---

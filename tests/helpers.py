@@ -1,8 +1,17 @@
 """Shared by the tests: run the `vaswani` command in a subprocess, tiny training settings, remote-code loading."""
 
+import contextlib
+import fcntl
+import hashlib
+import importlib.metadata
+import json
 import os
+import platform
+import shutil
 import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
 
 TINY_RUN = ["--preset", "tiny", "--max_steps", "4", "--warmup_steps", "2", "--vocab_size", "120",
@@ -12,6 +21,70 @@ TINY_RUN = ["--preset", "tiny", "--max_steps", "4", "--warmup_steps", "2", "--vo
 TRAINED_RUN = ["--preset", "tiny", "--max_steps", "250", "--warmup_steps", "50", "--vocab_size", "120",
                "--per_device_train_batch_size", "32", "--disable_tqdm", "true", "--max_eval_samples", "8",
                "--eval_split", "none"]  # fmt: skip
+
+
+# The session fixtures' trainings, kept between test sessions on this machine: the README's fast tier trains them,
+# and .ci/run's second tier (both of its workers) and a developer's next run reuse them while nothing they depend on
+# changed. VASWANI_TEST_TRAININGS=0 trains afresh in every session; another value is the folder they are kept in.
+TRAININGS = Path(os.environ.get("VASWANI_TEST_TRAININGS") or Path(tempfile.gettempdir()) / "vaswani-hf-test-trainings")
+_PACKAGE = Path(__file__).resolve().parent.parent
+# what a training's output depends on besides the package's files and the arguments (the per-session caches that
+# conftest.py points into fresh temporary folders are left out: they hold measurements, not the model)
+_ENVIRONMENT_PREFIXES = ("VASWANI_", "ATEN_", "ONEDNN_", "MKL_", "OMP_", "KMP_", "TORCH", "CUDA_", "HF_", "PYTORCH_")
+_SESSION_PATHS = ("VASWANI_PRECISION_CACHE", "VASWANI_PREPARED_CACHE", "VASWANI_TEST_TRAININGS")
+
+
+def _training_key(args: list[str]) -> str:
+    digest = hashlib.sha256(json.dumps(args).encode())
+    for name in ("torch", "transformers", "tokenizers", "accelerate", "datasets", "safetensors", "sacrebleu"):
+        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+            digest.update(f"{name}={importlib.metadata.version(name)}".encode())
+    digest.update(f"{sys.version}|{platform.machine()}".encode())
+    with contextlib.suppress(OSError):  # the CPU's model and flags: a float sum's order follows its kernels
+        cpu = {line for line in open("/proc/cpuinfo", "rb") if line.startswith((b"model name", b"flags"))}
+        digest.update(b"".join(sorted(cpu)))
+    environment = sorted((k, v) for k, v in os.environ.items() if k.startswith(_ENVIRONMENT_PREFIXES))
+    digest.update(json.dumps([(k, v) for k, v in environment if k not in _SESSION_PATHS]).encode())
+    for path in sorted([*(_PACKAGE / "vaswani_hf").rglob("*"), _PACKAGE / "pyproject.toml"]):
+        if path.is_file() and "__pycache__" not in path.parts:
+            digest.update(str(path.relative_to(_PACKAGE)).encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:20]
+
+
+def _contents(folder: Path) -> dict[str, str]:
+    return {str(path.relative_to(folder)): hashlib.sha256(path.read_bytes()).hexdigest()
+            for path in sorted(folder.rglob("*")) if path.is_file()}  # fmt: skip
+
+
+def trained_once(name: str, args: list[str], tmp_path_factory) -> tuple[Path, str]:
+    """`vaswani train ARGS --output_dir FOLDER` -> (FOLDER, its stdout), where FOLDER is kept between sessions
+    (TRAININGS above) under a key of the arguments, the package's files, the library versions, the CPU and the
+    environment; a folder whose files changed since its training is trained again. Tests must not write into it
+    (they copy it first), as within one session."""
+    if os.environ.get("VASWANI_TEST_TRAININGS") == "0":
+        out = tmp_path_factory.mktemp(name) / "model"
+        result = vaswani("train", *args, "--output_dir", str(out))
+        assert result.returncode == 0, result.stderr[-3000:]
+        return out, result.stdout
+    TRAININGS.mkdir(parents=True, exist_ok=True)
+    folder = TRAININGS / f"{name}-{_training_key(args)}"
+    with open(f"{folder}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # another xdist worker training the same waits, then reads it
+        record = folder / "training.json"
+        if record.is_file():
+            kept = json.loads(record.read_text())
+            if kept["contents"] == _contents(folder / "model"):
+                os.utime(record)
+                return folder / "model", kept["stdout"]
+        shutil.rmtree(folder, ignore_errors=True)
+        folder.mkdir()
+        result = vaswani("train", *args, "--output_dir", str(folder / "model"))
+        assert result.returncode == 0, result.stderr[-3000:]
+        record.write_text(json.dumps({"stdout": result.stdout, "contents": _contents(folder / "model")}))
+    for old in TRAININGS.glob("*/training.json"):  # trainings of code long changed
+        if time.time() - old.stat().st_mtime > 3 * 86400:
+            shutil.rmtree(old.parent, ignore_errors=True)
+    return folder / "model", result.stdout
 
 
 def forget_measured_ways(monkeypatch) -> None:

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from .helpers import vaswani
+from .helpers import trained_once
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -151,8 +151,8 @@ def workspace(tmp_path_factory, translator) -> Path:
     # on these six; 30 steps under the built-in's 400-step warmup left flat trees and EVALB's F1 at -nan on some)
     parser = ["--task", "parse", "--preset", "tiny", "--max_steps", "60", "--warmup_steps", "30", "--lr_scale", "1",
               "--vocab_size", "200", "--eval_split", "none"]  # fmt: skip
-    result = vaswani("train", *parser, "--disable_tqdm", "true", "--output_dir", str(root / "vaswani-parser"))
-    assert result.returncode == 0, result.stderr[-3000:]
+    shutil.copytree(trained_once("parser", [*parser, "--disable_tqdm", "true"], tmp_path_factory)[0],
+                    root / "vaswani-parser")  # fmt: skip
     (root / "data").mkdir()
     train = builtin_splits()["train"][:2000]
     (root / "data" / "train.en").write_text("".join(f"{source}\n" for source, _ in train), encoding="utf-8")
@@ -226,3 +226,41 @@ def test_every_name_the_docs_take_from_the_package_is_there():
             f"[getattr(vaswani_hf, name) for name in {sorted(names)!r}]")  # fmt: skip
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-2000:]
+
+
+def test_a_kept_training_is_reused_only_while_nothing_it_depends_on_changed(tmp_path, tmp_path_factory, monkeypatch):
+    """docs/tests.md: the session fixtures' trainings are kept between sessions (`trained_once`)."""
+    from . import helpers
+
+    runs = []
+
+    def train(*args, **_):  # a stand-in for `vaswani train`: its output folder, and what it printed
+        out = Path(args[args.index("--output_dir") + 1])
+        out.mkdir(parents=True)
+        (out / "model.bin").write_text(f"run {len(runs)}")
+        runs.append(args)
+        return subprocess.CompletedProcess(args, 0, stdout=f"trained {len(runs)}\n", stderr="")
+
+    monkeypatch.setattr(helpers, "vaswani", train)
+    monkeypatch.setattr(helpers, "TRAININGS", tmp_path / "kept")
+    monkeypatch.delenv("VASWANI_TEST_TRAININGS", raising=False)
+    first = helpers.trained_once("m", ["--max_steps", "4"], tmp_path_factory)
+    assert helpers.trained_once("m", ["--max_steps", "4"], tmp_path_factory) == first and len(runs) == 1
+    assert first[1] == "trained 1\n" and first[0].is_relative_to(tmp_path / "kept")
+    helpers.trained_once("m", ["--max_steps", "5"], tmp_path_factory)  # other arguments: another training
+    assert len(runs) == 2
+    monkeypatch.setenv("VASWANI_DETERMINISTIC_SOMETHING", "1")  # the environment is part of the key
+    helpers.trained_once("m", ["--max_steps", "4"], tmp_path_factory)
+    assert len(runs) == 3
+    monkeypatch.delenv("VASWANI_DETERMINISTIC_SOMETHING")
+    (first[0] / "model.bin").write_text("written into by a test")  # a changed folder is trained again
+    again = helpers.trained_once("m", ["--max_steps", "4"], tmp_path_factory)
+    assert len(runs) == 4 and again[0] == first[0] and (first[0] / "model.bin").read_text() == "run 3"
+    monkeypatch.setattr(helpers, "_PACKAGE", tmp_path / "package")  # so are the package's files
+    (tmp_path / "package" / "vaswani_hf").mkdir(parents=True)
+    (tmp_path / "package" / "vaswani_hf" / "x.py").write_text("x = 1\n")
+    helpers.trained_once("m", ["--max_steps", "4"], tmp_path_factory)
+    assert len(runs) == 5
+    monkeypatch.setenv("VASWANI_TEST_TRAININGS", "0")  # off: every session trains afresh, nothing kept
+    off = helpers.trained_once("m", ["--max_steps", "4"], tmp_path_factory)
+    assert len(runs) == 6 and not off[0].is_relative_to(tmp_path / "kept")

@@ -15,7 +15,7 @@ from .test_decoding_parity import padded_batch, random_pair
 
 pytest.importorskip("onnxruntime")
 pytest.importorskip("onnxscript")
-from vaswani_hf.interop.onnx import GRAPHS, OnnxSeq2Seq, export_onnx  # noqa: E402
+from vaswani_hf.interop.onnx import GRAPHS, OnnxSeq2Seq, export_onnx, quantize_onnx_folder  # noqa: E402
 
 SOURCES = [source for source, _ in builtin_splits()["test"][:64]]
 
@@ -24,9 +24,11 @@ SOURCES = [source for source, _ in builtin_splits()["test"][:64]]
 def exported(translator, tmp_path_factory):
     root = tmp_path_factory.mktemp("onnx")
     (root / "model").symlink_to(translator)
-    for name, extra in (("onnx", []), ("onnx-int8", ["--quantize", "int8"])):
-        result = vaswani("export", str(root / "model"), "--format", "onnx", "--output_dir", str(root / name), *extra)
+    # the int8 graphs are the float32 export's, quantized (one trace, as docs/deployment.md shows it)
+    for source, name, extra in (("model", "onnx", []), ("onnx", "onnx-int8", ["--quantize", "int8"])):
+        result = vaswani("export", str(root / source), "--format", "onnx", "--output_dir", str(root / name), *extra)
         assert result.returncode == 0, result.stderr[-3000:]
+    assert "quantized into" in result.stdout
     return root
 
 
@@ -88,6 +90,23 @@ def test_int8_graphs_keep_bleu(exported):
     assert sum((exported / "onnx-int8" / name).stat().st_size for name in GRAPHS) < size
 
 
+@pytest.mark.slow
+def test_an_int8_export_of_the_model_decodes_as_its_float32_export_quantized(exported, tmp_path):
+    """`vaswani export MODEL --quantize int8` traces and quantizes in one go; the fixture quantized the float32
+    export instead: both give the same graphs' decoding (another trace: slow tier)."""
+    result = vaswani("export", str(exported / "model"), "--format", "onnx", "--output_dir", str(tmp_path / "int8"),
+                     "--quantize", "int8")  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    _, tokenizer = load_for_inference(exported / "model", device="cpu")
+    batch = tokenizer(SOURCES[:16], return_tensors="pt", padding=True)
+    direct, quantized = OnnxSeq2Seq(tmp_path / "int8"), OnnxSeq2Seq(exported / "onnx-int8")
+    assert direct.weights == quantized.weights == "int8"
+    for num_beams in (1, 4):
+        ours, theirs = (runner.generate(**batch, num_beams=num_beams, output_scores=True, return_dict_in_generate=True)
+                        for runner in (direct, quantized))  # fmt: skip
+        assert torch.equal(ours.sequences, theirs.sequences), f"num_beams={num_beams}"
+
+
 def test_cli_translates_with_onnxruntime_as_with_torch(exported):
     stdin = "\n".join(SOURCES[:12]) + "\n"
     torch_run = vaswani("translate", str(exported / "model"), "--precision", "fp32", "--nbest", "2", stdin=stdin)
@@ -129,29 +148,41 @@ def test_converted_marian_decodes_as_pytorch(marian_graphs, hf_decoding):
     assert_same_decoding(model, OnnxSeq2Seq(marian_graphs), input_ids, attention_mask, **extra)
 
 
+# Each architecture option's graphs, exported once (35-45 s each on 2 AMD EPYC cores) for the decoding and the
+# position tests. The sinusoidal layouts hold a table of 16 positions: the graphs keep the exported rows alone.
 OPTIONS = {
     "untied, learned positions, pre-norm, output bias": dict(
         tie_word_embeddings=False, position_embedding_type="learned", norm_position="pre", output_bias=True
     ),
     "d_k 16 x 4 heads, split sinusoids, gelu, 3+1 layers": dict(
         d_kv=16, position_embedding_type="sinusoidal_split", activation_function="gelu", encoder_layers=3,
-        decoder_layers=1,
+        decoder_layers=1, max_position_embeddings=16,
     ),
-    "fairseq's sinusoids, pad 1": dict(position_embedding_type="sinusoidal_fairseq", pad_token_id=1, bos_token_id=0),
+    "fairseq's sinusoids, pad 1": dict(
+        position_embedding_type="sinusoidal_fairseq", pad_token_id=1, bos_token_id=0, max_position_embeddings=16
+    ),
 }  # fmt: skip
+SINUSOIDS = [name for name, options in OPTIONS.items() if "sinusoidal" in options["position_embedding_type"]]
 
 
-@pytest.mark.parametrize("options", list(OPTIONS))
-def test_every_config_option_exports(tmp_path, options):
+@pytest.fixture(scope="module", params=list(OPTIONS))
+def option_graphs(request, tmp_path_factory):
     torch.manual_seed(0)
-    model = VaswaniForConditionalGeneration(VaswaniConfig.tiny(init_std=0.3, **OPTIONS[options])).eval()
+    model = VaswaniForConditionalGeneration(VaswaniConfig.tiny(init_std=0.3, **OPTIONS[request.param])).eval()
     if model.final_logits_bias is not None:
         torch.nn.init.normal_(model.final_logits_bias)
-    export_onnx(model, None, tmp_path)
+    folder = tmp_path_factory.mktemp("options-onnx")
+    export_onnx(model, None, folder)
+    return model, folder
+
+
+def test_every_config_option_exports(option_graphs):
+    model, folder = option_graphs
     source = torch.randint(4, model.config.vocab_size, (4, 9))
     mask = torch.ones_like(source)
     mask[1, 5:] = 0
-    assert_same_decoding(model, OnnxSeq2Seq(tmp_path), source, mask)
+    # within the 16 positions of the sinusoidal graphs (the start token and 15 more)
+    assert_same_decoding(model, OnnxSeq2Seq(folder), source, mask, max_new_tokens=15)
 
 
 def test_export_of_a_folder_that_is_not_a_model_names_it(tmp_path):
@@ -174,23 +205,33 @@ def test_missing_graph_and_wrong_options_are_named(exported, tmp_path):
     result = vaswani("export", str(exported / "model"), "--format", "onnx", "--output_dir", str(tmp_path / "q"),
                      "--quantize", "int4")  # fmt: skip
     assert result.returncode == 2 and "int8 only" in result.stderr
+    # an export given to `vaswani export` again: its graphs quantized to int8, nothing else (a usage error and a
+    # refusal through the command, the other refusals in this process)
+    for folder, options, named in (
+        (exported / "onnx", ["--quantize", "int4"], "give it --format onnx --quantize int8"),
+        (exported / "onnx-int8", ["--quantize", "int8"], "holds int8 graphs already"),
+    ):
+        result = vaswani("export", str(folder), str(tmp_path / "int8"), "--format", "onnx", *options)
+        assert result.returncode == 2 and named in result.stderr, (options, result.stderr[-2000:])
+        assert "Traceback" not in result.stderr
+    with pytest.raises(ValueError, match="would lose its float32 graphs: give another --output_dir"):
+        quantize_onnx_folder(exported / "onnx", exported / "onnx")
+    with pytest.raises(FileNotFoundError, match="lacks decoder_with_past_model.onnx"):
+        quantize_onnx_folder(broken, tmp_path / "int8")
+    assert not (tmp_path / "int8").exists()
     runner = OnnxSeq2Seq(exported / "onnx")
     with pytest.raises(ValueError, match="greedy and beam search only: the beam_sample mode"):
         runner.generate(input_ids=torch.tensor([[5, 6, 2]]), do_sample=True)
 
 
-@pytest.mark.parametrize("layout", ["sinusoidal", "sinusoidal_fairseq"])
-def test_the_graphs_positions_end_where_they_were_exported(tmp_path, layout):
+@pytest.mark.parametrize("option_graphs", SINUSOIDS, indirect=True)
+def test_the_graphs_positions_end_where_they_were_exported(option_graphs):
     """The PyTorch model computes sinusoids for any position; its graphs hold the exported table alone (16 rows
     here): the source + offset limit is cut there, with the PyTorch model's tokens up to it, and a longer explicit
     request is refused by name, where onnxruntime had stopped on a broadcast error in its MatMul."""
+    model, folder = option_graphs
+    runner = OnnxSeq2Seq(folder)
     torch.manual_seed(0)
-    options = dict(position_embedding_type=layout, max_position_embeddings=16, init_std=0.3)
-    if layout == "sinusoidal_fairseq":
-        options.update(pad_token_id=1, bos_token_id=0)
-    model = VaswaniForConditionalGeneration(VaswaniConfig.tiny(**options)).eval()
-    export_onnx(model, None, tmp_path)
-    runner = OnnxSeq2Seq(tmp_path)
     source = torch.randint(4, model.config.vocab_size, (2, 9))
     kwargs = dict(input_ids=source, attention_mask=torch.ones_like(source), num_beams=1, max_length_offset=50)
     theirs, ours = runner.generate(**kwargs), model.generate(**kwargs)

@@ -14,7 +14,7 @@ from vaswani_hf.parsing.evalb import COLLINS
 from vaswani_hf.parsing.treebank import clean
 from vaswani_hf.parsing.trees import Tree, parse_tree, tree_texts
 
-from .helpers import vaswani
+from .helpers import trained_once, vaswani
 
 PARSE_RUN = ["--task", "parse", "--preset", "tiny", "--max_steps", "40", "--warmup_steps", "10", "--vocab_size", "200",
              "--per_device_train_batch_size", "16", "--disable_tqdm", "true", "--max_eval_samples", "6",
@@ -26,13 +26,11 @@ PUNCTUATION = set(COLLINS.delete_labels) - {"TOP", "-NONE-"}
 @pytest.fixture(scope="module")
 def parser(tmp_path_factory):
     """A barely trained parser of the built-in treebank (what it says does not matter: every tree must be one)."""
-    folder = tmp_path_factory.mktemp("parser") / "model"
-    result = vaswani("train", *PARSE_RUN, "--output_dir", str(folder))
-    assert result.returncode == 0, result.stderr[-3000:]
-    summary = json.loads(next(line for line in result.stdout.splitlines() if line.startswith('{"')))
+    folder, stdout = trained_once("parser", PARSE_RUN, tmp_path_factory)
+    summary = json.loads(next(line for line in stdout.splitlines() if line.startswith('{"')))
     assert summary["eval_split"] == "test" and summary["samples"] == 6
     assert {"evalb_f1", "evalb_recall", "evalb_tagging_accuracy", "evalb_f1_len40", "repaired"} <= set(summary)
-    assert "EVALB F1" in result.stdout
+    assert "EVALB F1" in stdout
     return folder
 
 

@@ -214,7 +214,7 @@ def export_command(argv: list[str]) -> int:
     from .translation.inference import load_for_inference
 
     parser = argparse.ArgumentParser(prog="vaswani export", description="Export a saved model to another engine.")
-    parser.add_argument("model_dir")
+    parser.add_argument("model_dir", help="a saved model folder, or an ONNX export to quantize (--quantize int8)")
     parser.add_argument("output_dir", nargs="?", help="where to write it (or --output_dir)")
     parser.add_argument("--output_dir", dest="output_dir_option", metavar="OUTPUT_DIR")
     parser.add_argument("--format", "--to", dest="format", choices=["ctranslate2", "onnx"], default="ctranslate2",
@@ -227,6 +227,16 @@ def export_command(argv: list[str]) -> int:
     output_dir = args.output_dir_option or args.output_dir
     if output_dir is None:
         parser.error("give the output folder: vaswani export MODEL OUTPUT_DIR (or --output_dir OUTPUT_DIR)")
+    from .interop.onnx import is_onnx_folder, quantize_onnx_folder
+
+    if is_onnx_folder(args.model_dir):  # an ONNX export: its graphs, quantized
+        if args.format != "onnx" or args.quantization != "int8":
+            parser.error(f"{args.model_dir} holds ONNX graphs: give it --format onnx --quantize int8 to quantize "
+                         "them; export the model folder itself for anything else")  # fmt: skip
+        output = quantize_onnx_folder(args.model_dir, output_dir)
+        print(f"ONNX graphs of {args.model_dir} quantized into {output} (int8); translate with `vaswani translate "
+              f"{output} --engine onnxruntime`")  # fmt: skip
+        return 0
     model, tokenizer = load_for_inference(args.model_dir, device="cpu")
     if args.format == "onnx":
         from .interop.onnx import export_onnx
