@@ -23,27 +23,33 @@ TRAINED_RUN = ["--preset", "tiny", "--max_steps", "250", "--warmup_steps", "50",
                "--eval_split", "none"]  # fmt: skip
 
 
-# The session fixtures' trainings, kept between test sessions on this machine: the README's fast tier trains them,
-# and .ci/run's second tier (both of its workers) and a developer's next run reuse them while nothing they depend on
-# changed. VASWANI_TEST_TRAININGS=0 trains afresh in every session; another value is the folder they are kept in.
-TRAININGS = Path(os.environ.get("VASWANI_TEST_TRAININGS") or Path(tempfile.gettempdir()) / "vaswani-hf-test-trainings")
+# The shared models the tests train (session and module fixtures), kept between test sessions on this machine: the
+# README's fast tier trains most, and .ci/run's second tier (both of its workers) and a developer's next run copy
+# them while nothing they depend on changed. VASWANI_TEST_TRAININGS=0 trains afresh in every session; another value
+# is the folder they are kept in.
+TRAININGS = Path(os.environ.get("VASWANI_TEST_TRAININGS") or
+                 Path(tempfile.gettempdir()) / f"vaswani-hf-test-trainings-{os.getuid()}").resolve()  # fmt: skip
 _PACKAGE = Path(__file__).resolve().parent.parent
-# what a training's output depends on besides the package's files and the arguments (the per-session caches that
-# conftest.py points into fresh temporary folders are left out: they hold measurements, not the model)
-_ENVIRONMENT_PREFIXES = ("VASWANI_", "ATEN_", "ONEDNN_", "MKL_", "OMP_", "KMP_", "TORCH", "CUDA_", "HF_", "PYTORCH_")
+# what a training's output depends on besides the package's files, the installed distributions and the arguments
+# (the per-session caches that conftest.py points into fresh temporary folders are left out: they hold
+# measurements, not the model)
+_ENVIRONMENT = ("VASWANI_", "ATEN_", "ONEDNN_", "DNNL_", "MKL_", "OMP_", "KMP_", "GOMP_", "TORCH", "PYTORCH_", "CUDA_",
+                "CUBLAS_", "NVIDIA_", "HF_", "TRANSFORMERS_", "TOKENIZERS_", "ACCELERATE_", "PYTHONHASHSEED",
+                "WORLD_SIZE", "LOCAL_WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_")  # fmt: skip
 _SESSION_PATHS = ("VASWANI_PRECISION_CACHE", "VASWANI_PREPARED_CACHE", "VASWANI_TEST_TRAININGS")
+_OUT = "<the model folder>"  # the training's output folder in its kept stdout: each session's own copy
+_KEPT_DAYS = 3
 
 
 def _training_key(args: list[str]) -> str:
     digest = hashlib.sha256(json.dumps(args).encode())
-    for name in ("torch", "transformers", "tokenizers", "accelerate", "datasets", "safetensors", "sacrebleu"):
-        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
-            digest.update(f"{name}={importlib.metadata.version(name)}".encode())
-    digest.update(f"{sys.version}|{platform.machine()}".encode())
+    distributions = sorted(f"{d.metadata['Name']}=={d.version}" for d in importlib.metadata.distributions())
+    digest.update("\n".join(distributions).encode())
+    digest.update(f"{sys.version}|{platform.machine()}|{platform.processor()}|{os.cpu_count()}".encode())
     with contextlib.suppress(OSError):  # the CPU's model and flags: a float sum's order follows its kernels
         cpu = {line for line in open("/proc/cpuinfo", "rb") if line.startswith((b"model name", b"flags"))}
         digest.update(b"".join(sorted(cpu)))
-    environment = sorted((k, v) for k, v in os.environ.items() if k.startswith(_ENVIRONMENT_PREFIXES))
+    environment = sorted((k, v) for k, v in os.environ.items() if k.startswith(_ENVIRONMENT))
     digest.update(json.dumps([(k, v) for k, v in environment if k not in _SESSION_PATHS]).encode())
     for path in sorted([*(_PACKAGE / "vaswani_hf").rglob("*"), _PACKAGE / "pyproject.toml"]):
         if path.is_file() and "__pycache__" not in path.parts:
@@ -56,35 +62,82 @@ def _contents(folder: Path) -> dict[str, str]:
             for path in sorted(folder.rglob("*")) if path.is_file()}  # fmt: skip
 
 
+@contextlib.contextmanager
+def _locked(kept: Path, blocking: bool = True, wait: float = 3600):
+    """`kept`'s lock (a file beside it), held by one session at a time; None when `blocking` is off and another
+    session holds it."""
+
+    def taken(lock) -> bool:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            return False
+
+    with open(f"{kept}.lock", "a") as lock:  # the lock files stay: removing one would let two sessions lock two
+        start = time.monotonic()
+        while not taken(lock):
+            if not blocking:
+                yield None
+                return
+            if time.monotonic() - start > wait:
+                raise TimeoutError(f"another test session held {kept}.lock for {wait:.0f} s: is it stuck?")
+            time.sleep(0.5)  # another session (an xdist worker) is training the same
+        yield lock
+
+
+def _kept_record(kept: Path) -> dict | None:
+    """The kept training's record, if it is whole and its files are as they were when it was kept."""
+    try:
+        record = json.loads((kept / "training.json").read_text())
+        return record if record["contents"] == _contents(kept / "model") else None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _train(args: list[str], out: Path) -> str:
+    result = vaswani("train", *args, "--output_dir", str(out))
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result.stdout
+
+
 def trained_once(name: str, args: list[str], tmp_path_factory) -> tuple[Path, str]:
-    """`vaswani train ARGS --output_dir FOLDER` -> (FOLDER, its stdout), where FOLDER is kept between sessions
-    (TRAININGS above) under a key of the arguments, the package's files, the library versions, the CPU and the
-    environment; a folder whose files changed since its training is trained again. Tests must not write into it
-    (they copy it first), as within one session."""
+    """`vaswani train ARGS --output_dir FOLDER` -> (FOLDER, its stdout): FOLDER is this session's own (tests may
+    write into it, as before), a copy of the same training kept by an earlier session (TRAININGS above) under a key
+    of the arguments, the package's files, the installed distributions, the Python, the CPU and the environment.
+    A kept training whose files changed since, or whose record is cut short, is trained again."""
+    out = tmp_path_factory.mktemp(name) / "model"
     if os.environ.get("VASWANI_TEST_TRAININGS") == "0":
-        out = tmp_path_factory.mktemp(name) / "model"
-        result = vaswani("train", *args, "--output_dir", str(out))
-        assert result.returncode == 0, result.stderr[-3000:]
-        return out, result.stdout
-    TRAININGS.mkdir(parents=True, exist_ok=True)
-    folder = TRAININGS / f"{name}-{_training_key(args)}"
-    with open(f"{folder}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # another xdist worker training the same waits, then reads it
-        record = folder / "training.json"
-        if record.is_file():
-            kept = json.loads(record.read_text())
-            if kept["contents"] == _contents(folder / "model"):
-                os.utime(record)
-                return folder / "model", kept["stdout"]
-        shutil.rmtree(folder, ignore_errors=True)
-        folder.mkdir()
-        result = vaswani("train", *args, "--output_dir", str(folder / "model"))
-        assert result.returncode == 0, result.stderr[-3000:]
-        record.write_text(json.dumps({"stdout": result.stdout, "contents": _contents(folder / "model")}))
-    for old in TRAININGS.glob("*/training.json"):  # trainings of code long changed
-        if time.time() - old.stat().st_mtime > 3 * 86400:
-            shutil.rmtree(old.parent, ignore_errors=True)
-    return folder / "model", result.stdout
+        return out, _train(args, out)
+    TRAININGS.mkdir(mode=0o700, parents=True, exist_ok=True)
+    kept = TRAININGS / f"{name}-{_training_key(args)}"
+    with _locked(kept):
+        record = _kept_record(kept)
+        if record is None:
+            stdout = _train(args, out)
+            shutil.rmtree(kept, ignore_errors=True)
+            shutil.copytree(out, kept / "model")
+            record = {"stdout": stdout.replace(str(out), _OUT), "contents": _contents(kept / "model")}
+            (kept / "training.part").write_text(json.dumps(record))
+            os.replace(kept / "training.part", kept / "training.json")  # whole, or not there
+        else:
+            shutil.copytree(kept / "model", out)
+            os.utime(kept / "training.json")
+    _forget_old_trainings()
+    return out, record["stdout"].replace(_OUT, str(out))
+
+
+def _forget_old_trainings() -> None:
+    """Trainings of code long changed (none used for _KEPT_DAYS days), each under its lock, passed over while a
+    session holds it."""
+    for kept in TRAININGS.iterdir():
+        if not kept.is_dir():
+            continue
+        with _locked(kept, blocking=False) as lock:
+            used = kept / "training.json" if (kept / "training.json").exists() else kept
+            with contextlib.suppress(OSError):
+                if lock is not None and time.time() - used.stat().st_mtime > _KEPT_DAYS * 86400:
+                    shutil.rmtree(kept)
 
 
 def forget_measured_ways(monkeypatch) -> None:

@@ -20,6 +20,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -229,7 +230,8 @@ def test_every_name_the_docs_take_from_the_package_is_there():
 
 
 def test_a_kept_training_is_reused_only_while_nothing_it_depends_on_changed(tmp_path, tmp_path_factory, monkeypatch):
-    """docs/tests.md: the session fixtures' trainings are kept between sessions (`trained_once`)."""
+    """docs/tests.md: the tests' shared trainings are kept between sessions (`trained_once`); each session gets its
+    own copy."""
     from . import helpers
 
     runs = []
@@ -239,28 +241,45 @@ def test_a_kept_training_is_reused_only_while_nothing_it_depends_on_changed(tmp_
         out.mkdir(parents=True)
         (out / "model.bin").write_text(f"run {len(runs)}")
         runs.append(args)
-        return subprocess.CompletedProcess(args, 0, stdout=f"trained {len(runs)}\n", stderr="")
+        return subprocess.CompletedProcess(args, 0, stdout=f"trained {len(runs)} into {out}\n", stderr="")
 
+    kept = tmp_path / "kept"
     monkeypatch.setattr(helpers, "vaswani", train)
-    monkeypatch.setattr(helpers, "TRAININGS", tmp_path / "kept")
+    monkeypatch.setattr(helpers, "TRAININGS", kept)
     monkeypatch.delenv("VASWANI_TEST_TRAININGS", raising=False)
-    first = helpers.trained_once("m", ["--max_steps", "4"], tmp_path_factory)
-    assert helpers.trained_once("m", ["--max_steps", "4"], tmp_path_factory) == first and len(runs) == 1
-    assert first[1] == "trained 1\n" and first[0].is_relative_to(tmp_path / "kept")
-    helpers.trained_once("m", ["--max_steps", "5"], tmp_path_factory)  # other arguments: another training
+    once = lambda *args: helpers.trained_once("m", list(args), tmp_path_factory)  # noqa: E731
+    first = once("--max_steps", "4")
+    assert first[1] == f"trained 1 into {first[0]}\n"
+    (first[0] / "model.bin").write_text("written into by a test")  # its own copy: the kept one stays
+    second = once("--max_steps", "4")
+    assert len(runs) == 1 and second[0] != first[0] and second[1] == f"trained 1 into {second[0]}\n"
+    assert (second[0] / "model.bin").read_text() == "run 0"
+    once("--max_steps", "5")  # other arguments: another training
     assert len(runs) == 2
-    monkeypatch.setenv("VASWANI_DETERMINISTIC_SOMETHING", "1")  # the environment is part of the key
-    helpers.trained_once("m", ["--max_steps", "4"], tmp_path_factory)
+    monkeypatch.setenv("DNNL_MAX_CPU_ISA", "AVX2")  # the environment is part of the key
+    once("--max_steps", "4")
     assert len(runs) == 3
-    monkeypatch.delenv("VASWANI_DETERMINISTIC_SOMETHING")
-    (first[0] / "model.bin").write_text("written into by a test")  # a changed folder is trained again
-    again = helpers.trained_once("m", ["--max_steps", "4"], tmp_path_factory)
-    assert len(runs) == 4 and again[0] == first[0] and (first[0] / "model.bin").read_text() == "run 3"
+    monkeypatch.delenv("DNNL_MAX_CPU_ISA")
+    [folder] = [f for f in kept.iterdir() if f.is_dir() and (f / "model" / "model.bin").read_text() == "run 0"]
+    (folder / "model" / "model.bin").write_text("changed")  # a kept folder changed since: trained again
+    assert (once("--max_steps", "4")[0] / "model.bin").read_text() == "run 3" and len(runs) == 4
+    (folder / "training.json").write_text('{"stdout": "tra')  # a record cut short: trained again
+    once("--max_steps", "4")
+    assert len(runs) == 5
     monkeypatch.setattr(helpers, "_PACKAGE", tmp_path / "package")  # so are the package's files
     (tmp_path / "package" / "vaswani_hf").mkdir(parents=True)
     (tmp_path / "package" / "vaswani_hf" / "x.py").write_text("x = 1\n")
-    helpers.trained_once("m", ["--max_steps", "4"], tmp_path_factory)
-    assert len(runs) == 5
+    once("--max_steps", "4")
+    assert len(runs) == 6
+    # a training unused for days is forgotten, but not while another session holds it
+    old = time.time() - 4 * 86400
+    os.utime(folder / "training.json", (old, old))
+    with helpers._locked(folder):
+        once("--max_steps", "4")
+        assert folder.is_dir()
+    once("--max_steps", "4")
+    assert not folder.exists() and len(runs) == 6
     monkeypatch.setenv("VASWANI_TEST_TRAININGS", "0")  # off: every session trains afresh, nothing kept
-    off = helpers.trained_once("m", ["--max_steps", "4"], tmp_path_factory)
-    assert len(runs) == 6 and not off[0].is_relative_to(tmp_path / "kept")
+    before = sorted(kept.iterdir())
+    off = once("--max_steps", "4")
+    assert len(runs) == 7 and not off[0].is_relative_to(kept) and sorted(kept.iterdir()) == before

@@ -1,6 +1,8 @@
 """ONNX export (issue 34): the graphs, run by onnxruntime inside our greedy and beam search, give PyTorch's
 sequences on a trained built-in model, a converted Marian and every architecture option; int8 keeps BLEU."""
 
+import shutil
+
 import pytest
 import torch
 from transformers import GenerationConfig
@@ -15,7 +17,7 @@ from .test_decoding_parity import padded_batch, random_pair
 
 pytest.importorskip("onnxruntime")
 pytest.importorskip("onnxscript")
-from vaswani_hf.interop.onnx import GRAPHS, OnnxSeq2Seq, export_onnx, quantize_onnx_folder  # noqa: E402
+from vaswani_hf.interop.onnx import GRAPHS, OnnxSeq2Seq, export_onnx, is_onnx_folder, quantize_onnx_folder  # noqa: E402
 
 SOURCES = [source for source, _ in builtin_splits()["test"][:64]]
 
@@ -190,7 +192,7 @@ def test_export_of_a_folder_that_is_not_a_model_names_it(tmp_path):
     assert result.returncode == 2 and "no config.json" in result.stderr and "Traceback" not in result.stderr
 
 
-def test_missing_graph_and_wrong_options_are_named(exported, tmp_path):
+def test_missing_graph_and_wrong_options_are_named(exported, tmp_path, monkeypatch):
     broken = tmp_path / "broken"
     broken.mkdir()
     for path in (exported / "onnx").iterdir():
@@ -218,10 +220,60 @@ def test_missing_graph_and_wrong_options_are_named(exported, tmp_path):
         quantize_onnx_folder(exported / "onnx", exported / "onnx")
     with pytest.raises(FileNotFoundError, match="lacks decoder_with_past_model.onnx"):
         quantize_onnx_folder(broken, tmp_path / "int8")
-    assert not (tmp_path / "int8").exists()
+    unrecorded = tmp_path / "unrecorded"  # an int8 export that lost its record: its graphs say what they hold
+    shutil.copytree(exported / "onnx-int8", unrecorded)
+    (unrecorded / "vaswani_export.json").unlink()
+    with pytest.raises(ValueError, match="holds int8 graphs already"):
+        quantize_onnx_folder(unrecorded, tmp_path / "int8")
+    # stopped halfway (an error, Ctrl-C): no half-quantized folder is left to be taken for an export
+    from vaswani_hf.interop import onnx as onnx_module
+
+    def stopped_after_the_encoder(folder):
+        (folder / GRAPHS[0]).write_bytes(b"quantized")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(onnx_module, "_quantize_graphs", stopped_after_the_encoder)
+    with pytest.raises(KeyboardInterrupt):
+        quantize_onnx_folder(exported / "onnx", tmp_path / "int8")
+    assert not (tmp_path / "int8").exists() and not list(tmp_path.glob(".int8.*"))
     runner = OnnxSeq2Seq(exported / "onnx")
     with pytest.raises(ValueError, match="greedy and beam search only: the beam_sample mode"):
         runner.generate(input_ids=torch.tensor([[5, 6, 2]]), do_sample=True)
+
+
+def test_quantizing_an_export_takes_one_float32_export_into_a_new_folder_and_names_anything_else(tmp_path):
+    """What `vaswani export ONNX_FOLDER --quantize int8` refuses before it quantizes anything (no graph is read)."""
+    export = tmp_path / "export"
+    export.mkdir()
+    for name in (*GRAPHS, "config.json"):
+        (export / name).write_text("{}")
+    record = export / "vaswani_export.json"
+    assert is_onnx_folder(export)
+    model = tmp_path / "model"  # a model folder that also holds graphs is a model folder
+    shutil.copytree(export, model)
+    (model / "model.safetensors").write_bytes(b"")
+    assert not is_onnx_folder(model)
+    refusals = [
+        ('{"format": "onnx", "weights": "float32"', "is not an export's record"),  # cut short
+        ("[1, 2]", "is not an ONNX export's record"),
+        ('{"source": "vaswani-hf", "quantization": "int8"}', "is not an ONNX export's record"),  # CTranslate2's
+        ('{"format": "onnx", "weights": "int8"}', "holds int8 graphs already"),
+    ]
+    for text, named in refusals:
+        record.write_text(text)
+        with pytest.raises(ValueError, match=named):
+            quantize_onnx_folder(export, tmp_path / "int8")
+    record.write_text('{"format": "onnx", "weights": "float32"}')
+    with pytest.raises(ValueError, match="is inside the export: give a folder outside it"):
+        quantize_onnx_folder(export, export / "int8")
+    (tmp_path / "taken").mkdir()
+    (tmp_path / "taken" / "tokenizer.json").write_text("{}")  # another model's
+    with pytest.raises(FileExistsError, match="already holds something: give a new or empty folder"):
+        quantize_onnx_folder(export, tmp_path / "taken")
+    (export / "config.json").unlink()
+    with pytest.raises(FileNotFoundError, match="no config.json"):
+        quantize_onnx_folder(export, tmp_path / "int8")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["export", "model", "taken"]
 
 
 @pytest.mark.parametrize("option_graphs", SINUSOIDS, indirect=True)

@@ -28,6 +28,7 @@ import contextlib
 import json
 import os
 import shutil
+import tempfile
 from pathlib import Path
 
 import torch
@@ -202,36 +203,79 @@ def _write_about(output_dir: Path, weights: str) -> None:
     (output_dir / "vaswani_export.json").write_text(json.dumps(about, indent=2))
 
 
+QUANTIZED_OPS = {"MatMulInteger", "DynamicQuantizeLinear", "ConvInteger", "QLinearMatMul"}
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
+
+
 def _exported_weights(folder: Path) -> str:
-    """The weights of an exported folder's graphs ("float32" or "int8"), once all three graphs are there."""
+    """The weights of an exported folder's graphs ("float32" or "int8"), once all three graphs are there: its
+    record says, or, without one, the encoder graph's operators (an export may have lost its record)."""
     missing = [name for name in GRAPHS if not (folder / name).is_file()]
     if missing:
         raise FileNotFoundError(f"{folder} lacks {', '.join(missing)}: export the model again with `vaswani export "
                                 "MODEL --format onnx`.")  # fmt: skip
     about = folder / "vaswani_export.json"
-    return json.loads(about.read_text()).get("weights", "float32") if about.is_file() else "float32"
+    if not about.is_file():
+        import onnx
+
+        graph = onnx.load(str(folder / GRAPHS[0]), load_external_data=False).graph
+        return "int8" if any(node.op_type in QUANTIZED_OPS for node in graph.node) else "float32"
+    try:
+        record = json.loads(about.read_text())
+    except (ValueError, UnicodeDecodeError) as err:
+        raise ValueError(f"{about} is not an export's record ({err}): export the model again.") from None
+    weights = record.get("weights") if isinstance(record, dict) and record.get("format") == "onnx" else None
+    if weights not in ("float32", "int8"):
+        raise ValueError(f"{about} is not an ONNX export's record (its format and weights): export the model again "
+                         "into a folder of its own.")  # fmt: skip
+    return weights
 
 
 def is_onnx_folder(folder: str | Path) -> bool:
-    """An exported ONNX folder rather than a model folder (one of the graphs is there: a missing one is named
-    when the folder is read)."""
-    return any((Path(folder) / name).is_file() for name in GRAPHS)
+    """An exported ONNX folder rather than a model folder: graphs without the model's weights (a model folder that
+    also holds graphs is a model folder)."""
+    folder = Path(folder)
+    return any((folder / name).is_file() for name in GRAPHS) and not any((folder / n).is_file() for n in WEIGHT_FILES)
 
 
 def quantize_onnx_folder(folder: str | Path, output_dir: str | Path) -> Path:
     """The float32 graphs of an exported folder quantized to int8 (as `export_onnx(..., quantize="int8")`) into
-    `output_dir`, with the folder's configs and tokenizer: tracing again took most of an export's time (35-45 s of
-    a tiny model's on 2 AMD EPYC cores), quantizing seconds (`vaswani export ONNX_FOLDER --format onnx --quantize
-    int8 --output_dir OUT`)."""
+    `output_dir`, new or empty, with the folder's configs and tokenizer (its files; not its subfolders): tracing
+    again took most of an export's time (35-45 s of a tiny model's on 2 AMD EPYC cores), quantizing seconds
+    (`vaswani export ONNX_FOLDER --format onnx --quantize int8 --output_dir OUT`). The graphs are quantized in a
+    folder beside `output_dir` and moved there whole: an interrupted run leaves no half-quantized export."""
+    try:
+        import onnxruntime.quantization  # noqa: F401
+    except ImportError as err:
+        raise ImportError(f"ONNX quantization needs the onnx extra ({err.name} is missing): pip install "
+                          "'vaswani-hf[onnx]'") from None  # fmt: skip
     folder, output_dir = Path(folder), Path(output_dir)
+    if not (folder / "config.json").is_file():
+        raise FileNotFoundError(f"{folder} is not an exported model (no config.json): export one with `vaswani "
+                                "export MODEL --format onnx --output_dir OUT`.")  # fmt: skip
     weights = _exported_weights(folder)
     if weights != "float32":
         raise ValueError(f"{folder} holds {weights} graphs already: quantize the float32 export.")
-    if output_dir.exists() and output_dir.resolve() == folder.resolve():
-        raise ValueError(f"{folder} would lose its float32 graphs: give another --output_dir for the int8 ones.")
-    shutil.copytree(folder, output_dir, dirs_exist_ok=True)
-    _quantize_graphs(output_dir)
-    _write_about(output_dir, "int8")
+    source, target = folder.resolve(), output_dir.resolve()
+    if target == source or source in target.parents:
+        raise ValueError(f"{output_dir} is {'the export itself' if target == source else 'inside the export'}: "
+                         "give a folder outside it for the int8 graphs.")  # fmt: skip
+    if output_dir.exists() and (not output_dir.is_dir() or any(output_dir.iterdir())):
+        raise FileExistsError(f"{output_dir} already holds something: give a new or empty folder for the int8 "
+                              "graphs.")  # fmt: skip
+    target.parent.mkdir(parents=True, exist_ok=True)
+    partial = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".partial", dir=target.parent))
+    try:
+        for path in folder.iterdir():
+            if path.is_file():
+                shutil.copyfile(path, partial / path.name)
+        _quantize_graphs(partial)
+        _write_about(partial, "int8")
+        if target.exists():
+            target.rmdir()  # empty, checked above
+        partial.rename(target)
+    finally:
+        shutil.rmtree(partial, ignore_errors=True)
     return output_dir
 
 
