@@ -25,6 +25,7 @@ PyTorch's sequences.
 from __future__ import annotations
 
 import contextlib
+import importlib
 import json
 import os
 import shutil
@@ -141,13 +142,7 @@ def export_onnx(
     model: VaswaniForConditionalGeneration, tokenizer, output_dir: str | Path, quantize: str | None = None
 ) -> Path:
     """Write the three graphs, the configs and the tokenizer to `output_dir` (see the module docstring)."""
-    try:
-        import onnxruntime  # noqa: F401
-        import onnxscript  # noqa: F401  (torch's exporter needs it)
-    except ImportError as err:
-        raise ImportError(
-            f"ONNX export needs the onnx extra ({err.name} is missing): pip install 'vaswani-hf[onnx]'"
-        ) from None
+    _require_onnx_extra("export", "onnxruntime", "onnxscript")  # onnxscript: torch's exporter needs it
     if quantize not in (None, "int8"):
         raise ValueError(f"--quantize {quantize}: onnxruntime's dynamic quantization gives int8 only.")
     check_exportable(model)
@@ -198,6 +193,16 @@ def export_onnx(
     return output_dir
 
 
+def _require_onnx_extra(what: str, *modules: str) -> None:
+    try:
+        for module in modules:
+            importlib.import_module(module)
+    except ImportError as err:
+        raise ImportError(
+            f"ONNX {what} needs the onnx extra ({err.name} is missing): pip install 'vaswani-hf[onnx]'"
+        ) from None
+
+
 def _write_about(output_dir: Path, weights: str) -> None:
     about = {"source": "vaswani-hf", "format": "onnx", "opset": OPSET, "weights": weights, "graphs": list(GRAPHS)}
     (output_dir / "vaswani_export.json").write_text(json.dumps(about, indent=2))
@@ -208,8 +213,11 @@ WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_mo
 
 
 def _exported_weights(folder: Path) -> str:
-    """The weights of an exported folder's graphs ("float32" or "int8"), once all three graphs are there: its
-    record says, or, without one, the encoder graph's operators (an export may have lost its record)."""
+    """The weights of an exported folder's graphs ("float32" or "int8"), once its config and all three graphs are
+    there: its record says, or, without one, the encoder graph's operators (an export may have lost its record)."""
+    if not (folder / "config.json").is_file():
+        raise FileNotFoundError(f"{folder} is not an exported model (no config.json); export one with `vaswani "
+                                "export MODEL --format onnx --output_dir OUT`.")  # fmt: skip
     missing = [name for name in GRAPHS if not (folder / name).is_file()]
     if missing:
         raise FileNotFoundError(f"{folder} lacks {', '.join(missing)}: export the model again with `vaswani export "
@@ -244,15 +252,8 @@ def quantize_onnx_folder(folder: str | Path, output_dir: str | Path) -> Path:
     again took most of an export's time (35-45 s of a tiny model's on 2 AMD EPYC cores), quantizing seconds
     (`vaswani export ONNX_FOLDER --format onnx --quantize int8 --output_dir OUT`). The graphs are quantized in a
     folder beside `output_dir` and moved there whole: an interrupted run leaves no half-quantized export."""
-    try:
-        import onnxruntime.quantization  # noqa: F401
-    except ImportError as err:
-        raise ImportError(f"ONNX quantization needs the onnx extra ({err.name} is missing): pip install "
-                          "'vaswani-hf[onnx]'") from None  # fmt: skip
+    _require_onnx_extra("quantization", "onnxruntime", "onnx")
     folder, output_dir = Path(folder), Path(output_dir)
-    if not (folder / "config.json").is_file():
-        raise FileNotFoundError(f"{folder} is not an exported model (no config.json): export one with `vaswani "
-                                "export MODEL --format onnx --output_dir OUT`.")  # fmt: skip
     weights = _exported_weights(folder)
     if weights != "float32":
         raise ValueError(f"{folder} holds {weights} graphs already: quantize the float32 export.")
@@ -349,9 +350,6 @@ class OnnxSeq2Seq(VaswaniGenerationMixin):
         if not folder.is_dir():
             raise FileNotFoundError(f"{folder}: no such folder; export one with `vaswani export MODEL --format onnx "
                                     "--output_dir OUT`.")  # fmt: skip
-        if not (folder / "config.json").is_file():
-            raise FileNotFoundError(f"{folder} is not an exported model (no config.json); export one with "
-                                    "`vaswani export MODEL --format onnx --output_dir OUT`.")  # fmt: skip
         self.weights = _exported_weights(folder)
         self.config = VaswaniConfig.from_pretrained(folder)
         self.generation_config = GenerationConfig.from_pretrained(folder)
