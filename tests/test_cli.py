@@ -56,7 +56,7 @@ def test_translate_from_stdin_keeps_line_count_and_order(trained):
 # every start of the command (docs/engines-performance.md, "Start-up").
 TRANSLATE_IMPORTS = ("vaswani_hf", "vaswani_hf.openmp", "vaswani_hf.cli", "vaswani_hf.cli_decoding", "vaswani_hf.data",
                      "vaswani_hf.data.encodings", "vaswani_hf.translation", "vaswani_hf.translation.inference",
-                     "vaswani_hf.translation.source_lines")  # fmt: skip
+                     "vaswani_hf.translation.source_lines", "vaswani_hf.translation.batch_workers")  # fmt: skip
 NOT_FOR_TRANSLATE = ("datasets", "sacrebleu", "evaluate", "peft", "pyarrow", "matplotlib", "nltk", "onnxruntime",
                      "ctranslate2", "fastapi", "starlette", "uvicorn", "transformers.trainer", "transformers.pipelines",
                      "transformers.hf_argparser")  # fmt: skip

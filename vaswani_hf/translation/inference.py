@@ -21,6 +21,7 @@ from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, PreTrainedTokeniz
 from ..model.configuration_vaswani import VaswaniConfig
 from ..model.modeling_vaswani import VaswaniForConditionalGeneration
 from ..model.precision import Precision, resolve_precision
+from .batch_workers import decoding_workers, in_order
 from .source_lines import SCORE_LONG_LINES, LineReport, long_pairs, pieces_of, rejoined, source_limit
 
 logger = logging.getLogger("vaswani")
@@ -106,6 +107,12 @@ def load_for_inference(model_dir: str | Path, device: str | None = None, precisi
 
 
 def _batches(lengths: list[int], batch_size: int, progress: bool, desc: str, max_tokens: int | None = None):
+    """`_batch_indices`, under a progress bar."""
+    batches = _batch_indices(lengths, batch_size, max_tokens)
+    yield from tqdm(batches, desc=desc, disable=not progress, unit="batch")
+
+
+def _batch_indices(lengths: list[int], batch_size: int, max_tokens: int | None = None) -> list[list[int]]:
     """Indices of the inputs in batches, longest first (less padding): at most `batch_size` inputs and, with
     `max_tokens`, at most that many padded tokens (inputs x the longest; a longer input goes alone). Callers put
     the results back in order."""
@@ -117,7 +124,7 @@ def _batches(lengths: list[int], batch_size: int, progress: bool, desc: str, max
             size = max(1, min(size, max_tokens // max(lengths[order[start]], 1)))
         batches.append(order[start : start + size])
         start += size
-    yield from tqdm(batches, desc=desc, disable=not progress, unit="batch")
+    return batches
 
 
 def translate_nbest(
@@ -208,7 +215,9 @@ def _translate_texts(
     phrases = lexical_ids(tokenizer, constraints, "constraint", len(sentences)) if constraints is not None else None
     starts = lexical_ids(tokenizer, prefixes, "prefix", len(sentences)) if prefixes is not None else None
     starting = word_start_ids(tokenizer) if constraints is not None else None
-    for index in _batches([len(ids) for ids in encoded], batch_size, progress, "translating", max_tokens):
+
+    def prepared(index: list[int]) -> tuple[list[int], dict]:
+        """A batch's generate() arguments (on the calling thread: the tokenizer is not shared with the workers)."""
         batch = tokenizer.pad({"input_ids": [encoded[i] for i in index]}, return_tensors="pt")
         lexical = {}
         if phrases is not None:
@@ -220,11 +229,19 @@ def _translate_texts(
             lexical["vocabulary_shortlist"] = shortlist.allowed(batch["input_ids"])
         if batch_processors is not None:
             lexical["logits_processor"] = batch_processors(batch["input_ids"])
+        return index, {**batch.to(model.device), **lexical}
+
+    def searched(job: tuple[list[int], dict]):
+        index, arguments = job
         with torch.no_grad():
             # the hypotheses' scores only: Transformers' `output_scores` would also keep every step's scores
-            generated = model.generate(**batch.to(model.device), num_return_sequences=nbest,
-                                       output_sequence_scores=beam, return_dict_in_generate=True, output_cache=False,
-                                       return_alignments=alignments, **lexical, **generate_kwargs)  # fmt: skip
+            return index, model.generate(**arguments, num_return_sequences=nbest, output_sequence_scores=beam,
+                                         return_dict_in_generate=True, output_cache=False,
+                                         return_alignments=alignments, **generate_kwargs)  # fmt: skip
+
+    batches = _batch_indices([len(ids) for ids in encoded], batch_size, max_tokens)
+    searches = in_order(searched, map(prepared, batches), decoding_workers(model, len(batches)))
+    for index, generated in tqdm(searches, desc="translating", disable=not progress, unit="batch", total=len(batches)):
         texts = tokenizer.batch_decode(generated.sequences, skip_special_tokens=True)
         scores = generated.sequences_scores.tolist() if beam else [None] * len(texts)
         for row, (text, value) in enumerate(zip(texts, scores, strict=True)):

@@ -109,6 +109,24 @@ class _ThreadCount:
             self.mkl_set_local(mkl_local)
 
 
+def thread_counts_settable() -> bool:
+    """Whether a thread's own count can be set here (`run_this_thread_on`): the setters found, and read by torch."""
+    return _ThreadCount.of_torch() is not None
+
+
+def run_this_thread_on(threads: int) -> bool:
+    """From now on, the calling thread's operators run on `threads` threads (OpenMP's and MKL's counts of this thread
+    alone: a decoding worker's, `translation/batch_workers.py`); False, and nothing set, where the setters are not
+    found. torch sets a thread's count from the process's at the thread's first parallel operator, so that is
+    done first (`torch.get_num_threads()` runs it), and this count then holds."""
+    count = _ThreadCount.of_torch()
+    if count is None:
+        return False
+    torch.get_num_threads()  # torch's own first-use setting of this thread's count, before ours
+    count.set(threads)
+    return torch.get_num_threads() == threads
+
+
 def by_rows(product: Callable[..., T], rows_of: Callable[..., int]) -> Callable[..., T]:
     """`product`, run on one thread where its rows (`rows_of` its arguments) are few, on the caller's threads
     otherwise."""

@@ -1,0 +1,177 @@
+"""Batches decoded side by side (`translation/batch_workers.py`): the results in the batches' order whatever order
+the workers finish in, an error raised where its batch's result comes and the batches not started dropped, a
+bounded read-ahead, one thread per worker (another thread's count untouched), the rule and its switch; the
+searches' tokens and scores the same with and without workers over the search space (Hypothesis), and
+`translate_nbest`'s translations the same."""
+
+from __future__ import annotations
+
+import itertools
+import random
+import threading
+import time
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from vaswani_hf.model.speed import step_threads
+from vaswani_hf.translation import batch_workers
+from vaswani_hf.translation.batch_workers import AHEAD_PER_WORKER, MAX_WORKERS, decoding_workers, in_order
+
+from .test_search_properties import decode, same_hypotheses, searches
+
+needs_setters = pytest.mark.skipif(
+    not step_threads.thread_counts_settable(), reason="this torch build's thread-local setters are not found"
+)
+
+
+@pytest.fixture
+def two_threads():
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(before)
+
+
+def test_results_come_in_the_jobs_order_whatever_order_the_workers_finish_in():
+    delays = [random.Random(seed).uniform(0, 0.02) for seed in range(12)]
+
+    def work(job):
+        time.sleep(delays[job])
+        return job * 10, threading.current_thread().name
+
+    results = list(in_order(work, range(12), workers=3))
+    assert [value for value, _ in results] == [job * 10 for job in range(12)]
+    assert {name.startswith("vaswani-decoding") for _, name in results} == {True}
+    # one worker: the calling thread, as before
+    assert {name for _, name in in_order(work, range(3), workers=1)} == {threading.current_thread().name}
+
+
+def test_an_error_comes_where_its_result_would_and_the_jobs_not_started_are_dropped():
+    started: list[int] = []
+    lock = threading.Lock()
+
+    def work(job):
+        with lock:
+            started.append(job)
+        if job == 3:
+            raise ValueError("batch 3 failed")
+        time.sleep(0.01)
+        return job
+
+    seen = []
+    with pytest.raises(ValueError, match="batch 3 failed"):
+        for value in in_order(work, range(1000), workers=2):
+            seen.append(value)
+    assert seen == [0, 1, 2]
+    # the read-ahead bounds what had been submitted when the error came back; nothing ran after it
+    assert max(started) < 3 + AHEAD_PER_WORKER * 2 + 1, started
+    assert threading.active_count() == 1 or not any(
+        thread.name.startswith("vaswani-decoding") for thread in threading.enumerate()
+    )
+
+
+def test_jobs_are_read_ahead_only_a_few_per_worker():
+    taken = itertools.count()
+    consumed = 0
+
+    def jobs():
+        for job in range(100):
+            next(taken)
+            yield job
+
+    results = in_order(lambda job: job, jobs(), workers=2)
+    for value in results:
+        consumed += 1
+        if value == 10:
+            break
+    results.close()  # the caller stops reading: the pool ends, the rest is never read
+    read = next(taken)
+    assert read <= consumed + AHEAD_PER_WORKER * 2 + 1, (read, consumed)
+
+
+@needs_setters
+def test_each_worker_runs_on_its_share_of_the_threads_and_the_callers_keep_theirs(two_threads):
+    def work(job):
+        torch.ones(4096, 256).sum()  # torch's first parallel operator in this thread: its count must hold after it
+        return torch.get_num_threads()
+
+    assert set(in_order(work, range(6), workers=2)) == {1}
+    assert torch.get_num_threads() == 2
+
+
+def test_the_rule_and_its_switch(two_threads, monkeypatch):
+    model = torch.nn.Linear(2, 2)  # a PyTorch module on CPU; `device` as Transformers' models give it
+    model.device = torch.device("cpu")
+    monkeypatch.delenv("VASWANI_DECODING_WORKERS", raising=False)
+    settable = step_threads.thread_counts_settable()
+    assert decoding_workers(model, 1) == 1  # one batch: nothing to share
+    assert decoding_workers(model, 5) == (min(2, MAX_WORKERS) if settable else 1)
+    assert decoding_workers(object(), 5) == 1  # an ONNX runner or an ensemble keeps its threads
+    model.device = torch.device("meta")
+    assert decoding_workers(model, 5) == 1  # not a CPU model
+    model.device = torch.device("cpu")
+    for value, workers in (("1", 1), ("0", 1), ("off", 1), (" 3 ", 3), ("", 2)):
+        monkeypatch.setenv("VASWANI_DECODING_WORKERS", value)
+        assert decoding_workers(model, 5) == (workers if settable else 1), value
+    monkeypatch.setenv("VASWANI_DECODING_WORKERS", "8")
+    assert decoding_workers(model, 3) == (3 if settable else 1)  # never more workers than batches
+    torch.set_num_threads(1)
+    monkeypatch.delenv("VASWANI_DECODING_WORKERS")
+    assert decoding_workers(model, 5) == 1  # one thread: one batch at a time
+
+
+@pytest.mark.parametrize("value", ["two", "-1", "2.5", "\uff12"])
+def test_a_bad_switch_value_is_named(value, monkeypatch):
+    monkeypatch.setenv("VASWANI_DECODING_WORKERS", value)
+    with pytest.raises(ValueError, match="VASWANI_DECODING_WORKERS"):
+        batch_workers.asked_workers()
+
+
+@given(case=searches(), workers=st.integers(2, 3), cuts=st.lists(st.integers(1, 3), min_size=1, max_size=4))
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_searches_give_the_same_tokens_and_scores_with_and_without_workers(case, workers, cuts, monkeypatch):
+    model, sources, kwargs, switches = case
+    batches, start = [], 0
+    for size in itertools.cycle(cuts):  # the drawn sources cut into batches of the drawn sizes
+        if start >= len(sources):
+            break
+        batches.append(sources[start : start + size])
+        start += size
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        alone = [hyp for batch in batches for hyp in decode(model, batch, kwargs, switches, monkeypatch)]
+        # every worker's environment as the caller's: `decode` sets the candidate columns' switch before each call
+        side_by_side = in_order(lambda batch: decode(model, batch, kwargs, switches, monkeypatch), batches, workers)
+        same_hypotheses([hyp for hyps in side_by_side for hyp in hyps], alone)
+    finally:
+        torch.set_num_threads(before)
+
+
+@needs_setters
+def test_translations_are_the_same_with_and_without_workers_and_run_on_them(translator, two_threads, monkeypatch):
+    from vaswani_hf.translation.inference import load_for_inference, translate_nbest
+
+    model, tokenizer = load_for_inference(translator, precision="fp32")
+    lines = ["twenty-one", "three hundred and five", "seven", "ninety-nine", "one thousand and one", "forty-two",
+             "", "six hundred and sixty-six", "eleven"]  # fmt: skip
+    monkeypatch.setenv("VASWANI_DECODING_WORKERS", "1")
+    alone = translate_nbest(model, tokenizer, lines, nbest=2, batch_size=2, progress=False)
+    seen: list[tuple[str, int]] = []
+    generate = model.generate
+
+    def spied(*args, **kwargs):
+        seen.append((threading.current_thread().name, torch.get_num_threads()))
+        return generate(*args, **kwargs)
+
+    monkeypatch.setattr(model, "generate", spied)
+    monkeypatch.delenv("VASWANI_DECODING_WORKERS")
+    side_by_side = translate_nbest(model, tokenizer, lines, nbest=2, batch_size=2, progress=False)
+    assert [[text for text, _ in line] for line in side_by_side] == [[text for text, _ in line] for line in alone]
+    for line, want in zip(side_by_side, alone, strict=True):
+        for (_, score), (_, want_score) in zip(line, want, strict=True):  # an empty line's candidate has none
+            assert score == (want_score if want_score is None else pytest.approx(want_score, rel=1e-5, abs=1e-4))
+    assert len(seen) == 4 and all(name.startswith("vaswani-decoding") and threads == 1 for name, threads in seen), seen

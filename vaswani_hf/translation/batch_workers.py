@@ -1,0 +1,102 @@
+# Copyright 2026 The vaswani-hf authors. Licensed under the Apache License, Version 2.0.
+"""Independent batches decoded side by side on CPU, each on one thread: CTranslate2's `inter_threads`, for
+`vaswani translate`, `vaswani evaluate` and every caller of `translate_nbest` with more than one batch.
+
+Why: a decoding step of a CPU-sized model is dozens of operators of microseconds each. Spread over the process's
+threads, each operator is a parallel region whose other threads must be woken (OpenMP's passive wait, which the
+package sets so that a process beside a busy neighbour keeps its share, docs/engines-performance.md) and waited
+for; between the operators, the search's Python runs on one core while the other idles. Two batches decoded at
+once, each on one thread, have no parallel region at all, and one search's Python runs while the other's operators
+compute (torch releases the GIL inside its kernels). Measured on 2 cores of an AMD EPYC (Zen 4), the `small`
+preset trained on Multi30k, the first 1,000 lines of test2016 in batches of 32, in one process: greedy 171 -> 294
+sentences/s, beam 4 81 -> 132; batches of one sentence (200 lines), greedy 29 -> 53, beam 4 12.7 -> 20.9
+(docs/engines-performance.md). Beside a busy neighbour no thread of ours waits for another.
+
+What it does not change: each batch is the same search, on the same model, in the same batch; the outputs come
+back in the batches' order. A batch's products then run on one thread instead of all, which may split a product's
+sums another way: the same tokens, scores up to rounding, as the one-thread steps (`model/speed/step_threads.py`);
+tests/test_batch_workers.py holds the searches to it over their space (Hypothesis). The fast products
+(`model/speed/fast_products.py`) time their ways on the workers' own steps (a way is kept per thread count), and a
+search that starts while another runs keeps the ways bound for it.
+
+The rule (`decoding_workers`): where the model is a PyTorch model on CPU, the input has two batches or more and the
+thread-count setters are found, as many workers as the process has threads, at most `MAX_WORKERS`, each on its
+share of the threads; else one batch at a time on every thread, as before. `MAX_WORKERS` bounds how many searches
+share one interpreter lock: measured on 2 cores only, chosen, not measured, above. Switch:
+`VASWANI_DECODING_WORKERS=1` (or 0, off) decodes one batch at a time; a number sets the workers (each then on
+threads / workers threads, at least one).
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import TypeVar
+
+import torch
+
+from ..model.speed.step_threads import run_this_thread_on, thread_counts_settable
+
+J = TypeVar("J")
+R = TypeVar("R")
+
+MAX_WORKERS = 4
+# jobs prepared ahead of the one whose result is awaited, per worker: enough that no worker waits for the next batch,
+# few enough that memory holds a few batches whatever the input's length
+AHEAD_PER_WORKER = 2
+
+
+def asked_workers() -> int | None:
+    """`VASWANI_DECODING_WORKERS`: None where unset or empty, else the number of workers it asks for (0 means 1)."""
+    value = os.environ.get("VASWANI_DECODING_WORKERS", "").strip()
+    if not value:
+        return None
+    if value.lower() in ("off", "false", "no"):
+        return 1
+    if not (value.isascii() and value.isdigit()):
+        raise ValueError(
+            f"VASWANI_DECODING_WORKERS={value!r} is not a number of workers: set it to how many batches are decoded "
+            "at once (1 or 0: one at a time, on every thread) or leave it unset for the package's rule"
+        )
+    return max(int(value), 1)
+
+
+def decoding_workers(model, batches: int) -> int:
+    """How many batches of `model`'s decoding run at once (see the module's docstring): 1 where workers cannot
+    help or cannot be given their threads."""
+    asked = asked_workers()
+    if asked == 1 or batches < 2:
+        return 1
+    device = getattr(model, "device", None)
+    if not isinstance(model, torch.nn.Module) or device is None or torch.device(device).type != "cpu":
+        return 1  # a GPU decodes one batch at a time; an ensemble or an ONNX runner keeps its own threads
+    threads = torch.get_num_threads()
+    workers = asked if asked is not None else min(threads, MAX_WORKERS)
+    if workers < 2 or not thread_counts_settable():  # else two workers would each run on every thread
+        return 1
+    return min(workers, batches)
+
+
+def in_order(work: Callable[[J], R], jobs: Iterable[J], workers: int) -> Iterator[R]:
+    """`map(work, jobs)`, with `workers` jobs running at once on threads of their own, each on its share of the
+    process's threads; the results in the jobs' order. At most `AHEAD_PER_WORKER` jobs per worker are taken from
+    `jobs` ahead of the result awaited. An error of a job is raised where its result comes, after the jobs before
+    it; the jobs not yet started are then dropped (as they are when the caller stops reading)."""
+    if workers <= 1:
+        yield from map(work, jobs)
+        return
+    threads = max(torch.get_num_threads() // workers, 1)
+    pool = ThreadPoolExecutor(workers, thread_name_prefix="vaswani-decoding", initializer=run_this_thread_on,
+                              initargs=(threads,))  # fmt: skip
+    pending: collections.deque[Future] = collections.deque()
+    try:
+        for job in jobs:
+            pending.append(pool.submit(work, job))
+            if len(pending) >= AHEAD_PER_WORKER * workers:
+                yield pending.popleft().result()
+        while pending:
+            yield pending.popleft().result()
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
