@@ -18,7 +18,13 @@ from hypothesis import strategies as st
 
 from vaswani_hf.model.speed import step_threads
 from vaswani_hf.translation import batch_workers
-from vaswani_hf.translation.batch_workers import AHEAD_PER_WORKER, MAX_WORKERS, decoding_workers, in_order
+from vaswani_hf.translation.batch_workers import (
+    AHEAD_PER_WORKER,
+    MAX_WORKERS,
+    decoding_workers,
+    in_order,
+    share_of_a_batch,
+)
 
 from .test_search_properties import decode, same_hypotheses, searches
 
@@ -152,14 +158,8 @@ def test_searches_give_the_same_tokens_and_scores_with_and_without_workers(case,
 
 
 @needs_setters
-def test_translations_are_the_same_with_and_without_workers_and_run_on_them(translator, two_threads, monkeypatch):
-    from vaswani_hf.translation.inference import load_for_inference, translate_nbest
-
-    model, tokenizer = load_for_inference(translator, precision="fp32")
-    lines = ["twenty-one", "three hundred and five", "seven", "ninety-nine", "one thousand and one", "forty-two",
-             "", "six hundred and sixty-six", "eleven"]  # fmt: skip
-    monkeypatch.setenv("VASWANI_DECODING_WORKERS", "1")
-    alone = translate_nbest(model, tokenizer, lines, nbest=2, batch_size=2, progress=False)
+def spy_on_searches(model, monkeypatch) -> list[tuple[str, int]]:
+    """Each generate() call's thread name and thread count, from now on."""
     seen: list[tuple[str, int]] = []
     generate = model.generate
 
@@ -168,6 +168,21 @@ def test_translations_are_the_same_with_and_without_workers_and_run_on_them(tran
         return generate(*args, **kwargs)
 
     monkeypatch.setattr(model, "generate", spied)
+    return seen
+
+
+LINES = ["twenty-one", "three hundred and five", "seven", "ninety-nine", "one thousand and one", "forty-two", "",
+         "six hundred and sixty-six", "eleven"]  # fmt: skip
+
+
+def test_translations_are_the_same_with_and_without_workers_and_run_on_them(translator, two_threads, monkeypatch):
+    from vaswani_hf.translation.inference import load_for_inference, translate_nbest
+
+    model, tokenizer = load_for_inference(translator, precision="fp32")
+    lines = LINES
+    monkeypatch.setenv("VASWANI_DECODING_WORKERS", "1")
+    alone = translate_nbest(model, tokenizer, lines, nbest=2, batch_size=2, progress=False)
+    seen = spy_on_searches(model, monkeypatch)
     monkeypatch.delenv("VASWANI_DECODING_WORKERS")
     side_by_side = translate_nbest(model, tokenizer, lines, nbest=2, batch_size=2, progress=False)
     assert [[text for text, _ in line] for line in side_by_side] == [[text for text, _ in line] for line in alone]
@@ -175,3 +190,19 @@ def test_translations_are_the_same_with_and_without_workers_and_run_on_them(tran
         for (_, score), (_, want_score) in zip(line, want, strict=True):  # an empty line's candidate has none
             assert score == (want_score if want_score is None else pytest.approx(want_score, rel=1e-5, abs=1e-4))
     assert len(seen) == 4 and all(name.startswith("vaswani-decoding") and threads == 1 for name, threads in seen), seen
+
+
+@needs_setters
+def test_a_server_batch_is_decoded_in_a_share_per_worker(service, two_threads, monkeypatch):
+    lines = [line for line in LINES if line]
+    monkeypatch.setenv("VASWANI_DECODING_WORKERS", "1")
+    alone = service.translate_batch(lines, {})
+    seen = spy_on_searches(service.model, monkeypatch)
+    monkeypatch.delenv("VASWANI_DECODING_WORKERS")
+    assert share_of_a_batch(service.model, len(lines)) == 4 and share_of_a_batch(service.model, 1) == 1
+    shared = service.translate_batch(lines, {})
+    assert [t.nbest[0][0] for t in shared] == [t.nbest[0][0] for t in alone]
+    assert len(seen) == 2 and all(name.startswith("vaswani-decoding") and threads == 1 for name, threads in seen), seen
+    seen.clear()
+    service.translate_batch(lines[:1], {})  # one line: on the batcher's thread, every thread
+    assert seen == [(threading.current_thread().name, 2)]

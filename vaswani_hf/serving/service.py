@@ -18,6 +18,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from ..interop.convert.fairseq import fairseq_length
 from ..model.alignment_vaswani import forced_attentions
+from ..translation.batch_workers import share_of_a_batch
 from ..translation.inference import translate_nbest
 from ..translation.source_lines import source_limit
 from .batching import BatchStats, DynamicBatcher, Line
@@ -178,8 +179,10 @@ class Service:
         nbest, attention = options.pop("nbest", 1), options.pop("attention", False)
         decoding = {**self.settings.decoding, **{DECODING_OPTIONS[k]: v for k, v in options.items()}}
         decoding = fairseq_length(getattr(self.model, "config", None), decoding)  # `--decoding fairseq`'s cap
-        results = translate_nbest(self.model, self.tokenizer, texts, nbest=nbest, batch_size=len(texts),
-                                  progress=False, long_lines=self.settings.long_lines, **decoding)  # fmt: skip
+        # the batch's lines in a share per decoding worker, side by side (translation/batch_workers.py)
+        results = translate_nbest(self.model, self.tokenizer, texts, nbest=nbest,
+                                  batch_size=share_of_a_batch(self.model, len(texts)), progress=False,
+                                  long_lines=self.settings.long_lines, **decoding)  # fmt: skip
         translations = [Translation([(text, score) for text, score, *_ in result],
                                     len(self.tokenizer(result[0][0])["input_ids"]) if result[0][0] else 0)
                         for result in results]  # fmt: skip

@@ -30,6 +30,7 @@ threads / workers threads, at least one).
 from __future__ import annotations
 
 import collections
+import math
 import os
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -77,6 +78,13 @@ def decoding_workers(model, batches: int) -> int:
     if workers < 2 or not thread_counts_settable():  # else two workers would each run on every thread
         return 1
     return min(workers, batches)
+
+
+def share_of_a_batch(model, lines: int) -> int:
+    """The batch size that splits one batch of `lines` lines into a share per worker, decoded side by side:
+    `vaswani serve`'s batches, formed of the lines waiting. Measured as above: 1,000 lines in batches of 32 on
+    every thread 171 sentences/s, in batches of 16 two at a time 237; batches of 8 89.5, of 4 two at a time 112."""
+    return math.ceil(lines / decoding_workers(model, lines)) if lines > 1 else lines
 
 
 def in_order(work: Callable[[J], R], jobs: Iterable[J], workers: int) -> Iterator[R]:
