@@ -7,9 +7,14 @@ searches' tokens and scores the same with and without workers over the search sp
 from __future__ import annotations
 
 import itertools
+import os
 import random
+import signal
+import subprocess
+import sys
 import threading
 import time
+import types
 
 import pytest
 import torch
@@ -74,9 +79,10 @@ def test_an_error_comes_where_its_result_would_and_the_jobs_not_started_are_drop
     assert seen == [0, 1, 2]
     # the read-ahead bounds what had been submitted when the error came back; nothing ran after it
     assert max(started) < 3 + AHEAD_PER_WORKER * 2 + 1, started
-    assert threading.active_count() == 1 or not any(
-        thread.name.startswith("vaswani-decoding") for thread in threading.enumerate()
-    )
+    for thread in threading.enumerate():  # the workers end on their own once their running batch is done
+        if thread.name.startswith("vaswani-decoding"):
+            thread.join(5)
+            assert not thread.is_alive()
 
 
 def test_jobs_are_read_ahead_only_a_few_per_worker():
@@ -109,8 +115,8 @@ def test_each_worker_runs_on_its_share_of_the_threads_and_the_callers_keep_their
 
 
 def test_the_rule_and_its_switch(two_threads, monkeypatch):
-    model = torch.nn.Linear(2, 2)  # a PyTorch module on CPU; `device` as Transformers' models give it
-    model.device = torch.device("cpu")
+    model = torch.nn.Linear(2, 2)  # a PyTorch module on CPU, `device` and `config` as Transformers' models give them
+    model.device, model.config = torch.device("cpu"), types.SimpleNamespace(d_model=batch_workers.MIN_D_MODEL)
     monkeypatch.delenv("VASWANI_DECODING_WORKERS", raising=False)
     settable = step_threads.thread_counts_settable()
     assert decoding_workers(model, 1) == 1  # one batch: nothing to share
@@ -124,8 +130,12 @@ def test_the_rule_and_its_switch(two_threads, monkeypatch):
         assert decoding_workers(model, 5) == (workers if settable else 1), value
     monkeypatch.setenv("VASWANI_DECODING_WORKERS", "8")
     assert decoding_workers(model, 3) == (3 if settable else 1)  # never more workers than batches
-    torch.set_num_threads(1)
+    model.config.d_model = batch_workers.MIN_D_MODEL - 1  # narrower: workers only where asked for
+    assert decoding_workers(model, 3) == (3 if settable else 1)
     monkeypatch.delenv("VASWANI_DECODING_WORKERS")
+    assert decoding_workers(model, 5) == 1
+    model.config.d_model = batch_workers.MIN_D_MODEL
+    torch.set_num_threads(1)
     assert decoding_workers(model, 5) == 1  # one thread: one batch at a time
 
 
@@ -171,6 +181,16 @@ def spy_on_searches(model, monkeypatch) -> list[tuple[str, int]]:
     return seen
 
 
+def same_translations(got: list[list[tuple]], want: list[list[tuple]]) -> None:
+    """The same candidates (texts, alignments) with the same scores up to rounding (None for an empty line's)."""
+    assert [[(text, *rest) for text, _, *rest in line] for line in got] == [
+        [(text, *rest) for text, _, *rest in line] for line in want
+    ]
+    for line, want_line in zip(got, want, strict=True):
+        for (_, score, *_), (_, want_score, *_) in zip(line, want_line, strict=True):
+            assert score == (want_score if want_score is None else pytest.approx(want_score, rel=1e-5, abs=1e-4))
+
+
 LINES = ["twenty-one", "three hundred and five", "seven", "ninety-nine", "one thousand and one", "forty-two", "",
          "six hundred and sixty-six", "eleven"]  # fmt: skip
 
@@ -183,12 +203,9 @@ def test_translations_are_the_same_with_and_without_workers_and_run_on_them(tran
     monkeypatch.setenv("VASWANI_DECODING_WORKERS", "1")
     alone = translate_nbest(model, tokenizer, lines, nbest=2, batch_size=2, progress=False)
     seen = spy_on_searches(model, monkeypatch)
-    monkeypatch.delenv("VASWANI_DECODING_WORKERS")
+    monkeypatch.setenv("VASWANI_DECODING_WORKERS", "2")  # the tiny model is under the width workers start at
     side_by_side = translate_nbest(model, tokenizer, lines, nbest=2, batch_size=2, progress=False)
-    assert [[text for text, _ in line] for line in side_by_side] == [[text for text, _ in line] for line in alone]
-    for line, want in zip(side_by_side, alone, strict=True):
-        for (_, score), (_, want_score) in zip(line, want, strict=True):  # an empty line's candidate has none
-            assert score == (want_score if want_score is None else pytest.approx(want_score, rel=1e-5, abs=1e-4))
+    same_translations(side_by_side, alone)
     assert len(seen) == 4 and all(name.startswith("vaswani-decoding") and threads == 1 for name, threads in seen), seen
 
 
@@ -198,7 +215,7 @@ def test_a_server_batch_is_decoded_in_a_share_per_worker(service, two_threads, m
     monkeypatch.setenv("VASWANI_DECODING_WORKERS", "1")
     alone = service.translate_batch(lines, {})
     seen = spy_on_searches(service.model, monkeypatch)
-    monkeypatch.delenv("VASWANI_DECODING_WORKERS")
+    monkeypatch.setenv("VASWANI_DECODING_WORKERS", "2")  # the tiny model is under the width workers start at
     assert share_of_a_batch(service.model, len(lines)) == 4 and share_of_a_batch(service.model, 1) == 1
     shared = service.translate_batch(lines, {})
     assert [t.nbest[0][0] for t in shared] == [t.nbest[0][0] for t in alone]
@@ -206,3 +223,93 @@ def test_a_server_batch_is_decoded_in_a_share_per_worker(service, two_threads, m
     seen.clear()
     service.translate_batch(lines[:1], {})  # one line: on the batcher's thread, every thread
     assert seen == [(threading.current_thread().name, 2)]
+
+
+def test_an_interrupt_comes_back_at_once_while_a_batch_is_still_running():
+    release = threading.Event()
+
+    def work(job):
+        if job == 1:
+            release.wait(30)  # a long search, still running when the caller is interrupted
+        return job
+
+    results = in_order(work, range(4), workers=2)
+    assert next(results) == 0
+    start = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        results.throw(KeyboardInterrupt)
+    assert time.monotonic() - start < 5  # not the running batch's 30 s
+    release.set()
+
+
+def test_alignments_and_sampling_decode_one_batch_at_a_time(translator, two_threads, monkeypatch):
+    from vaswani_hf.translation.inference import load_for_inference, translate_nbest
+
+    model, tokenizer = load_for_inference(translator, precision="fp32")
+    model.device  # noqa: B018  (a PyTorch model on CPU: workers would be allowed)
+    assert decoding_workers(model, 5, alignments=True) == 1 and decoding_workers(model, 5, sampling=True) == 1
+    lines = [line for line in LINES if line]
+    monkeypatch.setenv("VASWANI_DECODING_WORKERS", "1")
+    alone = translate_nbest(model, tokenizer, lines, batch_size=1, progress=False, alignments=True)
+    monkeypatch.setenv("VASWANI_DECODING_WORKERS", "2")
+    # alignments switch the shared model to eager attention while they read it: two at once had one search find
+    # no attention weights, and the model left on eager
+    for _ in range(3):
+        aligned = translate_nbest(model, tokenizer, lines, batch_size=1, progress=False, alignments=True)
+        same_translations(aligned, alone)
+    assert model.config._attn_implementation == "sdpa"
+    samples = []
+    for _ in range(3):  # draws from torch's one generator, in the same order each run
+        torch.manual_seed(0)
+        samples.append(translate_nbest(model, tokenizer, lines, batch_size=1, progress=False, num_beams=1,
+                                       do_sample=True, temperature=1.5))  # fmt: skip
+    assert samples[0] == samples[1] == samples[2]
+
+
+@needs_setters
+def test_a_speed_trial_is_timed_by_the_steps_of_its_own_search_alone(two_threads, monkeypatch):
+    from vaswani_hf import VaswaniConfig, VaswaniForConditionalGeneration
+    from vaswani_hf.model.speed import fast_products
+
+    # shapes no other test decodes: the trials for them start here
+    torch.manual_seed(0)
+    config = VaswaniConfig.tiny(vocab_size=77, d_model=40, encoder_attention_heads=5, decoder_attention_heads=5)
+    model = VaswaniForConditionalGeneration(config).eval()
+    callers: dict[int, set[int]] = {}
+    step_begins = fast_products._StepTrial.step_begins
+
+    def spied(trial):
+        callers.setdefault(id(trial), set()).add(threading.get_ident())
+        return step_begins(trial)
+
+    monkeypatch.setattr(fast_products._StepTrial, "step_begins", spied)
+    batches = [torch.randint(3, 77, (4, 6)) for _ in range(12)]
+
+    def search(source):
+        return model.generate(input_ids=source, num_beams=2, min_new_tokens=12, max_new_tokens=12,
+                              cpu_fast_paths=True)  # fmt: skip
+
+    list(in_order(search, batches, workers=2))
+    assert callers and all(len(threads) == 1 for threads in callers.values()), callers
+
+
+def test_ctrl_c_ends_vaswani_translate_at_once_with_one_line(translator, tmp_path):
+    # decoding workers inside their searches: the interpreter's exit would wait for them (13 s for a large batch),
+    # and a second Ctrl-C meanwhile aborted the process (SIGABRT)
+    from vaswani_hf.data.number_words import number_pairs
+
+    source = tmp_path / "many.txt"
+    source.write_text("".join(f"{s}\n" for s, _ in number_pairs(20_000, 3)))
+    env = {**os.environ, "VASWANI_DECODING_WORKERS": "2"}
+    process = subprocess.Popen([sys.executable, "-m", "vaswani_hf.cli", "translate", str(translator), "--input",
+                                str(source), "--batch-size", "4", "--window", "64"], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, env=env)  # fmt: skip
+    try:
+        assert process.stdout.readline()  # translating: the first window is written
+        process.send_signal(signal.SIGINT)
+        start = time.monotonic()
+        _, stderr = process.communicate(timeout=60)
+    finally:
+        process.kill()
+    assert process.returncode == 130 and time.monotonic() - start < 5, (process.returncode, stderr[-2000:])
+    assert stderr.strip().splitlines()[-1] == "interrupted" and "Traceback" not in stderr, stderr[-2000:]

@@ -10,7 +10,9 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import sys
+import threading
 from pathlib import Path
 
 from huggingface_hub.errors import StrictDataclassError
@@ -49,6 +51,7 @@ def _repeated_metrics_joined(argv: list[str]) -> list[str]:
     return rest + (["--metric", *metrics] if metrics else [])
 
 
+INTERRUPTED = 130  # the shell's code for a command ended by SIGINT (128 + 2)
 TRAINING_ONLY_DATA_ARGUMENTS = ("bpe_dropout", "max_eval_samples", "metric", "tree_search")
 
 
@@ -355,6 +358,15 @@ def main(argv: list[str] | None = None) -> int:
         message = err.__cause__ if isinstance(err, StrictDataclassError) and err.__cause__ else err
         print(f"error: {message}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C (a training run handles its signals itself and ends with a checkpoint)
+        print("interrupted", file=sys.stderr)
+        if any(thread.name.startswith("vaswani-decoding") for thread in threading.enumerate()):
+            # decoding workers still inside a search (translation/batch_workers.py): the interpreter's exit would
+            # wait for their batches, and a second Ctrl-C meanwhile aborts it
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(INTERRUPTED)
+        return INTERRUPTED
 
 
 if __name__ == "__main__":

@@ -12,19 +12,25 @@ preset trained on Multi30k, the first 1,000 lines of test2016 in batches of 32, 
 sentences/s, beam 4 81 -> 132; batches of one sentence (200 lines), greedy 29 -> 53, beam 4 12.7 -> 20.9
 (docs/engines-performance.md). Beside a busy neighbour no thread of ours waits for another.
 
-What it does not change: each batch is the same search, on the same model, in the same batch; the outputs come
-back in the batches' order. A batch's products then run on one thread instead of all, which may split a product's
-sums another way: the same tokens, scores up to rounding, as the one-thread steps (`model/speed/step_threads.py`);
+What it does not change: each batch is the same search, on the same model, in the same batch; the outputs come back
+in the batches' order. A batch's products then run on one thread instead of all, which may split a product's sums
+another way: the same tokens, scores up to rounding, as the one-thread steps (`model/speed/step_threads.py`);
 tests/test_batch_workers.py holds the searches to it over their space (Hypothesis). The fast products
-(`model/speed/fast_products.py`) time their ways on the workers' own steps (a way is kept per thread count), and a
-search that starts while another runs keeps the ways bound for it.
+(`model/speed/fast_products.py`) time their ways on the steps of the search that started the trial (a way is kept
+per thread count); a search beside it runs whichever ways are bound at each step (scores up to rounding, as above).
 
-The rule (`decoding_workers`): where the model is a PyTorch model on CPU, the input has two batches or more and the
-thread-count setters are found, as many workers as the process has threads, at most `MAX_WORKERS`, each on its
-share of the threads; else one batch at a time on every thread, as before. `MAX_WORKERS` bounds how many searches
-share one interpreter lock: measured on 2 cores only, chosen, not measured, above. Switch:
-`VASWANI_DECODING_WORKERS=1` (or 0, off) decodes one batch at a time; a number sets the workers (each then on
-threads / workers threads, at least one).
+The rule (`decoding_workers`): where the model is a PyTorch model on CPU at least `MIN_D_MODEL` wide, the input has
+two batches or more and the thread-count setters are found, as many workers as the process has threads, at most
+`MAX_WORKERS`, each on its share of the threads; else one batch at a time on every thread, as before. Never with
+alignments (they switch the shared model's attention to eager while they read it) or sampling (searches side by side
+would draw from torch's one generator in another order each run). `MAX_WORKERS` bounds how many searches share one
+interpreter lock: measured on 2 cores only, chosen, not measured, above. Switch: `VASWANI_DECODING_WORKERS=1` (or 0,
+off) decodes one batch at a time; a number sets the workers (each then on threads / workers threads, at least one),
+whatever the model's width.
+
+An error or an interrupt comes back at once, the batches not started dropped; a search already running has no
+point to stop at, so it ends on its own (the command line's Ctrl-C ends the process instead of waiting for it:
+`cli.main`).
 """
 
 from __future__ import annotations
@@ -44,6 +50,10 @@ J = TypeVar("J")
 R = TypeVar("R")
 
 MAX_WORKERS = 4
+# below this width a step's operators are a few microseconds each: two searches then mostly take turns at the
+# interpreter lock, which every operator releases and takes again (the built-in task's `tiny` model, d_model 32,
+# greedy batches of 32: 1,644 -> 1,173 lines/s with two workers; the `small` preset, 256: 171 -> 294)
+MIN_D_MODEL = 256
 # jobs prepared ahead of the one whose result is awaited, per worker: enough that no worker waits for the next batch,
 # few enough that memory holds a few batches whatever the input's length
 AHEAD_PER_WORKER = 2
@@ -64,15 +74,19 @@ def asked_workers() -> int | None:
     return max(int(value), 1)
 
 
-def decoding_workers(model, batches: int) -> int:
+def decoding_workers(model, batches: int, *, alignments: bool = False, sampling: bool = False) -> int:
     """How many batches of `model`'s decoding run at once (see the module's docstring): 1 where workers cannot
-    help or cannot be given their threads."""
+    help, cannot be given their threads, or would change what comes out."""
     asked = asked_workers()
     if asked == 1 or batches < 2:
+        return 1
+    if alignments or sampling:  # see the module's docstring
         return 1
     device = getattr(model, "device", None)
     if not isinstance(model, torch.nn.Module) or device is None or torch.device(device).type != "cpu":
         return 1  # a GPU decodes one batch at a time; an ensemble or an ONNX runner keeps its own threads
+    if asked is None and getattr(getattr(model, "config", None), "d_model", 0) < MIN_D_MODEL:
+        return 1
     threads = torch.get_num_threads()
     workers = asked if asked is not None else min(threads, MAX_WORKERS)
     if workers < 2 or not thread_counts_settable():  # else two workers would each run on every thread
@@ -106,5 +120,9 @@ def in_order(work: Callable[[J], R], jobs: Iterable[J], workers: int) -> Iterato
                 yield pending.popleft().result()
         while pending:
             yield pending.popleft().result()
-    finally:
-        pool.shutdown(wait=True, cancel_futures=True)
+    except BaseException:
+        # an error, an interrupt, or a caller that stopped reading: back at once, the jobs not started dropped;
+        # the ones running end on their own (a search has no point to stop at), their results unread
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
+    pool.shutdown(wait=True)

@@ -240,7 +240,9 @@ def _translate_texts(
                                          return_alignments=alignments, **generate_kwargs)  # fmt: skip
 
     batches = _batch_indices([len(ids) for ids in encoded], batch_size, max_tokens)
-    searches = in_order(searched, map(prepared, batches), decoding_workers(model, len(batches)))
+    sampling = generate_kwargs.get("do_sample", getattr(model.generation_config, "do_sample", False))
+    workers = decoding_workers(model, len(batches), alignments=alignments, sampling=bool(sampling))
+    searches = in_order(searched, map(prepared, batches), workers)
     for index, generated in tqdm(searches, desc="translating", disable=not progress, unit="batch", total=len(batches)):
         texts = tokenizer.batch_decode(generated.sequences, skip_special_tokens=True)
         scores = generated.sequences_scores.tolist() if beam else [None] * len(texts)

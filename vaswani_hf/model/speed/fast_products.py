@@ -359,6 +359,7 @@ class _OutputWays:
         self.key, self.ways = _output_key(weight, rows), _output_ways(weight, rows)
         self.times = _OUTPUT_TRIALS.setdefault(self.key, [[] for _ in self.ways])
         self.way, self.hit = self.ways[0], False
+        self.thread = threading.get_ident()  # the search timing it; another thread's products keep their way
 
     def decided(self) -> bool:
         return self.key in _OUTPUT_TIMED_ON_STEPS
@@ -451,8 +452,12 @@ class _StepTrial:
         # where this search's cycles start; the cycle timing; whether one was whole
         self.first_way, self.cycle, self.cycled = next(_TRIALS_STARTED), [], False
 
+        # the search that started the trial times it: another search stepping the same model meanwhile (a decoding
+        # worker beside it, translation/batch_workers.py) runs the ways bound for it and drives no clock
+        owner = threading.get_ident()
+
         def first_of_a_step(hidden: torch.Tensor) -> torch.Tensor:
-            if not torch.is_grad_enabled():
+            if threading.get_ident() == owner and not torch.is_grad_enabled():
                 self.step_begins()
             return self.first(hidden)
 
@@ -565,7 +570,7 @@ def output_logits(model, hidden: torch.Tensor) -> torch.Tensor:
         return _product_by_rows(model, weight, hidden)
     key = _output_key(weight, rows)
     trial = _OUTPUT_UNDER_TRIAL.get(model)
-    if trial is not None and trial.key == key:
+    if trial is not None and trial.key == key and trial.thread == threading.get_ident():
         return trial.product(model, weight, hidden)
     way = _FASTEST_PRODUCT.get(key)
     if way is None:
