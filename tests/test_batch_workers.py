@@ -119,24 +119,30 @@ def test_the_rule_and_its_switch(two_threads, monkeypatch):
     model.device, model.config = torch.device("cpu"), types.SimpleNamespace(d_model=batch_workers.MIN_D_MODEL)
     monkeypatch.delenv("VASWANI_DECODING_WORKERS", raising=False)
     settable = step_threads.thread_counts_settable()
-    assert decoding_workers(model, 1) == 1  # one batch: nothing to share
-    assert decoding_workers(model, 5) == (min(2, MAX_WORKERS) if settable else 1)
-    assert decoding_workers(object(), 5) == 1  # an ONNX runner or an ensemble keeps its threads
+    few = step_threads.one_thread_rows()  # rows whose steps run on one thread already
+    assert decoding_workers(model, 1, 32) == 1  # one batch: nothing to share
+    assert decoding_workers(model, 5, few + 1) == (min(2, MAX_WORKERS) if settable else 1)
+    assert decoding_workers(model, 5, few) == 1
+    assert decoding_workers(object(), 5, 32) == 1  # an ONNX runner or an ensemble keeps its threads
     model.device = torch.device("meta")
-    assert decoding_workers(model, 5) == 1  # not a CPU model
+    assert decoding_workers(model, 5, 32) == 1  # not a CPU model
     model.device = torch.device("cpu")
     for value, workers in (("1", 1), ("0", 1), ("off", 1), (" 3 ", 3), ("", 2)):
         monkeypatch.setenv("VASWANI_DECODING_WORKERS", value)
-        assert decoding_workers(model, 5) == (workers if settable else 1), value
+        assert decoding_workers(model, 5, 32) == (workers if settable else 1), value
     monkeypatch.setenv("VASWANI_DECODING_WORKERS", "8")
-    assert decoding_workers(model, 3) == (3 if settable else 1)  # never more workers than batches
-    model.config.d_model = batch_workers.MIN_D_MODEL - 1  # narrower: workers only where asked for
-    assert decoding_workers(model, 3) == (3 if settable else 1)
+    assert decoding_workers(model, 3, 32) == (3 if settable else 1)  # never more workers than batches
+    model.config.d_model = batch_workers.MIN_D_MODEL - 1  # narrower, or fewer rows: workers only where asked for
+    assert decoding_workers(model, 3, 1) == (3 if settable else 1)
     monkeypatch.delenv("VASWANI_DECODING_WORKERS")
-    assert decoding_workers(model, 5) == 1
+    assert decoding_workers(model, 5, 32) == 1
     model.config.d_model = batch_workers.MIN_D_MODEL
+    # a server's batch: split where each share's search has more rows than a one-thread step
+    assert share_of_a_batch(model, 8, 4) == (4 if settable else 8) and share_of_a_batch(model, 8, 1) == (
+        4 if settable else 8)  # fmt: skip
+    assert share_of_a_batch(model, 2, 1) == 2 and share_of_a_batch(model, 1, 4) == 1
     torch.set_num_threads(1)
-    assert decoding_workers(model, 5) == 1  # one thread: one batch at a time
+    assert decoding_workers(model, 5, 32) == 1  # one thread: one batch at a time
 
 
 @pytest.mark.parametrize("value", ["two", "-1", "2.5", "\uff12"])
@@ -216,7 +222,7 @@ def test_a_server_batch_is_decoded_in_a_share_per_worker(service, two_threads, m
     alone = service.translate_batch(lines, {})
     seen = spy_on_searches(service.model, monkeypatch)
     monkeypatch.setenv("VASWANI_DECODING_WORKERS", "2")  # the tiny model is under the width workers start at
-    assert share_of_a_batch(service.model, len(lines)) == 4 and share_of_a_batch(service.model, 1) == 1
+    assert share_of_a_batch(service.model, len(lines), 4) == 4 and share_of_a_batch(service.model, 1, 4) == 1
     shared = service.translate_batch(lines, {})
     assert [t.nbest[0][0] for t in shared] == [t.nbest[0][0] for t in alone]
     assert len(seen) == 2 and all(name.startswith("vaswani-decoding") and threads == 1 for name, threads in seen), seen
@@ -247,7 +253,7 @@ def test_alignments_and_sampling_decode_one_batch_at_a_time(translator, two_thre
 
     model, tokenizer = load_for_inference(translator, precision="fp32")
     model.device  # noqa: B018  (a PyTorch model on CPU: workers would be allowed)
-    assert decoding_workers(model, 5, alignments=True) == 1 and decoding_workers(model, 5, sampling=True) == 1
+    assert decoding_workers(model, 5, 32, alignments=True) == 1 and decoding_workers(model, 5, 32, sampling=True) == 1
     lines = [line for line in LINES if line]
     monkeypatch.setenv("VASWANI_DECODING_WORKERS", "1")
     alone = translate_nbest(model, tokenizer, lines, batch_size=1, progress=False, alignments=True)

@@ -180,8 +180,10 @@ class Service:
         decoding = {**self.settings.decoding, **{DECODING_OPTIONS[k]: v for k, v in options.items()}}
         decoding = fairseq_length(getattr(self.model, "config", None), decoding)  # `--decoding fairseq`'s cap
         # the batch's lines in a share per decoding worker, side by side (translation/batch_workers.py)
+        configured = getattr(getattr(self.model, "generation_config", None), "num_beams", 1)
+        beams = max(decoding.get("num_beams") or configured or 1, nbest)
         results = translate_nbest(self.model, self.tokenizer, texts, nbest=nbest,
-                                  batch_size=share_of_a_batch(self.model, len(texts)), progress=False,
+                                  batch_size=share_of_a_batch(self.model, len(texts), beams), progress=False,
                                   long_lines=self.settings.long_lines, **decoding)  # fmt: skip
         translations = [Translation([(text, score) for text, score, *_ in result],
                                     len(self.tokenizer(result[0][0])["input_ids"]) if result[0][0] else 0)

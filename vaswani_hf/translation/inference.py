@@ -241,7 +241,8 @@ def _translate_texts(
 
     batches = _batch_indices([len(ids) for ids in encoded], batch_size, max_tokens)
     sampling = generate_kwargs.get("do_sample", getattr(model.generation_config, "do_sample", False))
-    workers = decoding_workers(model, len(batches), alignments=alignments, sampling=bool(sampling))
+    rows = max(map(len, batches), default=0) * beams
+    workers = decoding_workers(model, len(batches), rows, alignments=alignments, sampling=bool(sampling))
     searches = in_order(searched, map(prepared, batches), workers)
     for index, generated in tqdm(searches, desc="translating", disable=not progress, unit="batch", total=len(batches)):
         texts = tokenizer.batch_decode(generated.sequences, skip_special_tokens=True)
