@@ -59,6 +59,16 @@ def translator(tmp_path_factory):
     return trained_once("translator", args, tmp_path_factory)[0]
 
 
+@pytest.fixture
+def two_threads():
+    """torch's thread count 2 for the test (the decoding steps' and workers' thread rules have something to split),
+    set back after it."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(before)
+
+
 # --- vaswani serve (tests/test_serve*.py) ---
 
 

@@ -38,14 +38,6 @@ needs_setters = pytest.mark.skipif(
 )
 
 
-@pytest.fixture
-def two_threads():
-    before = torch.get_num_threads()
-    torch.set_num_threads(2)
-    yield
-    torch.set_num_threads(before)
-
-
 def test_results_come_in_the_jobs_order_whatever_order_the_workers_finish_in():
     delays = [random.Random(seed).uniform(0, 0.02) for seed in range(12)]
 

@@ -17,14 +17,6 @@ from vaswani_hf.model.speed.fast_products import FastCpuProducts
 from .test_search_properties import decode, same_hypotheses, searches
 
 
-@pytest.fixture
-def two_threads():
-    before = torch.get_num_threads()
-    torch.set_num_threads(2)
-    yield
-    torch.set_num_threads(before)
-
-
 def threads_inside(rows: int) -> int:
     seen = []
     step_threads.by_rows(lambda hidden: seen.append(torch.get_num_threads()), lambda hidden: hidden.shape[0])(
