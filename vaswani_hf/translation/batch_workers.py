@@ -20,13 +20,15 @@ tests/test_batch_workers.py holds the searches to it over their space (Hypothesi
 per thread count); a search beside it runs whichever ways are bound at each step (scores up to rounding, as above).
 
 The rule (`decoding_workers`): where the model is a PyTorch model on CPU at least `MIN_D_MODEL` wide, the input has
-two batches or more and the thread-count setters are found, as many workers as the process has threads, at most
-`MAX_WORKERS`, each on its share of the threads; else one batch at a time on every thread, as before. Never with
-alignments (they switch the shared model's attention to eager while they read it) or sampling (searches side by side
-would draw from torch's one generator in another order each run). `MAX_WORKERS` bounds how many searches share one
-interpreter lock: measured on 2 cores only, chosen, not measured, above. Switch: `VASWANI_DECODING_WORKERS=1` (or 0,
-off) decodes one batch at a time; a number sets the workers (each then on threads / workers threads, at least one),
-whatever the model's width.
+two batches or more, the largest of them has more rows (sentences x beams) than a one-thread step
+(`step_threads.one_thread_rows()`: such steps are short, and two of them take turns at the interpreter lock) and the
+thread-count setters are found, as many workers as the process has threads, at most `MAX_WORKERS`, each on its share
+of the threads; else one batch at a time on every thread, as before. Never with alignments (they switch the shared
+model's attention to eager while they read it) or sampling (searches side by side would draw from torch's one
+generator in another order each run). `MAX_WORKERS` bounds how many searches share one interpreter lock: measured on
+2 cores only, chosen, not measured, above. Switch: `VASWANI_DECODING_WORKERS=1` (or 0, off) decodes one batch at a
+time; a number sets the workers (each then on threads / workers threads, at least one), whatever the model's width
+or rows.
 
 An error or an interrupt comes back at once, the batches not started dropped; a search already running has no
 point to stop at, so it ends on its own (the command line's Ctrl-C ends the process instead of waiting for it:
