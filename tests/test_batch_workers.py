@@ -165,7 +165,6 @@ def test_searches_give_the_same_tokens_and_scores_with_and_without_workers(case,
         torch.set_num_threads(before)
 
 
-@needs_setters
 def spy_on_searches(model, monkeypatch) -> list[tuple[str, int]]:
     """Each generate() call's thread name and thread count, from now on."""
     seen: list[tuple[str, int]] = []
@@ -193,6 +192,7 @@ LINES = ["twenty-one", "three hundred and five", "seven", "ninety-nine", "one th
          "six hundred and sixty-six", "eleven"]  # fmt: skip
 
 
+@needs_setters
 def test_translations_are_the_same_with_and_without_workers_and_run_on_them(translator, two_threads, monkeypatch):
     from vaswani_hf.translation.inference import load_for_inference, translate_nbest
 
