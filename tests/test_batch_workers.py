@@ -311,3 +311,64 @@ def test_ctrl_c_ends_vaswani_translate_at_once_with_one_line(translator, tmp_pat
         process.kill()
     assert process.returncode == 130 and time.monotonic() - start < 5, (process.returncode, stderr[-2000:])
     assert stderr.strip().splitlines()[-1] == "interrupted" and "Traceback" not in stderr, stderr[-2000:]
+
+
+def test_sampling_asked_by_a_generation_config_decodes_one_batch_at_a_time(translator, two_threads, monkeypatch):
+    from transformers import GenerationConfig
+
+    from vaswani_hf.translation.inference import load_for_inference, translate_nbest
+
+    model, tokenizer = load_for_inference(translator, precision="fp32")
+    config = GenerationConfig.from_dict({**model.generation_config.to_dict(), "do_sample": True, "temperature": 1.5,
+                                         "num_beams": 1})  # fmt: skip
+    monkeypatch.setenv("VASWANI_DECODING_WORKERS", "2")
+    seen = spy_on_searches(model, monkeypatch)
+    samples = []
+    for _ in range(3):
+        torch.manual_seed(0)
+        samples.append(translate_nbest(model, tokenizer, LINES, batch_size=1, progress=False, generation_config=config))
+    assert samples[0] == samples[1] == samples[2]
+    assert seen and {name for name, _ in seen} == {threading.current_thread().name}
+
+
+@pytest.mark.parametrize(("raised", "code"), [(KeyboardInterrupt, 130), (ValueError, 2)])
+def test_a_command_ended_while_workers_search_ends_the_process_at_once(raised, code, monkeypatch, capsys):
+    from vaswani_hf import cli
+
+    def command(argv):
+        raise raised("a bad line")
+
+    class GonePipe:  # stdout's reader went away (`vaswani translate ... | head`)
+        def write(self, text):
+            return len(text)
+
+        def flush(self):
+            raise BrokenPipeError(32, "Broken pipe")
+
+    def exit_now(status):
+        raise SystemExit(("ended at once", status))
+
+    busy = threading.Event()
+    worker = threading.Thread(target=busy.wait, args=(30,), name="vaswani-decoding_0")  # a search still running
+    worker.start()
+    try:
+        monkeypatch.setitem(cli.COMMANDS, "translate", command)
+        monkeypatch.setattr(cli.os, "_exit", exit_now)
+        monkeypatch.setattr(cli.sys, "stdout", GonePipe())
+        with pytest.raises(SystemExit) as ended:
+            cli.main(["translate", "model"])
+        assert ended.value.code == ("ended at once", code)
+    finally:
+        busy.set()
+        worker.join()
+    monkeypatch.undo()
+    monkeypatch.setitem(cli.COMMANDS, "translate", command)
+    assert cli.main(["translate", "model"]) == code  # no worker left: the command returns its code
+
+
+def test_a_bad_workers_setting_stops_a_served_model_from_loading(service, monkeypatch):
+    from vaswani_hf.serving.service import Service
+
+    monkeypatch.setenv("VASWANI_DECODING_WORKERS", "two")
+    with pytest.raises(ValueError, match="VASWANI_DECODING_WORKERS='two'"):
+        Service(service.model, service.tokenizer, service.settings, service.model_dir, "cpu", "fp32", ("en", "de"))

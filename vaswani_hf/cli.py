@@ -8,6 +8,7 @@ defaults. Without `--data`, `vaswani train` runs the built-in number-words task,
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import logging
 import os
@@ -357,16 +358,23 @@ def main(argv: list[str] | None = None) -> int:
         # a config's @strict validation wraps our message: print the message itself
         message = err.__cause__ if isinstance(err, StrictDataclassError) and err.__cause__ else err
         print(f"error: {message}", file=sys.stderr)
-        return 2
+        return _ended(2)
     except KeyboardInterrupt:  # Ctrl-C (a training run handles its signals itself and ends with a checkpoint)
         print("interrupted", file=sys.stderr)
-        if any(thread.name.startswith("vaswani-decoding") for thread in threading.enumerate()):
-            # decoding workers still inside a search (translation/batch_workers.py): the interpreter's exit would
-            # wait for their batches, and a second Ctrl-C meanwhile aborts it
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(INTERRUPTED)
-        return INTERRUPTED
+        return _ended(INTERRUPTED)
+
+
+def _ended(code: int) -> int:
+    """`code`, or the process ended at once with it where decoding workers are still inside a search
+    (translation/batch_workers.py, after an error or an interrupt): the interpreter's exit would wait for their
+    batches, and a second Ctrl-C meanwhile aborts it. What was printed is flushed first, where it still can be (a
+    reader of stdout that went away leaves nothing to flush to)."""
+    if any(thread.name.startswith("vaswani-decoding") for thread in threading.enumerate()):
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(OSError, ValueError):
+                stream.flush()
+        os._exit(code)
+    return code
 
 
 if __name__ == "__main__":

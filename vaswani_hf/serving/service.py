@@ -18,7 +18,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from ..interop.convert.fairseq import fairseq_length
 from ..model.alignment_vaswani import forced_attentions
-from ..translation.batch_workers import share_of_a_batch
+from ..translation.batch_workers import asked_workers, share_of_a_batch
 from ..translation.inference import translate_nbest
 from ..translation.source_lines import source_limit
 from .batching import BatchStats, DynamicBatcher, Line
@@ -154,6 +154,7 @@ class Service:
         self.metrics = metrics or Metrics()  # a server's models share one registry
         self.ready = False  # warmed up (the server's own state is its catalog's)
         self.limit = source_limit(model, tokenizer)
+        asked_workers()  # a bad VASWANI_DECODING_WORKERS stops the load with its message, not every batch after it
         self.lines_per_second = 0.0  # the worker's pace, for Retry-After
         self.batcher = DynamicBatcher(self.decode_batch, self.count_tokens, settings.max_batch_tokens,
                                       settings.max_wait_ms, self.on_batch, self.metrics.dropped.inc)  # fmt: skip

@@ -205,7 +205,8 @@ def _translate_texts(
 ) -> list[list[tuple]]:
     """`translate_nbest` for non-empty texts of at most `limit` tokens (a longer one is cut there)."""
     model.eval()
-    beams = max(generate_kwargs.get("num_beams") or model.generation_config.num_beams or 1, nbest)
+    config = generate_kwargs.get("generation_config") or model.generation_config  # the call's, else the model's
+    beams = max(generate_kwargs.get("num_beams") or config.num_beams or 1, nbest)
     generate_kwargs["num_beams"] = beams
     beam = beams > 1
     outputs: list[list[tuple]] = [[] for _ in sentences]
@@ -240,7 +241,7 @@ def _translate_texts(
                                          return_alignments=alignments, **generate_kwargs)  # fmt: skip
 
     batches = _batch_indices([len(ids) for ids in encoded], batch_size, max_tokens)
-    sampling = generate_kwargs.get("do_sample", getattr(model.generation_config, "do_sample", False))
+    sampling = generate_kwargs.get("do_sample", getattr(config, "do_sample", False))
     rows = max(map(len, batches), default=0) * beams
     workers = decoding_workers(model, len(batches), rows, alignments=alignments, sampling=bool(sampling))
     searches = in_order(searched, map(prepared, batches), workers)
