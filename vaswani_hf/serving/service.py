@@ -19,7 +19,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from ..interop.convert.fairseq import fairseq_length
 from ..model.alignment_vaswani import forced_attentions
 from ..translation.batch_workers import asked_workers, share_of_a_batch
-from ..translation.inference import translate_nbest
+from ..translation.inference import search_settings, translate_nbest
 from ..translation.source_lines import source_limit
 from .batching import BatchStats, DynamicBatcher, Line
 from .guard import each, within
@@ -181,8 +181,7 @@ class Service:
         decoding = {**self.settings.decoding, **{DECODING_OPTIONS[k]: v for k, v in options.items()}}
         decoding = fairseq_length(getattr(self.model, "config", None), decoding)  # `--decoding fairseq`'s cap
         # the batch's lines in a share per decoding worker, side by side (translation/batch_workers.py)
-        configured = getattr(getattr(self.model, "generation_config", None), "num_beams", 1)
-        beams = max(decoding.get("num_beams") or configured or 1, nbest)
+        beams, _ = search_settings(self.model, nbest, decoding)
         results = translate_nbest(self.model, self.tokenizer, texts, nbest=nbest,
                                   batch_size=share_of_a_batch(self.model, len(texts), beams), progress=False,
                                   long_lines=self.settings.long_lines, **decoding)  # fmt: skip

@@ -187,6 +187,14 @@ def translate_nbest(
     return results
 
 
+def search_settings(model, nbest: int, generate_kwargs: dict) -> tuple[int, bool]:
+    """(beams, sampling) of `translate_nbest`'s searches: the call's `num_beams` and `do_sample`, else its
+    `generation_config`'s, else the model's; the beam widened to `nbest`."""
+    config = generate_kwargs.get("generation_config") or model.generation_config
+    beams = max(generate_kwargs.get("num_beams") or config.num_beams or 1, nbest)
+    return beams, bool(generate_kwargs.get("do_sample", getattr(config, "do_sample", False)))
+
+
 def _translate_texts(
     model: VaswaniForConditionalGeneration,
     tokenizer: PreTrainedTokenizerBase,
@@ -205,8 +213,7 @@ def _translate_texts(
 ) -> list[list[tuple]]:
     """`translate_nbest` for non-empty texts of at most `limit` tokens (a longer one is cut there)."""
     model.eval()
-    config = generate_kwargs.get("generation_config") or model.generation_config  # the call's, else the model's
-    beams = max(generate_kwargs.get("num_beams") or config.num_beams or 1, nbest)
+    beams, sampling = search_settings(model, nbest, generate_kwargs)
     generate_kwargs["num_beams"] = beams
     beam = beams > 1
     outputs: list[list[tuple]] = [[] for _ in sentences]
@@ -241,9 +248,8 @@ def _translate_texts(
                                          return_alignments=alignments, **generate_kwargs)  # fmt: skip
 
     batches = _batch_indices([len(ids) for ids in encoded], batch_size, max_tokens)
-    sampling = generate_kwargs.get("do_sample", getattr(config, "do_sample", False))
     rows = max(map(len, batches), default=0) * beams
-    workers = decoding_workers(model, len(batches), rows, alignments=alignments, sampling=bool(sampling))
+    workers = decoding_workers(model, len(batches), rows, alignments=alignments, sampling=sampling)
     searches = in_order(searched, map(prepared, batches), workers)
     for index, generated in tqdm(searches, desc="translating", disable=not progress, unit="batch", total=len(batches)):
         texts = tokenizer.batch_decode(generated.sequences, skip_special_tokens=True)
