@@ -372,3 +372,17 @@ def test_a_bad_workers_setting_stops_a_served_model_from_loading(service, monkey
     monkeypatch.setenv("VASWANI_DECODING_WORKERS", "two")
     with pytest.raises(ValueError, match="VASWANI_DECODING_WORKERS='two'"):
         Service(service.model, service.tokenizer, service.settings, service.model_dir, "cpu", "fp32", ("en", "de"))
+
+
+def test_a_generation_config_given_to_translate_nbest_sets_its_beams(translator):
+    from transformers import GenerationConfig
+
+    from vaswani_hf.translation.inference import load_for_inference, search_settings, translate_nbest
+
+    model, tokenizer = load_for_inference(translator, precision="fp32")
+    assert model.generation_config.num_beams > 1  # the paper's beam: the call's config must win over it
+    greedy = GenerationConfig.from_dict({**model.generation_config.to_dict(), "num_beams": 1})
+    assert search_settings(model, 1, {"generation_config": greedy}) == (1, False)
+    assert search_settings(model, 3, {"generation_config": greedy}) == (3, False)  # widened to the n-best
+    (candidates,) = translate_nbest(model, tokenizer, ["twenty-one"], progress=False, generation_config=greedy)
+    assert candidates[0][1] is None  # greedy search: no beam score (the model's beam 4 had scored it)
