@@ -12,22 +12,19 @@ those outside the model load their part on first use, so `import vaswani_hf` sta
 """
 
 import importlib
-import importlib.abc
-import importlib.util
 import sys
 
 from .openmp import wait_passively
 
 wait_passively()  # before anything imports torch: libgomp reads its wait policy once, when torch loads it
 
-from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM, AutoTokenizer, PretrainedConfig  # noqa: E402
-
-from .model.configuration_vaswani import VaswaniConfig  # noqa: E402
-from .model.modeling_vaswani import VaswaniForConditionalGeneration, VaswaniModel, VaswaniPreTrainedModel  # noqa: E402
-from .model.search_vaswani import gnmt_length_penalty  # noqa: E402
-
 # name -> the module that defines it, imported on first use (PEP 562)
 _LAZY = {
+    "VaswaniConfig": "model.configuration_vaswani",
+    "VaswaniForConditionalGeneration": "model.modeling_vaswani",
+    "VaswaniModel": "model.modeling_vaswani",
+    "VaswaniPreTrainedModel": "model.modeling_vaswani",
+    "gnmt_length_penalty": "model.search_vaswani",
     "quantize_int8": "model.precision",
     "resolve_precision": "model.precision",
     "compute_metrics": "translation.metrics",
@@ -46,131 +43,27 @@ _LAZY = {
     "MosesBPETokenizer": "data.moses_bpe",
 }
 
+
 __version__ = "0.1.0"
 
-AutoConfig.register(VaswaniConfig.model_type, VaswaniConfig, exist_ok=True)
-AutoModel.register(VaswaniConfig, VaswaniModel, exist_ok=True)
-AutoModelForSeq2SeqLM.register(VaswaniConfig, VaswaniForConditionalGeneration, exist_ok=True)
-VaswaniConfig.register_for_auto_class("AutoConfig")
-VaswaniModel.register_for_auto_class("AutoModel")
-VaswaniForConditionalGeneration.register_for_auto_class("AutoModelForSeq2SeqLM")
+
+def light_start() -> bool:
+    """Whether this process is `vaswani translate`'s light start: the `vaswani` command's entry point
+    (`vaswani_command.py`, outside the package so that it runs first) asked this import to leave Transformers alone
+    (a line piped to it waits for the line, not for Transformers' import: 0.8 s for `import transformers`, 3 s for
+    its model classes, on a 2-core EPYC). Nothing else asks it."""
+    return bool(getattr(sys.modules.get("vaswani_command"), "light_start", False))
 
 
-class _Deferred(type):
-    """The metaclass of a stand-in that becomes the class it names on first use: a registry (Transformers'
-    pipelines, AutoTokenizer) reads the class's attributes and calls it, and both reach the real class, imported
-    then (`import vaswani_hf` stays light: Transformers 5.20 takes no dotted path in the registry, only a class).
-    It bears the real class's name, which a loading config compares with the pipeline it declares
-    (`configuration_vaswani`) and AutoTokenizer looks a tokenizer class up by."""
-
-    def __init__(cls, *args) -> None:
-        super().__init__(*args)
-        cls.__name__ = cls.name
-
-    def real(cls) -> type:
-        return getattr(importlib.import_module(f".{cls.module}", __name__), cls.name)
-
-    def __getattr__(cls, name: str):
-        return getattr(cls.real(), name)
-
-    def __call__(cls, *args, **kwargs):
-        return cls.real()(*args, **kwargs)
+def finish_import() -> None:
+    """What `import vaswani_hf` does beside its names, done now where the light start left it: Transformers'
+    registry (`registration.py`) and the decoding speed paths plugged into generate() (`model/speed`). Idempotent."""
+    importlib.import_module(".registration", __name__)
+    importlib.import_module(".model.speed", __name__)
 
 
-class _DeferredPipeline(_Deferred):
-    def __call__(cls, *args, **kwargs):
-        # the task is registered for every model: claim Vaswani models only, and leave the others as Transformers
-        # leaves them (its own refusal, where it has no pipeline for the task)
-        model = kwargs.get("model", args[0] if args else None)
-        if getattr(getattr(model, "config", None), "model_type", None) != VaswaniConfig.model_type:
-            raise cls.refusal(type(model).__name__)
-        return super().__call__(*args, **kwargs)
-
-
-class _MosesBPETokenizer(metaclass=_Deferred):
-    module, name = "data.moses_bpe", "MosesBPETokenizer"
-
-
-class _MosesBPETokenizerConfig(PretrainedConfig):
-    """A marker: Transformers finds a tokenizer class named in `tokenizer_config.json` only among those registered
-    for some config. The converted fairseq models' tokenizer is registered under this one, not `VaswaniConfig`, so a
-    Vaswani folder that names no tokenizer class keeps Transformers' own choice."""
-
-    model_type = "vaswani-moses-bpe"
-
-
-AutoTokenizer.register(_MosesBPETokenizerConfig, slow_tokenizer_class=_MosesBPETokenizer, exist_ok=True)
-
-
-class _TranslationPipeline(metaclass=_DeferredPipeline):
-    # a stand-in here too: the tasks are registered while Transformers' pipelines module is being imported, which
-    # the real class's own module may be what imports
-    module, name = "model.pipeline_vaswani", "VaswaniTranslationPipeline"
-    removed = "Use the `text-generation` pipeline with a chat model instead."  # Transformers' reason, kept on lift
-
-    @classmethod
-    def refusal(cls, model: str) -> Exception:
-        return KeyError(
-            f"The task translation has been removed from transformers. {cls.removed} (vaswani_hf serves the task "
-            f"for Vaswani models only; this model is a {model}.)"
-        )
-
-
-class _ParsingPipeline(metaclass=_DeferredPipeline):
-    module, name = "parsing.pipeline", "ConstituencyParsingPipeline"
-
-    @classmethod
-    def refusal(cls, model: str) -> Exception:
-        return ValueError(
-            f"pipeline('constituency-parsing') parses with a Vaswani parse model (`vaswani train --task parse`); "
-            f"this model is a {model}."
-        )
-
-
-def _register_pipelines(pipelines) -> None:
-    """The pipeline tasks, into Transformers' registry. `pipeline("translation", model=<a model object>)` has no
-    config naming our pipeline to go by, and Transformers 5 refuses the task by name before it looks at
-    `pipeline_class`: lift the refusal and register the task. `pipeline("constituency-parsing", model=DIR)`: a
-    parse model's trees (parsing/pipeline.py)."""
-    removed = getattr(pipelines, "REMOVED_TASKS", {}).pop("translation", None)
-    _TranslationPipeline.removed = removed or _TranslationPipeline.removed
-    pipelines.PIPELINE_REGISTRY.register_pipeline(
-        "translation", pipeline_class=_TranslationPipeline, pt_model=AutoModelForSeq2SeqLM, type="text"
-    )
-    pipelines.PIPELINE_REGISTRY.register_pipeline(
-        "constituency-parsing", pipeline_class=_ParsingPipeline, pt_model=AutoModelForSeq2SeqLM, type="text"
-    )
-
-
-class _AfterImport(importlib.abc.MetaPathFinder):
-    """Runs `then(module)` right after the module `name` is executed, the first time anything imports it.
-    Transformers' pipelines module imports its image and audio processing (half a second of every `vaswani` command
-    and `import vaswani_hf` on 2 CPU cores), and only `pipeline()` reads the registry: the tasks are registered
-    when `transformers.pipelines` is imported, before any `pipeline()` call can run, not before."""
-
-    def __init__(self, name: str, then) -> None:
-        self.name, self.then = name, then
-
-    def find_spec(self, fullname, path, target=None):
-        if fullname != self.name:
-            return None
-        sys.meta_path.remove(self)  # once; the finders after this one find the module
-        spec = importlib.util.find_spec(fullname)
-        if spec is not None and spec.loader is not None:
-            run = spec.loader.exec_module
-
-            def exec_module(module, run=run):
-                run(module)
-                self.then(module)
-
-            spec.loader.exec_module = exec_module
-        return spec
-
-
-if "transformers.pipelines" in sys.modules:
-    _register_pipelines(sys.modules["transformers.pipelines"])
-else:
-    sys.meta_path.insert(0, _AfterImport("transformers.pipelines", _register_pipelines))
+if not light_start():
+    finish_import()
 
 
 def __getattr__(name: str):
@@ -182,11 +75,6 @@ def __getattr__(name: str):
 
 
 __all__ = [
-    "VaswaniConfig",
-    "VaswaniForConditionalGeneration",
-    "VaswaniModel",
-    "VaswaniPreTrainedModel",
-    "gnmt_length_penalty",
-    "__version__",
     *_LAZY,
+    "__version__",
 ]

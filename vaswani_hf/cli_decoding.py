@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import itertools
 import json
 import os
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 
@@ -137,7 +139,6 @@ def _load(args: argparse.Namespace, model_dirs: list[str]):
 
 
 def translate_command(argv: list[str]) -> int:
-    from .translation.inference import translate_stream
     from .translation.source_lines import LineReport
 
     parser = argparse.ArgumentParser(
@@ -186,6 +187,14 @@ def translate_command(argv: list[str]) -> int:
     if args.alignments and (args.models or args.engine != "torch"):
         raise ValueError("--alignments reads one PyTorch model's cross-attention: give a single model and the torch "
                          "engine.")  # fmt: skip
+    done, lines = _light_start(args, model_dirs[0], _stream_lines(args.input))
+    if done:
+        return 0
+    import vaswani_hf
+
+    vaswani_hf.finish_import()  # handed over: Transformers' model, where the light start had left the package
+    from .translation.inference import translate_stream
+
     progress, total = sys.stderr.isatty(), None
     if args.input is not None and (progress or args.constraints or args.prefix):
         with open(args.input, "rb") as counted:  # one extra pass: the bar's total, the side files' check
@@ -197,7 +206,7 @@ def translate_command(argv: list[str]) -> int:
 
         lexical["shortlist"] = Shortlist.load(args.shortlist or model_dirs[0], tokenizer)
     report = LineReport()
-    results = translate_stream(model, tokenizer, _stream_lines(args.input), window=args.window, progress=progress,
+    results = translate_stream(model, tokenizer, lines, window=args.window, progress=progress,
                                total=total, nbest=args.nbest or 1, batch_size=args.batch_size,
                                max_tokens=args.max_tokens, alignments=args.alignments, long_lines=args.long_lines,
                                report=report, **lexical, **_decoding(args, model))  # fmt: skip
@@ -208,6 +217,45 @@ def translate_command(argv: list[str]) -> int:
         sys.stdout.flush()
     print(report.summary(), file=sys.stderr)
     return 0
+
+
+def _light_start(args: argparse.Namespace, model_dir: str, lines: Iterator[str]) -> tuple[bool, Iterator[str]]:
+    """`vaswani translate` of a whole input of one batch, on torch alone (translation/light_translator.py):
+    (True, _) where it translated and wrote the lines; (False, every line) where it hands over to the Transformers
+    model, the lines it read put back in front."""
+    plain = (args.models is None and args.engine == "torch" and args.nbest is None and not args.alignments
+             and args.constraints is None and args.prefix is None and args.shortlist is None
+             and args.decoding in (None, "paper") and args.precision != "int8")  # fmt: skip
+    if not plain:
+        return False, lines
+    import torch
+
+    from .translation.light_translator import switched_on
+
+    if not switched_on() or torch.cuda.is_available():  # a GPU runs Transformers' model (`default_device`)
+        return False, lines
+    # as `inference.one_search`: no more lines than a batch, and the input ended before the first window did
+    most = min(args.batch_size, args.window - 1)
+    head = list(itertools.islice(lines, most + 1))
+    if len(head) > most:  # more than one batch: the model's own speed paths pay off
+        return False, itertools.chain(head, lines)
+    from .model.precision import resolve_precision
+    from .translation.light_translator import LightTranslator
+    from .translation.source_lines import LineReport
+
+    choice = resolve_precision(args.precision, "cpu")
+    translator = LightTranslator.of(model_dir, choice.name)
+    if translator is None:
+        return False, itertools.chain(head, lines)
+    print(f"precision: {choice}; device: cpu", file=sys.stderr)
+    report = LineReport()
+    translations = translator.translate_lines(head, batch_size=args.batch_size, max_tokens=args.max_tokens,
+                                              long_lines=args.long_lines, report=report, **_decoding(args))  # fmt: skip
+    for text in translations:
+        print(text.rstrip())
+    sys.stdout.flush()
+    print(report.summary(), file=sys.stderr)
+    return True, iter(())
 
 
 def _lexical_files(args: argparse.Namespace, tokenizer, input_lines: int | None) -> dict:

@@ -5,4 +5,9 @@ transformers and each other, with single-dot imports, so a checkpoint loads with
 package is absent. The package's own: `precision.py` (the precision the hardware runs fast, int8) and `speed/` (the
 CPU fast products and the CUDA-graph search, plugged into generate() at import)."""
 
-from . import speed  # noqa: F401  (plugs the speed paths into generate())
+from .. import light_start
+
+# the speed paths plug into generate() when they are imported, with this folder; not in `vaswani translate`'s light
+# start, which decodes on torch alone (`vaswani_hf.finish_import` imports them where it hands over)
+if not light_start():
+    from . import speed  # noqa: F401

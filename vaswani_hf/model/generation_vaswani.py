@@ -35,6 +35,7 @@ from transformers.generation import (
     GenerationMixin,
     GenerationMode,
     LogitNormalization,
+    LogitsProcessor,
     LogitsProcessorList,
     MinLengthLogitsProcessor,
     MinNewTokensLengthLogitsProcessor,
@@ -51,12 +52,36 @@ from .search_vaswani import (
     FORCED_EOS_SCORES,
     LENGTH_PENALTY_TYPES,
     DecodingSettings,
-    SourceLengthLimitLogitsProcessor,
     beam_search,
+    force,
     greedy_search,
+    limit_reached,
 )
 
 logger = logging.get_logger(__name__)
+
+
+class SourceLengthLimitLogitsProcessor(LogitsProcessor):
+    """The source-length limit (`limit_reached`) for Transformers' own loop, where generate() hands a call over:
+    EOS is forced on every row (batch x beams) at its own source length + offset, so a batch of short and long
+    sources decodes each sentence as it would decode alone."""
+
+    def __init__(self, max_output_lengths: torch.LongTensor, eos_token_id: int):
+        self.max_output_lengths = max_output_lengths
+        self.eos_token_id = eos_token_id
+        self.prompt_length: int | None = None
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        if self.prompt_length is None:
+            self.prompt_length = input_ids.shape[1]
+            rows_per_example = input_ids.shape[0] // self.max_output_lengths.shape[0]
+            self.max_output_lengths = self.max_output_lengths.to(input_ids.device).repeat_interleave(rows_per_example)
+        at_limit = limit_reached(input_ids.shape[1] - self.prompt_length, self.max_output_lengths)
+        if bool(at_limit.any()):
+            scores = scores.clone()  # Transformers' processors return new scores
+            force(scores, True, self.eos_token_id, rows=at_limit)
+        return scores
+
 
 # Transformers 5.24 renamed the outputs' key/value cache from `past_key_values` to `cache`
 CACHE_FIELD = "cache" if "cache" in GenerateEncoderDecoderOutput.__dataclass_fields__ else "past_key_values"

@@ -6,9 +6,9 @@ Read it beside the paper: `gnmt_length_penalty` is lp(Y); `BeamStep` is one step
 bottom: the decoder's log-probabilities, the processors (`apply_processors`, each of Transformers' rules written
 once), then `advance`: candidates, the beams that go on, finished hypotheses, and `sentence_done`, the one
 stopping rule; `limit_reached` is "input length + 50", the one source-length rule (Transformers' loop gets it as
-`SourceLengthLimitLogitsProcessor`). `beam_search` runs the step with the eager batching policy (`drop_finished`);
-the package's static-shape search (`vaswani_hf/model/speed/graph_search.py`) runs the same step with finished
-sentences kept in place. Lexical constraints are their own step behind the same interface
+`generation_vaswani.SourceLengthLimitLogitsProcessor`). `beam_search` runs the step with the eager batching
+policy (`drop_finished`); the package's static-shape search (`vaswani_hf/model/speed/graph_search.py`) runs the
+same step with finished sentences kept in place. Lexical constraints are their own step behind the same interface
 (`lexical_vaswani.ConstrainedBeamStep`); the per-step outputs of `return_dict_in_generate` are kept by
 `beam_history_vaswani.BeamHistory`. What cannot happen scores `IMPOSSIBLE` (-inf), everywhere.
 
@@ -26,34 +26,22 @@ alone, and a first step of one row per sentence; neither saved time.
 
 The searches step a decoding state (`decoding_state_vaswani.DecodingState`, or an ONNX or ensemble state), which
 owns the model, its caches and its products; nothing here knows how a product is computed. Shipped as Hub remote
-code: imports only torch, transformers and the files beside it.
+code: imports only torch, transformers and the files beside it; Transformers' processors only where a search has
+some to look at, so the searches also run where nothing imports Transformers (`vaswani translate`'s light start).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, fields, replace
 from typing import TYPE_CHECKING
 
 import torch
-from transformers.generation import (
-    ForcedBOSTokenLogitsProcessor,
-    ForcedEOSTokenLogitsProcessor,
-    InfNanRemoveLogitsProcessor,
-    LogitNormalization,
-    LogitsProcessor,
-    LogitsProcessorList,
-    MinLengthLogitsProcessor,
-    MinNewTokensLengthLogitsProcessor,
-    NoBadWordsLogitsProcessor,
-    NoRepeatNGramLogitsProcessor,
-    RepetitionPenaltyLogitsProcessor,
-    SequenceBiasLogitsProcessor,
-    SuppressTokensLogitsProcessor,
-    TemperatureLogitsWarper,
-)
 
 if TYPE_CHECKING:
+    from transformers.generation import LogitsProcessorList, NoBadWordsLogitsProcessor
+
     from .beam_history_vaswani import BeamHistory
     from .decoding_state_vaswani import DecodingState
     from .lexical_vaswani import LexicalConstraints
@@ -84,14 +72,22 @@ LENGTH_PENALTY_TYPES = ("gnmt", "hf")
 # ForcedEOSTokenLogitsProcessor: log 1, whatever the model thinks of it) or "model" (fairseq's SequenceGenerator: the
 # model's own log-probability of it, every other token impossible).
 FORCED_EOS_SCORES = ("zero", "model")
-# Transformers' processors whose each row's scores depend on that row's tokens and scores alone (exact classes: a
-# subclass may read more), so a search may drop finished sentences' rows under them.
-ROW_LOCAL_PROCESSORS = (
-    ForcedBOSTokenLogitsProcessor, ForcedEOSTokenLogitsProcessor, InfNanRemoveLogitsProcessor, LogitNormalization,
-    MinLengthLogitsProcessor, MinNewTokensLengthLogitsProcessor, NoBadWordsLogitsProcessor,
-    NoRepeatNGramLogitsProcessor, RepetitionPenaltyLogitsProcessor, SequenceBiasLogitsProcessor,
-    SuppressTokensLogitsProcessor, TemperatureLogitsWarper,
-)  # fmt: skip
+
+
+@functools.cache
+def row_local_processors() -> tuple[type, ...]:
+    """Transformers' processors whose each row's scores depend on that row's tokens and scores alone (exact classes:
+    a subclass may read more), so a search may drop finished sentences' rows under them. Imported when a search has
+    processors to look at: this file's searches run on torch alone (`vaswani translate`'s light start)."""
+    from transformers import generation
+
+    return tuple(getattr(generation, name) for name in (
+        "ForcedBOSTokenLogitsProcessor", "ForcedEOSTokenLogitsProcessor", "InfNanRemoveLogitsProcessor",
+        "LogitNormalization", "MinLengthLogitsProcessor", "MinNewTokensLengthLogitsProcessor",
+        "NoBadWordsLogitsProcessor", "NoRepeatNGramLogitsProcessor", "RepetitionPenaltyLogitsProcessor",
+        "SequenceBiasLogitsProcessor", "SuppressTokensLogitsProcessor", "TemperatureLogitsWarper"))  # fmt: skip
+
+
 # The one score of what cannot happen: a masked token, a candidate a row cannot give, an empty finished slot.
 IMPOSSIBLE = -math.inf
 
@@ -180,7 +176,7 @@ class DecodingSettings:
         alone), or `reads_row_examples` (told each row's example before each call), or is one of Transformers'
         row-local processors: then finished sentences leave the batch, which is faster."""
         return any(not (getattr(processor, "row_independent", False) or getattr(processor, "reads_row_examples", False)
-                        or type(processor) in ROW_LOCAL_PROCESSORS)
+                        or type(processor) in row_local_processors())
                    for processor in self.user_processors)  # fmt: skip
 
     @property
@@ -304,28 +300,6 @@ def limit_reached(generated: int | torch.Tensor, limits: torch.Tensor) -> torch.
     with these `limits` (its most generated tokens, EOS included) may take; it ends there, EOS forced where the
     limit is the source's."""
     return generated + 1 >= limits
-
-
-class SourceLengthLimitLogitsProcessor(LogitsProcessor):
-    """The source-length limit (`limit_reached`) for Transformers' own loop, where generate() hands a call over:
-    EOS is forced on every row (batch x beams) at its own source length + offset, so a batch of short and long
-    sources decodes each sentence as it would decode alone."""
-
-    def __init__(self, max_output_lengths: torch.LongTensor, eos_token_id: int):
-        self.max_output_lengths = max_output_lengths
-        self.eos_token_id = eos_token_id
-        self.prompt_length: int | None = None
-
-    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
-        if self.prompt_length is None:
-            self.prompt_length = input_ids.shape[1]
-            rows_per_example = input_ids.shape[0] // self.max_output_lengths.shape[0]
-            self.max_output_lengths = self.max_output_lengths.to(input_ids.device).repeat_interleave(rows_per_example)
-        at_limit = limit_reached(input_ids.shape[1] - self.prompt_length, self.max_output_lengths)
-        if bool(at_limit.any()):
-            scores = scores.clone()  # Transformers' processors return new scores
-            force(scores, True, self.eos_token_id, rows=at_limit)
-        return scores
 
 
 def force_prefix(scores: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:

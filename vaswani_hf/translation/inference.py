@@ -22,7 +22,15 @@ from ..model.configuration_vaswani import VaswaniConfig
 from ..model.modeling_vaswani import VaswaniForConditionalGeneration
 from ..model.precision import Precision, resolve_precision
 from .batch_workers import decoding_workers, in_order
-from .source_lines import SCORE_LONG_LINES, LineReport, long_pairs, pieces_of, rejoined, source_limit
+from .source_lines import (
+    SCORE_LONG_LINES,
+    LineReport,
+    batch_indices,
+    long_pairs,
+    pieces_of,
+    rejoined,
+    source_limit,
+)
 
 logger = logging.getLogger("vaswani")
 
@@ -107,24 +115,9 @@ def load_for_inference(model_dir: str | Path, device: str | None = None, precisi
 
 
 def _batches(lengths: list[int], batch_size: int, progress: bool, desc: str, max_tokens: int | None = None):
-    """`_batch_indices`, under a progress bar."""
-    batches = _batch_indices(lengths, batch_size, max_tokens)
+    """`batch_indices`, under a progress bar."""
+    batches = batch_indices(lengths, batch_size, max_tokens)
     yield from tqdm(batches, desc=desc, disable=not progress, unit="batch")
-
-
-def _batch_indices(lengths: list[int], batch_size: int, max_tokens: int | None = None) -> list[list[int]]:
-    """Indices of the inputs in batches, longest first (less padding): at most `batch_size` inputs and, with
-    `max_tokens`, at most that many padded tokens (inputs x the longest; a longer input goes alone). Callers put
-    the results back in order."""
-    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
-    batches, start = [], 0
-    while start < len(order):
-        size = min(batch_size, len(order) - start)
-        if max_tokens is not None:  # the first of a batch is its longest
-            size = max(1, min(size, max_tokens // max(lengths[order[start]], 1)))
-        batches.append(order[start : start + size])
-        start += size
-    return batches
 
 
 def translate_nbest(
@@ -247,7 +240,7 @@ def _translate_texts(
                                          return_dict_in_generate=True, output_cache=False,
                                          return_alignments=alignments, **generate_kwargs)  # fmt: skip
 
-    batches = _batch_indices([len(ids) for ids in encoded], batch_size, max_tokens)
+    batches = batch_indices([len(ids) for ids in encoded], batch_size, max_tokens)
     rows = max(map(len, batches), default=0) * beams
     workers = decoding_workers(model, len(batches), rows, alignments=alignments, sampling=sampling)
     searches = in_order(searched, map(prepared, batches), workers)

@@ -12,8 +12,10 @@ from __future__ import annotations
 import logging
 import re
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from transformers import PreTrainedTokenizerBase
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 logger = logging.getLogger("vaswani")
 
@@ -145,3 +147,18 @@ def _joined_alignments(pieces: list[str], chosen: list[tuple]) -> str:
         source_offset += len(piece.split())
         target_offset += len(text.split())
     return " ".join(pairs)
+
+
+def batch_indices(lengths: list[int], batch_size: int, max_tokens: int | None = None) -> list[list[int]]:
+    """Indices of the inputs in batches, longest first (less padding): at most `batch_size` inputs and, with
+    `max_tokens`, at most that many padded tokens (inputs x the longest; a longer input goes alone). Callers put
+    the results back in order."""
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    batches, start = [], 0
+    while start < len(order):
+        size = min(batch_size, len(order) - start)
+        if max_tokens is not None:  # the first of a batch is its longest
+            size = max(1, min(size, max_tokens // max(lengths[order[start]], 1)))
+        batches.append(order[start : start + size])
+        start += size
+    return batches

@@ -1,0 +1,428 @@
+"""`vaswani translate`'s light start: a whole input of one batch translated on torch alone, so that a line piped to
+the command waits for the line, not for Transformers' import (0.8 s for `import transformers`, 3 s with its model
+classes and generation, on 2 cores of an AMD EPYC, against 1.6 s for `import torch` itself).
+
+It computes what the model's own modules compute for the paper's decoding (the same weights, the same
+`F.linear`, `F.layer_norm`, `F.scaled_dot_product_attention` and masks in the same order, as
+`model/speed/lean_step.py` does for the decoder's step) and decodes with the model's own searches
+(`search_vaswani.greedy_search` / `beam_search` over a decoding state of its own), the folder's `tokenizer.json`
+run by the `tokenizers` library, so its lines are the same strings `vaswani translate` writes through
+Transformers (tests/test_light_translator.py draws models, configurations, lines and settings and compares both).
+
+It translates only where that holds, and hands over otherwise (`LightTranslator.of` or `translate_lines` give
+None), before any line is written: an input of more lines than one batch (the fast products and the decoding
+workers pay off there); any option but the search's beam and length penalty or the paper's preset; a folder it
+does not read as the model would (a configuration, generation setting, weight or tokenizer setting outside the
+ones named here, e.g. converted models' position layouts, learned positions, untied embeddings, an output bias);
+int8. Switch: `VASWANI_LIGHT_START=0` always hands over.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+SWITCH = "VASWANI_LIGHT_START"
+# what config.json may hold: any other key, or another value of these, hands over
+CONFIG_VALUES = {"model_type": ("vaswani",), "norm_position": ("post", "pre"),
+                 "position_embedding_type": ("sinusoidal",), "activation_function": ("relu",),
+                 "tie_word_embeddings": (True,), "output_bias": (False,), "is_encoder_decoder": (True,)}  # fmt: skip
+CONFIG_KEYS = {"activation_dropout", "alignment_heads", "alignment_layer", "architectures", "attention_dropout",
+               "auto_map", "bos_token_id", "custom_pipelines", "d_kv", "d_model", "decoder_attention_heads",
+               "decoder_ffn_dim", "decoder_layers", "decoder_start_token_id", "dropout", "dtype",
+               "encoder_attention_heads", "encoder_ffn_dim", "encoder_layers", "eos_token_id", "init_std",
+               "layer_norm_eps", "max_position_embeddings", "pad_token_id", "scale_embedding", "transformers_version",
+               "unk_token_id", "use_cache", "vocab_size", *CONFIG_VALUES}  # fmt: skip
+# what generation_config.json may hold (the paper's decoding and its own ids); the values below are required
+GENERATION_KEYS = {"_from_model_config", "bos_token_id", "decoder_start_token_id", "early_stopping", "eos_token_id",
+                   "length_penalty", "length_penalty_type", "max_length_offset", "num_beams", "output_attentions",
+                   "output_hidden_states", "pad_token_id", "transformers_version", "use_cache"}  # fmt: skip
+GENERATION_VALUES = {"output_attentions": (False,), "output_hidden_states": (False,), "use_cache": (True,),
+                     "length_penalty_type": ("gnmt", "hf"), "early_stopping": (True, False)}  # fmt: skip
+TOKENIZER_KEYS = {"backend", "bos_token", "eos_token", "is_local", "local_files_only", "model_max_length", "pad_token",
+                  "tokenizer_class", "unk_token"}  # fmt: skip
+TOKENIZER_CLASSES = ("TokenizersBackend", "PreTrainedTokenizerFast")
+# the search settings `vaswani translate` may give over the folder's (`cli_decoding._decoding`: --num-beams,
+# --length-penalty, the paper's preset)
+SETTINGS = {"num_beams", "length_penalty", "length_penalty_type", "max_length_offset", "early_stopping"}
+MAX_LENGTH = 10**9  # no limit, as `source_lines.source_limit` counts one
+
+
+def switched_on() -> bool:
+    return os.environ.get(SWITCH, "").strip().lower() not in ("0", "off", "false", "no")
+
+
+def _json(path: Path) -> dict | None:
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"), object_pairs_hook=_unique)
+    except (OSError, ValueError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def _unique(pairs: list[tuple]) -> dict:
+    keys = [key for key, _ in pairs]
+    if len(set(keys)) != len(keys):  # Transformers reads the last of a repeated key: leave the choice to it
+        raise ValueError("a repeated key")
+    return dict(pairs)
+
+
+def _within(values: dict, keys: set[str], allowed: dict) -> bool:
+    return set(values) <= keys and all(values.get(key, options[0]) in options for key, options in allowed.items())
+
+
+class LightTokenizer:
+    """The folder's `tokenizer.json` as its Transformers tokenizer runs it for translation: the ids of a text with
+    the post-processor's EOS, cut at `max_length` where asked, and the text of ids without special tokens."""
+
+    def __init__(self, folder: Path, config: dict) -> None:
+        from tokenizers import Tokenizer
+
+        self.tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+        self.model_max_length = int(config.get("model_max_length", MAX_LENGTH))
+        self.pad_token_id = self.tokenizer.token_to_id(config["pad_token"])
+
+    def __call__(self, texts: str | list[str], truncation: bool = False, max_length: int | None = None,
+                 verbose: bool = True) -> dict:  # fmt: skip
+        """`tokenizer(texts, truncation=..., max_length=...)["input_ids"]`, as `source_lines` and the search read it."""
+        if isinstance(texts, str):
+            return {"input_ids": self(texts=[texts], truncation=truncation, max_length=max_length)["input_ids"][0]}
+        limit = max_length if max_length is not None else self.model_max_length
+        if truncation and limit < MAX_LENGTH:
+            self.tokenizer.enable_truncation(limit)
+        else:
+            self.tokenizer.no_truncation()
+        return {"input_ids": [encoding.ids for encoding in self.tokenizer.encode_batch(texts)]}
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+
+@dataclass
+class _Attention:
+    """One multi-head attention's weights (section 3.2): a fused input projection and the output projection."""
+
+    heads: int
+    head_dim: int
+    projection: tuple[torch.Tensor, torch.Tensor]  # self-attention's Q K V, or cross-attention's K V
+    query: tuple[torch.Tensor, torch.Tensor] | None  # cross-attention's Q
+    output: tuple[torch.Tensor, torch.Tensor]
+
+    def split(self, projected: torch.Tensor, blocks: int) -> tuple[torch.Tensor, ...]:
+        # (batch, length, blocks * h * d_k) -> `blocks` tensors of (batch, h, length, d_k), the model's layout
+        batch, length = projected.shape[:2]
+        return projected.view(batch, length, blocks, self.heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+
+    def out(self, attended: torch.Tensor, shape: torch.Size) -> torch.Tensor:
+        return F.linear(attended.transpose(1, 2).contiguous().reshape(*shape, -1), *self.output)
+
+
+@dataclass
+class _Norm:
+    """A sub-layer connection (sections 3.1, 5.4): post-norm LayerNorm(x + Sublayer(x)), or pre-norm."""
+
+    weight: torch.Tensor
+    bias: torch.Tensor
+    eps: float
+    pre: bool
+
+    def __call__(self, hidden: torch.Tensor) -> torch.Tensor:
+        return F.layer_norm(hidden, self.weight.shape, self.weight, self.bias, self.eps)
+
+    def input(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self(hidden) if self.pre else hidden
+
+    def connect(self, residual: torch.Tensor, output: torch.Tensor) -> torch.Tensor:
+        hidden = residual + output
+        return hidden if self.pre else self(hidden)
+
+
+@dataclass
+class _Layer:
+    self_attn: _Attention
+    self_norm: _Norm
+    cross_attn: _Attention | None
+    cross_norm: _Norm | None
+    fc1: tuple[torch.Tensor, torch.Tensor]
+    fc2: tuple[torch.Tensor, torch.Tensor]
+    final_norm: _Norm
+
+    def feed_forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return F.linear(F.relu(F.linear(self.final_norm.input(hidden), *self.fc1)), *self.fc2)
+
+
+class LightTranslator:
+    """A saved model folder's weights and tokenizer, translated as `vaswani translate` translates them."""
+
+    def __init__(self, folder: Path, config: dict, generation: dict, weights: dict, tokenizer: LightTokenizer,
+                 dtype: torch.dtype) -> None:  # fmt: skip
+        self.config, self.generation, self.tokenizer, self.dtype = config, generation, tokenizer, dtype
+        d_model = config["d_model"]
+        self.embedding = weights["model.shared.weight"]
+        self.embed_scale = math.sqrt(d_model) if config.get("scale_embedding", True) else 1.0
+        self.eps = config.get("layer_norm_eps", 1e-6)
+        pre = config.get("norm_position", "post") == "pre"
+        self.pre = pre
+
+        def linear(name: str) -> tuple[torch.Tensor, torch.Tensor]:
+            return weights[f"{name}.weight"], weights[f"{name}.bias"]
+
+        def norm(name: str) -> _Norm:
+            return _Norm(weights[f"{name}.weight"], weights[f"{name}.bias"], self.eps, pre)
+
+        def stack(side: str) -> list[_Layer]:
+            heads = config[f"{side}_attention_heads"]
+            head_dim = config.get("d_kv") or d_model // heads
+            layers = []
+            for i in range(config[f"{side}_layers"]):
+                at = f"model.{side}.layers.{i}"
+                self_attn = _Attention(heads, head_dim, linear(f"{at}.self_attn.qkv_proj"), None,
+                                       linear(f"{at}.self_attn.out_proj"))  # fmt: skip
+                cross = cross_norm = None
+                if side == "decoder":
+                    cross = _Attention(heads, head_dim, linear(f"{at}.encoder_attn.kv_proj"),
+                                       linear(f"{at}.encoder_attn.q_proj"),
+                                       linear(f"{at}.encoder_attn.out_proj"))  # fmt: skip
+                    cross_norm = norm(f"{at}.encoder_attn_layer_norm")
+                layers.append(_Layer(self_attn, norm(f"{at}.self_attn_layer_norm"), cross, cross_norm,
+                                     linear(f"{at}.feed_forward.fc1"), linear(f"{at}.feed_forward.fc2"),
+                                     norm(f"{at}.final_layer_norm")))  # fmt: skip
+            return layers
+
+        self.encoder_layers, self.decoder_layers = stack("encoder"), stack("decoder")
+        self.encoder_norm = norm("model.encoder.layer_norm") if pre else None
+        self.decoder_norm = norm("model.decoder.layer_norm") if pre else None
+        self.table = self.positions(config.get("max_position_embeddings", 1024))
+
+    @classmethod
+    def of(cls, folder: str | Path, precision: str) -> LightTranslator | None:
+        """The folder's translator in `precision` (fp32 or bf16), or None where it would not compute what the
+        model computes (the module's docstring)."""
+        folder = Path(folder)
+        if not switched_on() or precision not in ("fp32", "bf16") or not folder.is_dir():
+            return None
+        config, generation = _json(folder / "config.json"), _json(folder / "generation_config.json")
+        tokenizer_config = _json(folder / "tokenizer_config.json")
+        if config is None or generation is None or tokenizer_config is None:
+            return None
+        if not (_within(config, CONFIG_KEYS, CONFIG_VALUES) and _within(generation, GENERATION_KEYS, GENERATION_VALUES)
+                and set(tokenizer_config) <= TOKENIZER_KEYS
+                and tokenizer_config.get("tokenizer_class") in TOKENIZER_CLASSES
+                and isinstance(generation.get("max_length_offset"), int)
+                and isinstance(generation.get("num_beams"), int)
+                and config.get("dtype", "float32") in ("float32", "bfloat16")):  # fmt: skip
+            return None
+        others = {"special_tokens_map.json", "added_tokens.json", "tokenizer.model", "vocab.json", "merges.txt"}
+        if any((folder / name).exists() for name in others) or not (folder / "tokenizer.json").is_file():
+            return None
+        weights = cls._weights(folder, config)
+        if weights is None:
+            return None
+        dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+        weights = {name: tensor.to(dtype) for name, tensor in weights.items()}
+        tokenizer = LightTokenizer(folder, tokenizer_config)
+        if tokenizer.pad_token_id is None or tokenizer.tokenizer.get_vocab_size() > config["vocab_size"]:
+            return None
+        return cls(folder, config, generation, weights, tokenizer, dtype)
+
+    @staticmethod
+    def _weights(folder: Path, config: dict) -> dict | None:
+        """model.safetensors' tensors, where they are exactly the model's (no other file of weights)."""
+        from safetensors import SafetensorError
+        from safetensors.torch import load_file
+
+        path = folder / "model.safetensors"
+        if not path.is_file() or any(folder.glob("pytorch_model*.bin")) or any(folder.glob("model-*.safetensors")):
+            return None
+        try:
+            weights = load_file(path)
+        except (SafetensorError, OSError):
+            return None
+        names = {"model.shared.weight"}
+        for side in ("encoder", "decoder"):
+            sublayers = ["self_attn.qkv_proj", "self_attn.out_proj", "feed_forward.fc1", "feed_forward.fc2",
+                         "self_attn_layer_norm", "final_layer_norm"]  # fmt: skip
+            if side == "decoder":
+                sublayers += ["encoder_attn.q_proj", "encoder_attn.kv_proj", "encoder_attn.out_proj",
+                              "encoder_attn_layer_norm"]  # fmt: skip
+            names |= {f"model.{side}.layers.{i}.{s}.{p}" for i in range(config.get(f"{side}_layers", -1))
+                      for s in sublayers for p in ("weight", "bias")}  # fmt: skip
+            if config.get("norm_position") == "pre":
+                names |= {f"model.{side}.layer_norm.weight", f"model.{side}.layer_norm.bias"}
+        if set(weights) != names or not all(t.dtype in (torch.float32, torch.bfloat16) for t in weights.values()):
+            return None
+        if weights["model.shared.weight"].shape != (config["vocab_size"], config["d_model"]):
+            return None
+        return weights
+
+    def positions(self, rows: int) -> torch.Tensor:
+        """Section 3.5's sinusoids, PE(pos, 2i) = sin(pos / 10000^(2i/d)), PE(pos, 2i+1) = cos(...), in float64
+        then float32 as the model's table, then this translator's dtype as the model's buffer is cast."""
+        d_model = self.config["d_model"]
+        positions = torch.arange(rows, dtype=torch.float64)[:, None]
+        angles = positions * 10000.0 ** -(torch.arange(0, d_model, 2, dtype=torch.float64) / d_model)
+        return torch.stack([angles.sin(), angles.cos()], dim=-1).flatten(1).to(torch.float32).to(self.dtype)
+
+    def embed(self, ids: torch.Tensor, start: int = 0) -> torch.Tensor:
+        """Scaled token embeddings plus the positions from `start` (section 3.4, 3.5)."""
+        end = start + ids.shape[1]
+        table = self.table if end <= self.table.shape[0] else self.positions(end)
+        return F.embedding(ids, self.embedding) * self.embed_scale + table[start:end]
+
+    def encode(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """The encoder stack (section 3.1) over right-padded `ids` with their 0/1 `mask`."""
+        hidden = self.embed(ids)
+        length = ids.shape[1]
+        attention_mask = None
+        if not bool(mask.all()):  # Transformers' mask for sdpa: none where nothing is padded
+            attention_mask = mask.bool()[:, None, None, :].expand(-1, 1, length, -1).contiguous()
+        for layer in self.encoder_layers:
+            attn = layer.self_attn
+            query, key, value = attn.split(F.linear(layer.self_norm.input(hidden), *attn.projection), 3)
+            attended = F.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask,
+                                                      scale=attn.head_dim**-0.5)  # fmt: skip
+            hidden = layer.self_norm.connect(hidden, attn.out(attended, hidden.shape[:-1]))
+            hidden = layer.final_norm.connect(hidden, layer.feed_forward(hidden))
+        return self.encoder_norm(hidden) if self.encoder_norm is not None else hidden
+
+    def translate_lines(self, lines: list[str], batch_size: int = 32, max_tokens: int | None = None,
+                        long_lines: str = "cut", report=None, **settings) -> list[str]:  # fmt: skip
+        """Each line's translation, as `translate_nbest` gives its best: an empty line stays empty, a long one is
+        cut or split (`source_lines`, which also counts them in `report`). `settings`: the search's settings that
+        `vaswani translate` passes generate() (`cli_decoding._decoding`), over the folder's generation config."""
+        from .source_lines import pieces_of, rejoined, source_limit
+
+        if not set(settings) <= SETTINGS:
+            raise ValueError(f"the light start takes only the search settings {sorted(SETTINGS)}, not {settings}.")
+        limit = source_limit(None, self.tokenizer)  # sinusoids: the tokenizer's limit
+        pieces = pieces_of(list(lines), self.tokenizer, limit, long_lines, 1, report)
+        texts = [piece for line in pieces for piece in line]
+        translated = self.translate(texts, batch_size, max_tokens, limit, settings) if texts else []
+        results, start = [], 0
+        for line in pieces:
+            candidates = [[(text, None)] for text in translated[start : start + len(line)]]
+            results.append(rejoined(line, candidates, 1, False)[0][0])
+            start += len(line)
+        return results
+
+    def translate(self, texts: list[str], batch_size: int, max_tokens: int | None, limit: int,
+                  settings: dict | None = None) -> list[str]:  # fmt: skip
+        """Each text's best translation (non-empty texts, cut at `limit` tokens), batched as `vaswani translate`
+        batches them."""
+        from ..model.search_vaswani import DecodingSettings, beam_search, greedy_search
+        from .source_lines import batch_indices
+
+        generation = {**self.generation, **(settings or {})}
+        beams = generation["num_beams"]
+        encoded = self.tokenizer(texts, truncation=True, max_length=limit)["input_ids"]
+        eos = generation.get("eos_token_id", self.config.get("eos_token_id"))
+        pad = generation.get("pad_token_id", self.config.get("pad_token_id"))
+        start = generation.get("decoder_start_token_id", self.config.get("decoder_start_token_id"))
+        outputs: list[str] = [""] * len(texts)
+        for index in batch_indices([len(ids) for ids in encoded], batch_size, max_tokens):
+            longest = max(len(encoded[i]) for i in index)
+            ids = torch.full((len(index), longest), self.tokenizer.pad_token_id, dtype=torch.long)
+            mask = torch.zeros((len(index), longest), dtype=torch.long)
+            for row, i in enumerate(index):
+                ids[row, : len(encoded[i])] = torch.tensor(encoded[i])
+                mask[row, : len(encoded[i])] = 1
+            limits = mask.sum(-1) + generation["max_length_offset"]
+            settings = DecodingSettings(
+                num_beams=beams, num_return_sequences=1, max_new_tokens=max(int(limits.max()), 1), limits=limits,
+                min_new_tokens=0, eos=torch.tensor([eos]), forced_eos=None, limit_eos=eos, forced_bos=None,
+                start=start, fill=(pad if pad is not None else eos) if beams == 1 else (pad or eos),
+                length_penalty=float(generation.get("length_penalty", 1.0)),
+                gnmt=generation.get("length_penalty_type") == "gnmt",
+                early_stopping=generation.get("early_stopping", False), suppress=None, bad_words=None,
+                user_processors=[], renormalize=False, return_dict=True, output_scores=False, output_logits=False,
+                sequence_scores=beams > 1,
+            )  # fmt: skip
+            with torch.inference_mode():
+                state = _DecodingState(self, self.encode(ids, mask), mask, beams)
+                result = (beam_search if beams > 1 else greedy_search)(settings, state)
+            for row, i in enumerate(index):
+                tokens = result["sequences"][row, : max(int(result["lengths"].max()), 1)].tolist()
+                outputs[i] = self.tokenizer.decode([start, *tokens]).strip()
+        return outputs
+
+
+class _DecodingState:
+    """What the searches step (`decoding_state_vaswani.DecodingState`'s interface): the encoder output, its mask,
+    the caches, one decoder step for the newest token of every row (as `lean_step.LeanStep` computes it)."""
+
+    def __init__(self, translator: LightTranslator, encoder_hidden: torch.Tensor, source_mask: torch.Tensor,
+                 rows_per_example: int) -> None:  # fmt: skip
+        self.translator, self.rows_per_example = translator, rows_per_example
+        self.encoder_hidden, self.source_mask = encoder_hidden, source_mask
+        self.encoder_mask = self._encoder_mask()
+        self.example_ids = torch.arange(encoder_hidden.shape[0])
+        layers = len(translator.decoder_layers)
+        self.keys: list[torch.Tensor | None] = [None] * layers
+        self.values: list[torch.Tensor | None] = [None] * layers
+        self.cross: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * layers
+        self.steps = 0
+
+    def _encoder_mask(self) -> torch.Tensor | None:
+        if bool(self.source_mask.all()):
+            return None
+        return self.source_mask.bool()[:, None, None, :]
+
+    def logits(self, tokens: torch.LongTensor) -> torch.Tensor:
+        """(rows,) newest tokens -> (vocabulary, rows) float32 logits, as the searches read them."""
+        return F.linear(self._step(tokens), self.translator.embedding).float().t()
+
+    def _step(self, tokens: torch.LongTensor) -> torch.Tensor:
+        translator = self.translator
+        hidden = translator.embed(tokens[:, None], start=self.steps)
+        rows = hidden.shape[0]
+        sources = self.encoder_hidden.shape[0]
+        for index, layer in enumerate(translator.decoder_layers):
+            attn = layer.self_attn
+            query, key, value = attn.split(F.linear(layer.self_norm.input(hidden), *attn.projection), 3)
+            if self.keys[index] is not None:
+                key = torch.cat([self.keys[index], key], dim=-2)
+                value = torch.cat([self.values[index], value], dim=-2)
+            else:  # the model's caches hold copies (a concatenation), not views of the projection
+                key, value = key.contiguous(), value.contiguous()
+            self.keys[index], self.values[index] = key, value
+            attended = F.scaled_dot_product_attention(query, key, value, scale=attn.head_dim**-0.5)
+            hidden = layer.self_norm.connect(hidden, attn.out(attended, (rows, 1)))
+            cross = layer.cross_attn
+            # beam search's rows of one source attend as one batch row (the model's `fold_beams`)
+            (query,) = cross.split(
+                F.linear(layer.cross_norm.input(hidden).reshape(sources, rows // sources, -1), *cross.query), 1
+            )
+            if self.cross[index] is None:
+                projected = cross.split(F.linear(self.encoder_hidden, *cross.projection), 2)
+                self.cross[index] = (projected[0].contiguous(), projected[1].contiguous())
+            key, value = self.cross[index]
+            attended = F.scaled_dot_product_attention(query, key, value, attn_mask=self.encoder_mask,
+                                                      scale=cross.head_dim**-0.5)  # fmt: skip
+            hidden = layer.cross_norm.connect(hidden, cross.out(attended, (rows, 1)))
+            hidden = layer.final_norm.connect(hidden, layer.feed_forward(hidden))
+        self.steps += 1
+        if translator.decoder_norm is not None:
+            hidden = translator.decoder_norm(hidden)
+        return hidden[:, -1]
+
+    def reorder(self, row_idx: torch.LongTensor) -> None:
+        self.keys = [k.index_select(0, row_idx) for k in self.keys]
+        self.values = [v.index_select(0, row_idx) for v in self.values]
+
+    def keep(self, examples: torch.Tensor) -> None:
+        """Only the sentences in `examples` (indices into the current batch, on the host) go on."""
+        self.example_ids = self.example_ids[examples]
+        rows = self.rows_per_example
+        row_idx = (examples[:, None] * rows + torch.arange(rows)).flatten()
+        self.reorder(row_idx)
+        self.cross = [None if c is None else (c[0].index_select(0, examples), c[1].index_select(0, examples))
+                      for c in self.cross]  # fmt: skip
+        self.encoder_hidden = self.encoder_hidden.index_select(0, examples)
+        self.source_mask = self.source_mask.index_select(0, examples)
+        self.encoder_mask = self._encoder_mask()
