@@ -19,5 +19,7 @@ def main(argv: list[str] | None = None) -> int:
     return vaswani(argv)
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+if __name__ == "__main__":  # `python -m vaswani_command`: the package reads this module by its own name
+    from vaswani_command import main as entry
+
+    sys.exit(entry())

@@ -152,7 +152,7 @@ def forget_measured_ways(monkeypatch) -> None:
 
 def vaswani(*args, stdin=None, env=None):
     return subprocess.run(
-        [sys.executable, "-m", "vaswani_hf.cli", *args], capture_output=True, text=True, input=stdin, env=env
+        [sys.executable, "-m", "vaswani_command", *args], capture_output=True, text=True, input=stdin, env=env
     )
 
 
@@ -276,3 +276,24 @@ def grows_linearly(work, small: int, factor: int = 4, margin: float = 2.5) -> No
             work(size)
             least[size] = min(least[size], time.perf_counter() - start)
     assert least[small * factor] < max(margin * factor * least[small], 0.01), least
+
+
+LETTER_WORDS = [a + b for a in "abcdefgh" for b in "aeiou"]  # the text of `paper_model_folder`'s tokenizer
+
+
+def paper_model_folder(path: Path, seed: int = 0, model_max_length: int = 64, **overrides) -> Path:
+    """A saved tiny model of random weights with a BPE tokenizer as `vaswani train` saves them (`train_shared_bpe`,
+    its tokenizer.json and tokenizer_config.json) and the paper's decoding: the folders `vaswani translate` reads."""
+    import torch
+
+    from vaswani_hf import VaswaniConfig, VaswaniForConditionalGeneration
+    from vaswani_hf.data.tokenization import train_shared_bpe
+
+    texts = [" ".join(LETTER_WORDS[(i * 7 + k) % len(LETTER_WORDS)] for k in range(6)) + " ." for i in range(60)]
+    tokenizer = train_shared_bpe(texts, vocab_size=80, model_max_length=model_max_length)
+    torch.manual_seed(seed)
+    model = VaswaniForConditionalGeneration(VaswaniConfig.tiny(vocab_size=len(tokenizer), **overrides))
+    path.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path

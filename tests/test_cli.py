@@ -1,6 +1,7 @@
 """The `vaswani` command end to end on tiny settings, and its error messages."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -9,7 +10,7 @@ import pytest
 from vaswani_hf.data.number_words import english, german
 from vaswani_hf.training.trainer import noam_learning_rate
 
-from .helpers import TINY_RUN, forget_measured_ways, vaswani
+from .helpers import TINY_RUN, forget_measured_ways, paper_model_folder, vaswani
 
 
 def test_number_words_need_reordering():
@@ -56,7 +57,8 @@ def test_translate_from_stdin_keeps_line_count_and_order(trained):
 # every start of the command (docs/engines-performance.md, "Start-up").
 TRANSLATE_IMPORTS = ("vaswani_hf", "vaswani_hf.openmp", "vaswani_hf.cli", "vaswani_hf.cli_decoding", "vaswani_hf.data",
                      "vaswani_hf.data.encodings", "vaswani_hf.translation", "vaswani_hf.translation.inference",
-                     "vaswani_hf.translation.source_lines", "vaswani_hf.translation.batch_workers")  # fmt: skip
+                     "vaswani_hf.translation.source_lines", "vaswani_hf.translation.batch_workers",
+                     "vaswani_hf.registration", "vaswani_hf.translation.light_translator")  # fmt: skip
 NOT_FOR_TRANSLATE = ("datasets", "sacrebleu", "evaluate", "peft", "pyarrow", "matplotlib", "nltk", "onnxruntime",
                      "ctranslate2", "fastapi", "starlette", "uvicorn", "transformers.trainer", "transformers.pipelines",
                      "transformers.hf_argparser")  # fmt: skip
@@ -73,6 +75,25 @@ def test_translate_imports_only_what_it_translates_with(trained):
     assert ours <= set(TRANSLATE_IMPORTS), sorted(ours - set(TRANSLATE_IMPORTS))
     assert not loaded & set(NOT_FOR_TRANSLATE), sorted(loaded & set(NOT_FOR_TRANSLATE))
     assert len(result.stdout.splitlines()) == 1
+
+
+def test_the_command_translates_one_batch_without_importing_transformers(tmp_path):
+    """The light start (translation/light_translator.py, docs/engines-performance.md "Start-up"): `vaswani translate`
+    of one batch through the command's entry point imports no Transformers module, and writes what the
+    Transformers model writes (`VASWANI_LIGHT_START=0`)."""
+    folder = paper_model_folder(tmp_path)
+    code = ("import sys, vaswani_command; code = vaswani_command.main(['translate', sys.argv[1], '--precision', "
+            "'fp32']); print(*sorted(sys.modules), sep='\\n', file=sys.stderr); sys.exit(code)")  # fmt: skip
+    lines = "a b c\n\nd e f g h\n"
+    light = subprocess.run([sys.executable, "-c", code, str(folder)], capture_output=True, text=True, input=lines)
+    assert light.returncode == 0, light.stderr[-2000:]
+    loaded = set(light.stderr.splitlines())
+    assert not {m for m in loaded if m.split(".")[0] in ("transformers", "accelerate", "datasets")}
+    full = vaswani("translate", str(folder), "--precision", "fp32", stdin=lines,
+                   env={**os.environ, "VASWANI_LIGHT_START": "0"})  # fmt: skip
+    assert full.returncode == 0, full.stderr[-2000:]
+    assert light.stdout == full.stdout and len(light.stdout.splitlines()) == 3
+    assert light.stderr.splitlines()[:2] == full.stderr.splitlines()[:1] + full.stderr.splitlines()[-1:]
 
 
 def test_train_on_a_data_folder_and_evaluate(tmp_path, trained):

@@ -234,18 +234,23 @@ def _light_start(args: argparse.Namespace, model_dir: str, lines: Iterator[str])
 
     if not switched_on() or torch.cuda.is_available():  # a GPU runs Transformers' model (`default_device`)
         return False, lines
-    # as `inference.one_search`: no more lines than a batch, and the input ended before the first window did
-    most = min(args.batch_size, args.window - 1)
-    head = list(itertools.islice(lines, most + 1))
-    if len(head) > most:  # more than one batch: the model's own speed paths pay off
-        return False, itertools.chain(head, lines)
     from .model.precision import resolve_precision
     from .translation.light_translator import LightTranslator
     from .translation.source_lines import LineReport
 
-    choice = resolve_precision(args.precision, "cpu")
+    # before any line is read (as the model's path): a precision this CPU lacks, or a folder it does not read, hands
+    # over at once, and the model's path says what is wrong in its own order (the folder first)
+    try:
+        choice = resolve_precision(args.precision, "cpu")
+    except ValueError:
+        return False, lines
     translator = LightTranslator.of(model_dir, choice.name)
     if translator is None:
+        return False, lines
+    # as `inference.one_search`: no more lines than a batch, and the input ended before the first window did
+    most = min(args.batch_size, args.window - 1)
+    head = list(itertools.islice(lines, most + 1))
+    if len(head) > most:  # more than one batch: the model's own speed paths pay off
         return False, itertools.chain(head, lines)
     print(f"precision: {choice}; device: cpu", file=sys.stderr)
     report = LineReport()

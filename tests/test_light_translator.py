@@ -1,0 +1,109 @@
+"""`vaswani translate`'s light start (translation/light_translator.py): a one-batch input translated on torch
+alone gives the strings the Transformers model gives, or hands over."""
+
+import json
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from safetensors.torch import load_file, save_file
+
+from vaswani_hf.translation.inference import load_for_inference, translate_nbest
+from vaswani_hf.translation.light_translator import LightTranslator
+from vaswani_hf.translation.source_lines import LineReport
+
+from .helpers import LETTER_WORDS, paper_model_folder
+
+ARCHITECTURES = [{}, {"norm_position": "pre"}, {"d_kv": 4, "decoder_layers": 1}, {"scale_embedding": False},
+                 {"encoder_attention_heads": 2, "decoder_attention_heads": 8, "encoder_layers": 1}]  # fmt: skip
+_FOLDERS: dict = {}
+
+
+def folder(tmp_path_factory, architecture: int, model_max_length: int = 64):
+    """One saved model per architecture, shared by the draws (saving one takes longer than translating)."""
+    key = (architecture, model_max_length)
+    if key not in _FOLDERS:
+        path = tmp_path_factory.mktemp(f"light{architecture}")
+        _FOLDERS[key] = paper_model_folder(path, seed=architecture, model_max_length=model_max_length,
+                                           **ARCHITECTURES[architecture])  # fmt: skip
+    return _FOLDERS[key]
+
+
+words = st.lists(st.sampled_from([*LETTER_WORDS, ".", ",", "zz", "Ünï"]), max_size=12).map(" ".join)
+lines = st.lists(st.one_of(words, st.sampled_from(["", "   ", "ba . ca . da ."])), min_size=1, max_size=9)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(architecture=st.integers(0, len(ARCHITECTURES) - 1), texts=lines, beams=st.sampled_from([None, 1, 2, 4]),
+       penalty=st.sampled_from([None, 0.0, 0.6, 1.0]), batch_size=st.integers(1, 9),
+       max_tokens=st.sampled_from([None, 12, 4096]), precision=st.sampled_from(["fp32", "bf16"]),
+       long_lines=st.sampled_from(["cut", "split"]), short=st.booleans())  # fmt: skip
+def test_light_start_writes_the_model_s_strings(tmp_path_factory, architecture, texts, beams, penalty, batch_size,
+                                                 max_tokens, precision, long_lines, short):  # fmt: skip
+    path = folder(tmp_path_factory, architecture, model_max_length=8 if short else 64)
+    light = LightTranslator.of(path, precision)
+    assert light is not None
+    asked = {name: value for name, value in (("num_beams", beams), ("length_penalty", penalty)) if value is not None}
+    report, light_report = LineReport(), LineReport()
+    got = light.translate_lines(texts, batch_size=batch_size, max_tokens=max_tokens, long_lines=long_lines,
+                                report=light_report, **asked)  # fmt: skip
+    model, tokenizer = load_for_inference(path, device="cpu", precision=precision)
+    expected = translate_nbest(model, tokenizer, texts, 1, batch_size, False, max_tokens, long_lines=long_lines,
+                               report=report, cpu_fast_paths=False, **asked)  # fmt: skip
+    assert got == [candidates[0][0] for candidates in expected]
+    assert light_report == report
+
+
+def test_a_wide_model_s_strings(tmp_path_factory):
+    """A wider model than the draws' (256: the fast products' and batch workers' width), fp32 and bf16."""
+    path = paper_model_folder(tmp_path_factory.mktemp("wide"), d_model=256, encoder_ffn_dim=512, decoder_ffn_dim=512)
+    texts = [" ".join(LETTER_WORDS[(i * 5 + k) % 40] for k in range(3 + i % 7)) + " ." for i in range(12)]
+    for precision in ("fp32", "bf16"):
+        model, tokenizer = load_for_inference(path, device="cpu", precision=precision)
+        expected = translate_nbest(model, tokenizer, texts, 1, 32, False, 4096, cpu_fast_paths=False)
+        assert LightTranslator.of(path, precision).translate_lines(texts) == [c[0][0] for c in expected]
+
+
+def _rewritten(path, name: str, **changes) -> None:
+    values = json.loads((path / name).read_text())
+    (path / name).write_text(json.dumps({**values, **changes}))
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        ("config.json", {"position_embedding_type": "learned"}),  # a table in the weights
+        ("config.json", {"activation_function": "gelu"}),
+        ("config.json", {"output_bias": True}),
+        ("config.json", {"tie_word_embeddings": False}),
+        ("config.json", {"attn_implementation": "eager"}),
+        ("generation_config.json", {"no_repeat_ngram_size": 3}),
+        ("generation_config.json", {"max_length_offset": None}),
+        ("generation_config.json", {"num_beams": "4"}),
+        ("tokenizer_config.json", {"clean_up_tokenization_spaces": True}),
+        ("tokenizer_config.json", {"tokenizer_class": "MosesBPETokenizer"}),
+    ],
+)
+def test_a_folder_it_does_not_read_as_the_model_is_handed_over(tmp_path, change):
+    path = paper_model_folder(tmp_path)
+    assert LightTranslator.of(path, "fp32") is not None
+    _rewritten(path, change[0], **change[1])
+    assert LightTranslator.of(path, "fp32") is None
+
+
+def test_precisions_switch_and_broken_folders_are_handed_over(tmp_path, monkeypatch):
+    path = paper_model_folder(tmp_path)
+    assert LightTranslator.of(path, "int8") is None
+    monkeypatch.setenv("VASWANI_LIGHT_START", "0")
+    assert LightTranslator.of(path, "fp32") is None
+    monkeypatch.delenv("VASWANI_LIGHT_START")
+    (path / "config.json").write_text('{"d_model": 32, "d_model": 64}')  # a repeated key: Transformers' reading
+    assert LightTranslator.of(path, "fp32") is None
+    path = paper_model_folder(tmp_path / "other")
+    tensors = load_file(path / "model.safetensors")
+    save_file({**tensors, "final_logits_bias": torch.zeros(1, tensors["model.shared.weight"].shape[0])},
+              path / "model.safetensors", metadata={"format": "pt"})  # fmt: skip
+    assert LightTranslator.of(path, "fp32") is None
+    (path / "model.safetensors").write_bytes(b"not weights")
+    assert LightTranslator.of(path, "fp32") is None
