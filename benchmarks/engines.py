@@ -55,7 +55,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 MULTI30K = HERE.parent.parent / "shared" / "data" / "multi30k_en_de" / "test2016.en"  # the worktrees' layout
-VASWANI = [sys.executable, "-m", "vaswani_hf.cli"]
+VASWANI = [sys.executable, "-m", "vaswani_command"]  # the installed `vaswani` script's entry point
 
 
 @dataclass

@@ -8,8 +8,10 @@ Runs, interleaved round after round (a slow spell of the machine slows them all)
 - the libraries' floor: a process importing what the model's files and the command import from Transformers
   (`FLOOR`: PreTrainedModel, GenerationMixin, the masks, the Auto classes, BART's attention), which any
   PreTrainedModel decoded through Transformers' generation pays before its first step;
-- `echo LINE | vaswani translate MODEL_DIR` (and the same from `--compare`'s checkout, e.g. an older commit
-  extracted with `git archive`), whose outputs must be the same.
+- `echo LINE | vaswani translate MODEL_DIR` through the command's entry point (`vaswani_command.main`: its light
+  start, translation/light_translator.py), the same with the light start off (`VASWANI_LIGHT_START=0`: the
+  Transformers model), and the same from `--compare`'s checkout (e.g. an older commit extracted with
+  `git archive`), whose outputs must all be the same.
 The CPU, the load average before and after, and the torch and Transformers versions are printed with the table.
 """
 
@@ -26,7 +28,11 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-TRANSLATE = "import sys; from vaswani_hf.cli import main; sys.exit(main(['translate', sys.argv[1]]))"
+# the installed `vaswani` script's entry point; an older checkout without it runs its `vaswani_hf.cli`
+TRANSLATE = (
+    "import sys\ntry:\n    from vaswani_command import main\nexcept ImportError:\n"
+    "    from vaswani_hf.cli import main\nsys.exit(main(['translate', sys.argv[1]]))"
+)
 FLOOR = ("import torch; from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, GenerationMixin, "
          "PreTrainedModel; import transformers.masking_utils, transformers.models.bart.modeling_bart")  # fmt: skip
 
@@ -43,10 +49,10 @@ def cpu_seconds() -> float:
     return used.ru_utime + used.ru_stime
 
 
-def run(argv: list[str], line: str, pythonpath: Path) -> tuple[float, float, str]:
+def run(argv: list[str], line: str, pythonpath: Path, env: dict | None = None) -> tuple[float, float, str]:
     """(wall seconds, CPU seconds, stdout) of one process. The CPU seconds hold on a loaded machine, where the wall
     clock also counts the time the process waited for a core."""
-    env = {**os.environ, "PYTHONPATH": str(pythonpath)}
+    env = {**os.environ, **(env or {}), "PYTHONPATH": str(pythonpath)}
     start, cpu = time.perf_counter(), cpu_seconds()
     done = subprocess.run(argv, input=line + "\n", capture_output=True, text=True, env=env)
     seconds, cpu = time.perf_counter() - start, cpu_seconds() - cpu
@@ -69,7 +75,9 @@ def main() -> None:
             python, "-c", "import torch; from transformers import PreTrainedModel"],
         "the libraries' floor (FLOOR)": [python, "-c", FLOOR],
         "vaswani translate (this checkout)": [python, "-c", TRANSLATE, args.model_dir],
+        "vaswani translate, light start off": [python, "-c", TRANSLATE, args.model_dir],
     }  # fmt: skip
+    envs = {"vaswani translate, light start off": {"VASWANI_LIGHT_START": "0"}}
     paths = dict.fromkeys(commands, ROOT)
     if args.compare:
         name = f"vaswani translate ({args.compare})"
@@ -80,7 +88,7 @@ def main() -> None:
     outputs: dict[str, set[str]] = {name: set() for name in commands}
     for _ in range(args.rounds):
         for name, argv in commands.items():
-            seconds, cpu, output = run(argv, args.line, paths[name])
+            seconds, cpu, output = run(argv, args.line, paths[name], envs.get(name))
             times[name].append(seconds)
             cpus[name].append(cpu)
             outputs[name].add(output)

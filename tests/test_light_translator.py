@@ -31,7 +31,9 @@ def folder(tmp_path_factory, architecture: int, model_max_length: int = 64):
 
 
 words = st.lists(st.sampled_from([*LETTER_WORDS, ".", ",", "zz", "Ünï"]), max_size=12).map(" ".join)
-lines = st.lists(st.one_of(words, st.sampled_from(["", "   ", "ba . ca . da ."])), min_size=1, max_size=9)
+# any text a line may hold (a line never holds "\n": the command splits there), the vocabulary's words more often
+texts = st.text(st.characters(exclude_characters="\n"), max_size=30)
+lines = st.lists(st.one_of(words, texts, st.sampled_from(["", "   ", "ba . ca . da ."])), min_size=1, max_size=9)
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

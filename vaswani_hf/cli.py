@@ -352,6 +352,10 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         return 0
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    if COMMANDS[argv[0]] is not translate_command:  # a process's earlier light start left the package's import
+        from . import finish_import
+
+        finish_import()
     try:
         return COMMANDS[argv[0]](argv[1:])
     except (ValueError, OSError, FloatingPointError, StrictDataclassError, ImportError, MemoryError) as err:

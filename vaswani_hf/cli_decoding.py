@@ -190,9 +190,9 @@ def translate_command(argv: list[str]) -> int:
     done, lines = _light_start(args, model_dirs[0], _stream_lines(args.input))
     if done:
         return 0
-    import vaswani_hf
+    from . import finish_import
 
-    vaswani_hf.finish_import()  # handed over: Transformers' model, where the light start had left the package
+    finish_import()  # handed over: Transformers' model, where the light start had left the package
     from .translation.inference import translate_stream
 
     progress, total = sys.stderr.isatty(), None
