@@ -82,8 +82,9 @@ def test_the_command_translates_one_batch_without_importing_transformers(tmp_pat
     of one batch through the command's entry point imports no Transformers module, and writes what the
     Transformers model writes (`VASWANI_LIGHT_START=0`)."""
     folder = paper_model_folder(tmp_path)
-    code = ("import sys, vaswani_command; code = vaswani_command.main(['translate', sys.argv[1], '--precision', "
-            "'fp32']); print(*sorted(sys.modules), sep='\\n', file=sys.stderr); sys.exit(code)")  # fmt: skip
+    code = ("import sys, vaswani_command; sys.argv = ['vaswani', 'translate', sys.argv[1], '--precision', 'fp32']; "
+            "code = vaswani_command.main(); print(*sorted(sys.modules), sep='\\n', file=sys.stderr); "
+            "sys.exit(code)")  # fmt: skip
     lines = "a b c\n\nd e f g h\n"
     light = subprocess.run([sys.executable, "-c", code, str(folder)], capture_output=True, text=True, input=lines)
     assert light.returncode == 0, light.stderr[-2000:]
@@ -94,6 +95,31 @@ def test_the_command_translates_one_batch_without_importing_transformers(tmp_pat
     assert full.returncode == 0, full.stderr[-2000:]
     assert light.stdout == full.stdout and len(light.stdout.splitlines()) == 3
     assert light.stderr.splitlines()[:2] == full.stderr.splitlines()[:1] + full.stderr.splitlines()[-1:]
+
+
+def test_the_light_start_says_the_precision_before_it_reads_a_line(tmp_path):
+    """As the model's path: the precision line comes before any line is read, so input that stops the run (bad
+    UTF-8) leaves the same stderr either way."""
+    folder = paper_model_folder(tmp_path)
+    runs = [subprocess.run([sys.executable, "-m", "vaswani_command", "translate", str(folder), "--precision", "fp32"],
+                           input=b"a b\n\xff\xfe c\n", capture_output=True, env={**os.environ, **env})
+            for env in ({}, {"VASWANI_LIGHT_START": "0"})]  # fmt: skip
+    light, full = (run.stderr.decode().splitlines() for run in runs)
+    assert runs[0].returncode == runs[1].returncode == 2
+    assert light[0] == full[0] == "precision: fp32 (asked for); device: cpu", (light, full)
+    assert light[-1] == full[-1] and "not UTF-8" in light[-1]
+
+
+def test_a_program_calling_the_command_keeps_the_package_s_registration(tmp_path):
+    """`vaswani_command.main([...])` called by a program (not the script) imports the package whole: what the
+    program does next with Transformers' Auto classes knows the model."""
+    folder = paper_model_folder(tmp_path)
+    code = ("import sys, vaswani_command; assert vaswani_command.main(['translate', sys.argv[1]]) == 0; "
+            "from transformers import AutoModelForSeq2SeqLM; from vaswani_hf.model import generation_vaswani; "
+            "AutoModelForSeq2SeqLM.from_pretrained(sys.argv[1]); "
+            "assert generation_vaswani.SPEEDUPS.cpu_products is not None")  # fmt: skip
+    result = subprocess.run([sys.executable, "-c", code, str(folder)], capture_output=True, text=True, input="a b\n")
+    assert result.returncode == 0, result.stderr[-2000:]
 
 
 def test_train_on_a_data_folder_and_evaluate(tmp_path, trained):

@@ -67,31 +67,90 @@ def test_a_wide_model_s_strings(tmp_path_factory):
         assert LightTranslator.of(path, precision).translate_lines(texts) == [c[0][0] for c in expected]
 
 
-def _rewritten(path, name: str, **changes) -> None:
-    values = json.loads((path / name).read_text())
-    (path / name).write_text(json.dumps({**values, **changes}))
+def _added(path, change) -> None:
+    """tokenizer.json with its added tokens changed by `change(list of added tokens)`."""
+    spec = json.loads((path / "tokenizer.json").read_text())
+    change(spec["added_tokens"])
+    (path / "tokenizer.json").write_text(json.dumps(spec))
 
 
-@pytest.mark.parametrize(
-    "change",
-    [
-        ("config.json", {"position_embedding_type": "learned"}),  # a table in the weights
-        ("config.json", {"activation_function": "gelu"}),
-        ("config.json", {"output_bias": True}),
-        ("config.json", {"tie_word_embeddings": False}),
-        ("config.json", {"attn_implementation": "eager"}),
-        ("generation_config.json", {"no_repeat_ngram_size": 3}),
-        ("generation_config.json", {"max_length_offset": None}),
-        ("generation_config.json", {"num_beams": "4"}),
-        ("tokenizer_config.json", {"clean_up_tokenization_spaces": True}),
-        ("tokenizer_config.json", {"tokenizer_class": "MosesBPETokenizer"}),
-    ],
-)
-def test_a_folder_it_does_not_read_as_the_model_is_handed_over(tmp_path, change):
+def _not_special(tokens, content="<pad>"):
+    next(t for t in tokens if t["content"] == content)["special"] = False
+
+
+DROP = object()  # the key removed
+
+# what the Transformers model reads otherwise than `tokenizers` alone would, or refuses with its own clear error
+HANDED_OVER = {
+    "learned positions (a table in the weights)": ("config.json", {"position_embedding_type": "learned"}),
+    "another activation": ("config.json", {"activation_function": "gelu"}),
+    "an output bias": ("config.json", {"output_bias": True}),
+    "untied embeddings": ("config.json", {"tie_word_embeddings": False}),
+    "another attention": ("config.json", {"attn_implementation": "eager"}),
+    "a dropout the model refuses": ("config.json", {"dropout": 1.5}),
+    "a zero epsilon": ("config.json", {"layer_norm_eps": 0}),
+    "an epsilon as text": ("config.json", {"layer_norm_eps": "1e-6"}),
+    "a width as a float": ("config.json", {"d_model": 32.0}),
+    "heads that do not divide the width": ("config.json", {"encoder_attention_heads": 3}),
+    "a feed-forward width the weights do not have": ("config.json", {"encoder_ffn_dim": 128}),
+    "an alignment layer the model lacks": ("config.json", {"alignment_layer": 9}),
+    "an id outside the vocabulary": ("config.json", {"unk_token_id": 999}),
+    "a negative init_std": ("config.json", {"init_std": -1}),
+    "no vocabulary size (VaswaniConfig's default is the base model's)": ("config.json", {"vocab_size": DROP}),
+    "another generation setting": ("generation_config.json", {"no_repeat_ngram_size": 3}),
+    "no source + offset": ("generation_config.json", {"max_length_offset": None}),
+    "beams as text": ("generation_config.json", {"num_beams": "4"}),
+    "beams as a bool": ("generation_config.json", {"num_beams": True}),
+    "a list of EOS ids": ("generation_config.json", {"eos_token_id": [2]}),
+    "no EOS in the generation config": ("generation_config.json", {"eos_token_id": DROP}),
+    "a list of start ids": ("generation_config.json", {"decoder_start_token_id": [1]}),
+    "no start id in the generation config": ("generation_config.json", {"decoder_start_token_id": DROP}),
+    "a tokenizer that cleans up spaces": ("tokenizer_config.json", {"clean_up_tokenization_spaces": True}),
+    "another tokenizer class": ("tokenizer_config.json", {"tokenizer_class": "MosesBPETokenizer"}),
+    "no padding token": ("tokenizer_config.json", {"pad_token": DROP}),
+    "a null padding token": ("tokenizer_config.json", {"pad_token": None}),
+    "a padding token as an object": ("tokenizer_config.json", {"pad_token": {"content": "<pad>"}}),
+    "no length": ("tokenizer_config.json", {"model_max_length": None}),
+    "an unknown token tokenizer.json does not mark": ("tokenizer_config.json", {"unk_token": "a"}),
+    "tokenizer.json's own padding": ("tokenizer.json", {"padding": {"strategy": "BatchLongest", "direction": "Left",
+                                                                    "pad_id": 0, "pad_type_id": 0, "pad_token": "<pad>",
+                                                                    "pad_to_multiple_of": None}}),
+    "tokenizer.json's own truncation": ("tokenizer.json", {"truncation": {"direction": "Left", "max_length": 8,
+                                                                         "strategy": "LongestFirst", "stride": 0}}),
+    "a padding token tokenizer.json does not mark special": ("tokenizer.json", _not_special),
+    "an EOS tokenizer.json does not add": ("tokenizer.json", lambda tokens: tokens.pop(2)),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", sorted(HANDED_OVER))
+def test_a_folder_it_does_not_read_as_the_model_is_handed_over(tmp_path, case):
     path = paper_model_folder(tmp_path)
     assert LightTranslator.of(path, "fp32") is not None
-    _rewritten(path, change[0], **change[1])
+    name, change = HANDED_OVER[case]
+    if callable(change):
+        _added(path, change)
+    else:
+        values = json.loads((path / name).read_text())
+        values.update(change)
+        (path / name).write_text(json.dumps({k: v for k, v in values.items() if v is not DROP}))
     assert LightTranslator.of(path, "fp32") is None
+
+
+def test_the_ids_are_the_generation_config_s_own(tmp_path):
+    """generate() reads the generation config's ids, never config.json's: a folder whose generation config names
+    no padding id pads finished rows with EOS there, whatever config.json says."""
+    path = paper_model_folder(tmp_path)
+    generation = json.loads((path / "generation_config.json").read_text())
+    del generation["pad_token_id"]
+    (path / "generation_config.json").write_text(json.dumps(generation))
+    config = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps({**config, "pad_token_id": 7}))
+    texts = ["ba ca da .", "fe", "ga ha ba ca da fe ga ."]
+    for beams in (1, 4):
+        model, tokenizer = load_for_inference(path, device="cpu", precision="fp32")
+        expected = translate_nbest(model, tokenizer, texts, 1, 32, False, cpu_fast_paths=False, num_beams=beams)
+        got = LightTranslator.of(path, "fp32").translate_lines(texts, num_beams=beams)
+        assert got == [c[0][0] for c in expected]
 
 
 def test_precisions_switch_and_broken_folders_are_handed_over(tmp_path, monkeypatch):

@@ -102,8 +102,9 @@ def _model_dirs(parser: argparse.ArgumentParser, args: argparse.Namespace) -> li
     return [args.model_dir] if args.models is None else args.models
 
 
-def _load(args: argparse.Namespace, model_dirs: list[str]):
-    """The model (or ensemble) in the precision asked for, which is said on stderr (stdout holds the results)."""
+def _load(args: argparse.Namespace, model_dirs: list[str], precision_said: bool = False):
+    """The model (or ensemble) in the precision asked for, which is said on stderr (stdout holds the results)
+    unless the light start said it already."""
     from .model.precision import resolve_precision
     from .translation.inference import check_model_folder, default_device, is_local, load_for_inference
 
@@ -123,7 +124,8 @@ def _load(args: argparse.Namespace, model_dirs: list[str]):
                 check_model_folder(folder)
         device = default_device(args.precision)
         choice = resolve_precision(args.precision, device)
-        print(f"precision: {choice}; device: {device}", file=sys.stderr)
+        if not precision_said:
+            print(f"precision: {choice}; device: {device}", file=sys.stderr)
         loaded = [load_for_inference(folder, device=device, precision=choice) for folder in model_dirs]
     model, tokenizer = loaded[0]
     if len(loaded) == 1:
@@ -187,7 +189,7 @@ def translate_command(argv: list[str]) -> int:
     if args.alignments and (args.models or args.engine != "torch"):
         raise ValueError("--alignments reads one PyTorch model's cross-attention: give a single model and the torch "
                          "engine.")  # fmt: skip
-    done, lines = _light_start(args, model_dirs[0], _stream_lines(args.input))
+    done, lines, said = _light_start(args, model_dirs[0], _stream_lines(args.input))
     if done:
         return 0
     from . import finish_import
@@ -199,7 +201,7 @@ def translate_command(argv: list[str]) -> int:
     if args.input is not None and (progress or args.constraints or args.prefix):
         with open(args.input, "rb") as counted:  # one extra pass: the bar's total, the side files' check
             total = sum(1 for _ in counted)
-    model, tokenizer, _ = _load(args, model_dirs)
+    model, tokenizer, _ = _load(args, model_dirs, precision_said=said)
     lexical = _lexical_files(args, tokenizer, total)
     if args.shortlist is not None:
         from .translation.shortlist import Shortlist
@@ -219,21 +221,22 @@ def translate_command(argv: list[str]) -> int:
     return 0
 
 
-def _light_start(args: argparse.Namespace, model_dir: str, lines: Iterator[str]) -> tuple[bool, Iterator[str]]:
+def _light_start(args: argparse.Namespace, model_dir: str, lines: Iterator[str]) -> tuple[bool, Iterator[str], bool]:
     """`vaswani translate` of a whole input of one batch, on torch alone (translation/light_translator.py):
-    (True, _) where it translated and wrote the lines; (False, every line) where it hands over to the Transformers
-    model, the lines it read put back in front."""
+    (True, _, _) where it translated and wrote the lines; (False, every line, whether it said the precision) where
+    it hands over to the Transformers model, the lines it read put back in front. The precision is said before any
+    line is read, as the model's path says it."""
     plain = (args.models is None and args.engine == "torch" and args.nbest is None and not args.alignments
              and args.constraints is None and args.prefix is None and args.shortlist is None
              and args.decoding in (None, "paper") and args.precision != "int8")  # fmt: skip
     if not plain:
-        return False, lines
+        return False, lines, False
     import torch
 
     from .translation.light_translator import switched_on
 
     if not switched_on() or torch.cuda.is_available():  # a GPU runs Transformers' model (`default_device`)
-        return False, lines
+        return False, lines, False
     from .model.precision import resolve_precision
     from .translation.light_translator import LightTranslator
     from .translation.source_lines import LineReport
@@ -243,16 +246,16 @@ def _light_start(args: argparse.Namespace, model_dir: str, lines: Iterator[str])
     try:
         choice = resolve_precision(args.precision, "cpu")
     except ValueError:
-        return False, lines
+        return False, lines, False
     translator = LightTranslator.of(model_dir, choice.name)
     if translator is None:
-        return False, lines
+        return False, lines, False
+    print(f"precision: {choice}; device: cpu", file=sys.stderr)
     # as `inference.one_search`: no more lines than a batch, and the input ended before the first window did
     most = min(args.batch_size, args.window - 1)
     head = list(itertools.islice(lines, most + 1))
     if len(head) > most:  # more than one batch: the model's own speed paths pay off
-        return False, itertools.chain(head, lines)
-    print(f"precision: {choice}; device: cpu", file=sys.stderr)
+        return False, itertools.chain(head, lines), True
     report = LineReport()
     translations = translator.translate_lines(head, batch_size=args.batch_size, max_tokens=args.max_tokens,
                                               long_lines=args.long_lines, report=report, **_decoding(args))  # fmt: skip
@@ -260,7 +263,7 @@ def _light_start(args: argparse.Namespace, model_dir: str, lines: Iterator[str])
         print(text.rstrip())
     sys.stdout.flush()
     print(report.summary(), file=sys.stderr)
-    return True, iter(())
+    return True, iter(()), True
 
 
 def _lexical_files(args: argparse.Namespace, tokenizer, input_lines: int | None) -> dict:

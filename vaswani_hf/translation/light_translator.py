@@ -13,8 +13,10 @@ It translates only where that holds, and hands over otherwise (`LightTranslator.
 None), before any line is written: an input of more lines than one batch (the fast products and the decoding
 workers pay off there); any option but the search's beam and length penalty or the paper's preset; a folder it
 does not read as the model would (a configuration, generation setting, weight or tokenizer setting outside the
-ones named here, e.g. converted models' position layouts, learned positions, untied embeddings, an output bias);
-int8. Switch: `VASWANI_LIGHT_START=0` always hands over.
+ones named here, e.g. converted models' position layouts, learned positions, untied embeddings, an output bias,
+generation ids that are not the generation config's own single ids, special tokens other than tokenizer.json's
+special added tokens) or that the model refuses (`VaswaniConfig`'s checks, weights of other shapes: the model's
+path then says what is wrong); int8. Switch: `VASWANI_LIGHT_START=0` always hands over.
 """
 
 from __future__ import annotations
@@ -32,21 +34,31 @@ SWITCH = "VASWANI_LIGHT_START"
 # what config.json may hold: any other key, or another value of these, hands over
 CONFIG_VALUES = {"model_type": ("vaswani",), "norm_position": ("post", "pre"),
                  "position_embedding_type": ("sinusoidal",), "activation_function": ("relu",),
-                 "tie_word_embeddings": (True,), "output_bias": (False,), "is_encoder_decoder": (True,)}  # fmt: skip
+                 "tie_word_embeddings": (True,), "output_bias": (False,), "is_encoder_decoder": (True,),
+                 "dtype": ("float32", "bfloat16")}  # fmt: skip
+SIZES = (
+    "vocab_size",
+    "d_model",
+    "encoder_layers",
+    "decoder_layers",
+    "encoder_attention_heads",
+    "decoder_attention_heads",
+    "encoder_ffn_dim",
+    "decoder_ffn_dim",
+)  # fmt: skip  (required: VaswaniConfig's
+# defaults are the base model's, which a folder without them would not hold)
+TOKEN_IDS = ("pad_token_id", "bos_token_id", "eos_token_id", "unk_token_id", "decoder_start_token_id")
 CONFIG_KEYS = {"activation_dropout", "alignment_heads", "alignment_layer", "architectures", "attention_dropout",
-               "auto_map", "bos_token_id", "custom_pipelines", "d_kv", "d_model", "decoder_attention_heads",
-               "decoder_ffn_dim", "decoder_layers", "decoder_start_token_id", "dropout", "dtype",
-               "encoder_attention_heads", "encoder_ffn_dim", "encoder_layers", "eos_token_id", "init_std",
-               "layer_norm_eps", "max_position_embeddings", "pad_token_id", "scale_embedding", "transformers_version",
-               "unk_token_id", "use_cache", "vocab_size", *CONFIG_VALUES}  # fmt: skip
-# what generation_config.json may hold (the paper's decoding and its own ids); the values below are required
+               "auto_map", "custom_pipelines", "d_kv", "dropout", "init_std", "layer_norm_eps",
+               "max_position_embeddings", "scale_embedding", "transformers_version", "use_cache", *SIZES, *TOKEN_IDS,
+               *CONFIG_VALUES}  # fmt: skip
+# what generation_config.json may hold: the paper's decoding and its own ids
 GENERATION_KEYS = {"_from_model_config", "bos_token_id", "decoder_start_token_id", "early_stopping", "eos_token_id",
                    "length_penalty", "length_penalty_type", "max_length_offset", "num_beams", "output_attentions",
                    "output_hidden_states", "pad_token_id", "transformers_version", "use_cache"}  # fmt: skip
-GENERATION_VALUES = {"output_attentions": (False,), "output_hidden_states": (False,), "use_cache": (True,),
-                     "length_penalty_type": ("gnmt", "hf"), "early_stopping": (True, False)}  # fmt: skip
 TOKENIZER_KEYS = {"backend", "bos_token", "eos_token", "is_local", "local_files_only", "model_max_length", "pad_token",
                   "tokenizer_class", "unk_token"}  # fmt: skip
+SPECIAL_TOKENS = ("bos_token", "eos_token", "unk_token", "pad_token")
 TOKENIZER_CLASSES = ("TokenizersBackend", "PreTrainedTokenizerFast")
 # the search settings `vaswani translate` may give over the folder's (`cli_decoding._decoding`: --num-beams,
 # --length-penalty, the paper's preset)
@@ -73,8 +85,82 @@ def _unique(pairs: list[tuple]) -> dict:
     return dict(pairs)
 
 
-def _within(values: dict, keys: set[str], allowed: dict) -> bool:
-    return set(values) <= keys and all(values.get(key, options[0]) in options for key, options in allowed.items())
+def _integer(value, low: int = 1, high: float = math.inf) -> bool:
+    return type(value) is int and low <= value < high
+
+
+def _number(value, low: float = 0.0, high: float = math.inf) -> bool:
+    return type(value) in (int, float) and low <= value < high
+
+
+def _plain_config(config: dict) -> bool:
+    """Whether config.json is one this translator reads as the model does: its keys and values (`CONFIG_VALUES`),
+    and what `VaswaniConfig`'s own checks accept (its types and ranges), so that a folder the model refuses with a
+    clear error goes to the model to be refused."""
+    if not set(config) <= CONFIG_KEYS or not all(key in config for key in SIZES):
+        return False
+    if not all(config.get(key, options[0]) in options and type(config.get(key, options[0])) is type(options[0])
+               for key, options in CONFIG_VALUES.items()):  # fmt: skip
+        return False
+    if not all(_integer(config[key]) for key in SIZES) or not _integer(config.get("max_position_embeddings", 1024)):
+        return False
+    d_kv, vocab, d_model = config.get("d_kv"), config["vocab_size"], config["d_model"]
+    heads = (config["encoder_attention_heads"], config["decoder_attention_heads"])
+    if (d_kv is not None and not _integer(d_kv)) or (d_kv is None and any(d_model % h for h in heads)) or d_model % 2:
+        return False
+    init_std = config.get("init_std")
+    if not _number(config.get("layer_norm_eps", 1e-6), 1e-300) or not (init_std is None or _number(init_std, 1e-300)):
+        return False
+    if not all(_number(config.get(key, 0.0), 0.0, 1.0) for key in ("dropout", "attention_dropout",
+                                                                   "activation_dropout")):  # fmt: skip
+        return False
+    if not all(config.get(key) is None or _integer(config[key], 0, vocab) for key in TOKEN_IDS):
+        return False
+    layer, alignment_heads = config.get("alignment_layer"), config.get("alignment_heads")
+    layers = config["decoder_layers"]
+    if layer is not None and not _integer(layer, -layers, layers):
+        return False
+    if alignment_heads is not None and not (isinstance(alignment_heads, list) and alignment_heads
+                                            and all(_integer(h, 0, heads[1]) for h in alignment_heads)):  # fmt: skip
+        return False
+    return type(config.get("scale_embedding", True)) is bool and type(config.get("use_cache", True)) is bool
+
+
+def _plain_generation(generation: dict, vocab: int) -> bool:
+    """Whether generation_config.json holds the paper's decoding alone, with the ids the model's generate() reads
+    from it (its own: not config.json's) as single token ids."""
+    if not set(generation) <= GENERATION_KEYS:
+        return False
+    settings = (_integer(generation.get("num_beams")) and _integer(generation.get("max_length_offset"), -(2**31))
+                and _number(generation.get("length_penalty", 1.0), -math.inf)
+                and generation.get("length_penalty_type") in ("gnmt", "hf")
+                and type(generation.get("early_stopping", False)) is bool)  # fmt: skip
+    ids = (all(_integer(generation.get(key), 0, vocab) for key in ("eos_token_id", "decoder_start_token_id"))
+           and all(generation.get(key) is None or _integer(generation[key], 0, vocab)
+                   for key in ("pad_token_id", "bos_token_id")))  # fmt: skip
+    flags = all(generation.get(key, default) is default for key, default in (
+        ("output_attentions", False), ("output_hidden_states", False), ("use_cache", True)))  # fmt: skip
+    return bool(settings and ids and flags)
+
+
+def _plain_tokenizer(tokenizer_config: dict, spec: dict | None) -> bool:
+    """Whether tokenizer.json (`spec`) with tokenizer_config.json is a tokenizer the `tokenizers` library runs as
+    Transformers does for translation: named special tokens that are exactly tokenizer.json's added tokens, all
+    special (what decoding skips), no padding or truncation of its own, a plain length."""
+    if spec is None or not set(tokenizer_config) <= TOKENIZER_KEYS:
+        return False
+    if tokenizer_config.get("tokenizer_class") not in TOKENIZER_CLASSES:
+        return False
+    named = [tokenizer_config.get(key) for key in SPECIAL_TOKENS if key in tokenizer_config]
+    if not all(isinstance(token, str) for token in named) or not isinstance(tokenizer_config.get("pad_token"), str):
+        return False
+    added = spec.get("added_tokens") or []
+    if not all(isinstance(token, dict) and token.get("special") is True for token in added):
+        return False
+    if {token.get("content") for token in added} != set(named) or len(added) != len(set(named)):
+        return False
+    length = tokenizer_config.get("model_max_length", MAX_LENGTH)
+    return spec.get("padding") is None and spec.get("truncation") is None and _integer(length)
 
 
 class LightTokenizer:
@@ -85,7 +171,7 @@ class LightTokenizer:
         from tokenizers import Tokenizer
 
         self.tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
-        self.model_max_length = int(config.get("model_max_length", MAX_LENGTH))
+        self.model_max_length = config.get("model_max_length", MAX_LENGTH)
         self.pad_token_id = self.tokenizer.token_to_id(config["pad_token"])
 
     def __call__(self, texts: str | list[str], truncation: bool = False, max_length: int | None = None,
@@ -208,18 +294,13 @@ class LightTranslator:
         if not switched_on() or precision not in ("fp32", "bf16") or not folder.is_dir():
             return None
         config, generation = _json(folder / "config.json"), _json(folder / "generation_config.json")
-        tokenizer_config = _json(folder / "tokenizer_config.json")
-        if config is None or generation is None or tokenizer_config is None:
+        tokenizer_config, spec = _json(folder / "tokenizer_config.json"), _json(folder / "tokenizer.json")
+        if config is None or generation is None or tokenizer_config is None or not _plain_config(config):
             return None
-        if not (_within(config, CONFIG_KEYS, CONFIG_VALUES) and _within(generation, GENERATION_KEYS, GENERATION_VALUES)
-                and set(tokenizer_config) <= TOKENIZER_KEYS
-                and tokenizer_config.get("tokenizer_class") in TOKENIZER_CLASSES
-                and isinstance(generation.get("max_length_offset"), int)
-                and isinstance(generation.get("num_beams"), int)
-                and config.get("dtype", "float32") in ("float32", "bfloat16")):  # fmt: skip
+        if not _plain_generation(generation, config["vocab_size"]) or not _plain_tokenizer(tokenizer_config, spec):
             return None
         others = {"special_tokens_map.json", "added_tokens.json", "tokenizer.model", "vocab.json", "merges.txt"}
-        if any((folder / name).exists() for name in others) or not (folder / "tokenizer.json").is_file():
+        if any((folder / name).exists() for name in others):
             return None
         weights = cls._weights(folder, config)
         if weights is None:
@@ -244,20 +325,31 @@ class LightTranslator:
             weights = load_file(path)
         except (SafetensorError, OSError):
             return None
-        names = {"model.shared.weight"}
+        shapes = {"model.shared.weight": (config["vocab_size"], config["d_model"])}
+        d_model = config["d_model"]
         for side in ("encoder", "decoder"):
-            sublayers = ["self_attn.qkv_proj", "self_attn.out_proj", "feed_forward.fc1", "feed_forward.fc2",
-                         "self_attn_layer_norm", "final_layer_norm"]  # fmt: skip
+            inner = config[f"{side}_attention_heads"] * (
+                config.get("d_kv") or d_model // config[f"{side}_attention_heads"]
+            )
+            ffn = config[f"{side}_ffn_dim"]
+            linears = {"self_attn.qkv_proj": (3 * inner, d_model), "self_attn.out_proj": (d_model, inner),
+                       "feed_forward.fc1": (ffn, d_model), "feed_forward.fc2": (d_model, ffn)}  # fmt: skip
+            norms = ["self_attn_layer_norm", "final_layer_norm"]
             if side == "decoder":
-                sublayers += ["encoder_attn.q_proj", "encoder_attn.kv_proj", "encoder_attn.out_proj",
-                              "encoder_attn_layer_norm"]  # fmt: skip
-            names |= {f"model.{side}.layers.{i}.{s}.{p}" for i in range(config.get(f"{side}_layers", -1))
-                      for s in sublayers for p in ("weight", "bias")}  # fmt: skip
+                linears |= {"encoder_attn.q_proj": (inner, d_model), "encoder_attn.kv_proj": (2 * inner, d_model),
+                            "encoder_attn.out_proj": (d_model, inner)}  # fmt: skip
+                norms.append("encoder_attn_layer_norm")
+            for i in range(config[f"{side}_layers"]):
+                for name, (rows, columns) in linears.items():
+                    shapes |= {f"model.{side}.layers.{i}.{name}.weight": (rows, columns),
+                               f"model.{side}.layers.{i}.{name}.bias": (rows,)}  # fmt: skip
+                for name in norms:
+                    shapes |= {f"model.{side}.layers.{i}.{name}.{p}": (d_model,) for p in ("weight", "bias")}
             if config.get("norm_position") == "pre":
-                names |= {f"model.{side}.layer_norm.weight", f"model.{side}.layer_norm.bias"}
-        if set(weights) != names or not all(t.dtype in (torch.float32, torch.bfloat16) for t in weights.values()):
+                shapes |= {f"model.{side}.layer_norm.{p}": (d_model,) for p in ("weight", "bias")}
+        if set(weights) != set(shapes) or any(tuple(weights[n].shape) != shape for n, shape in shapes.items()):
             return None
-        if weights["model.shared.weight"].shape != (config["vocab_size"], config["d_model"]):
+        if not all(t.dtype in (torch.float32, torch.bfloat16) for t in weights.values()):
             return None
         return weights
 
@@ -321,9 +413,12 @@ class LightTranslator:
         generation = {**self.generation, **(settings or {})}
         beams = generation["num_beams"]
         encoded = self.tokenizer(texts, truncation=True, max_length=limit)["input_ids"]
-        eos = generation.get("eos_token_id", self.config.get("eos_token_id"))
-        pad = generation.get("pad_token_id", self.config.get("pad_token_id"))
-        start = generation.get("decoder_start_token_id", self.config.get("decoder_start_token_id"))
+        # the ids generate() reads: the generation config's own (`_plain_generation`), not config.json's
+        eos, pad, start = (
+            generation["eos_token_id"],
+            generation.get("pad_token_id"),
+            generation["decoder_start_token_id"],
+        )
         outputs: list[str] = [""] * len(texts)
         for index in batch_indices([len(ids) for ids in encoded], batch_size, max_tokens):
             longest = max(len(encoded[i]) for i in index)
