@@ -110,6 +110,27 @@ def test_the_light_start_says_the_precision_before_it_reads_a_line(tmp_path):
     assert light[-1] == full[-1] and "not UTF-8" in light[-1]
 
 
+def test_a_closed_stdin_is_a_clear_error(tmp_path):
+    folder = paper_model_folder(tmp_path)
+    for env in ("", "VASWANI_LIGHT_START=0 "):
+        result = subprocess.run(["sh", "-c", f"{env}{sys.executable} -m vaswani_command translate {folder} <&-"],
+                                capture_output=True, text=True)  # fmt: skip
+        assert result.returncode == 2 and "error: stdin is closed" in result.stderr, result.stderr[-2000:]
+
+
+def test_a_greedy_search_given_a_length_penalty_says_what_the_model_says(tmp_path):
+    """Transformers warns of a length penalty given to a greedy search: the light start hands such a run over."""
+    folder = paper_model_folder(tmp_path)
+    options = ["--precision", "fp32", "--num-beams", "1", "--length-penalty", "5"]
+    runs = [vaswani("translate", str(folder), *options, stdin="a b c\n", env={**os.environ, **env})
+            for env in ({}, {"VASWANI_LIGHT_START": "0"})]  # fmt: skip
+
+    def said(stderr: str) -> list[str]:  # Transformers' progress bar of the weights aside
+        return [line for line in stderr.splitlines() if "Loading weights" not in line]
+
+    assert runs[0].stdout == runs[1].stdout and said(runs[0].stderr) == said(runs[1].stderr)
+
+
 def test_a_program_calling_the_command_keeps_the_package_s_registration(tmp_path):
     """`vaswani_command.main([...])` called by a program (not the script) imports the package whole: what the
     program does next with Transformers' Auto classes knows the model."""

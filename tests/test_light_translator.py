@@ -5,7 +5,7 @@ import json
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from safetensors.torch import load_file, save_file
 
@@ -47,6 +47,7 @@ def test_light_start_writes_the_model_s_strings(tmp_path_factory, architecture, 
     light = LightTranslator.of(path, precision)
     assert light is not None
     asked = {name: value for name, value in (("num_beams", beams), ("length_penalty", penalty)) if value is not None}
+    assume(light.takes(asked))  # a greedy search given a length penalty goes to the model (the test below)
     report, light_report = LineReport(), LineReport()
     got = light.translate_lines(texts, batch_size=batch_size, max_tokens=max_tokens, long_lines=long_lines,
                                 report=light_report, **asked)  # fmt: skip
@@ -97,7 +98,9 @@ HANDED_OVER = {
     "an id outside the vocabulary": ("config.json", {"unk_token_id": 999}),
     "a negative init_std": ("config.json", {"init_std": -1}),
     "no vocabulary size (VaswaniConfig's default is the base model's)": ("config.json", {"vocab_size": DROP}),
+    "no model type": ("config.json", {"model_type": DROP}),
     "another generation setting": ("generation_config.json", {"no_repeat_ngram_size": 3}),
+    "a greedy generation config with a beam's length penalty": ("generation_config.json", {"num_beams": 1}),
     "no source + offset": ("generation_config.json", {"max_length_offset": None}),
     "beams as text": ("generation_config.json", {"num_beams": "4"}),
     "beams as a bool": ("generation_config.json", {"num_beams": True}),
@@ -168,3 +171,30 @@ def test_precisions_switch_and_broken_folders_are_handed_over(tmp_path, monkeypa
     assert LightTranslator.of(path, "fp32") is None
     (path / "model.safetensors").write_bytes(b"not weights")
     assert LightTranslator.of(path, "fp32") is None
+
+
+def test_weights_are_read_in_the_dtype_the_config_names(tmp_path):
+    """The model loads fp32 weights saved under `dtype: bfloat16` in bf16 (rounded), then takes the precision asked
+    for: the light start rounds them too (the encoder's output, bit for bit, and the lines)."""
+    path = paper_model_folder(tmp_path)
+    config = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps({**config, "dtype": "bfloat16"}))
+    texts = ["ba ca da .", "fe ga ha ba ca", "ga ha ba ca da fe ga ."]
+    model, tokenizer = load_for_inference(path, device="cpu", precision="fp32")
+    light = LightTranslator.of(path, "fp32")
+    batch = tokenizer(texts, padding=True, return_tensors="pt")
+    with torch.no_grad():
+        hidden = model.get_encoder()(**batch).last_hidden_state
+    assert torch.equal(light.encode(batch["input_ids"], batch["attention_mask"]), hidden)
+    expected = translate_nbest(model, tokenizer, texts, 1, 32, False, cpu_fast_paths=False, num_beams=1)
+    assert light.translate_lines(texts, num_beams=1) == [c[0][0] for c in expected]
+
+
+def test_a_greedy_search_given_a_beam_s_settings_goes_to_the_model(tmp_path):
+    """Transformers warns of a length penalty or stopping rule given to a greedy search; the light start would not."""
+    light = LightTranslator.of(paper_model_folder(tmp_path), "fp32")
+    assert light.takes({}) and light.takes({"num_beams": 1}) and light.takes({"num_beams": 2, "length_penalty": 1.0})
+    assert not light.takes({"num_beams": 1, "length_penalty": 5.0})
+    assert not light.takes({"num_beams": 1, "early_stopping": True, "length_penalty": 0.6, "max_length_offset": 50})
+    with pytest.raises(ValueError, match="greedy search's length penalty"):
+        light.translate_lines(["ba"], num_beams=1, length_penalty=2.0)

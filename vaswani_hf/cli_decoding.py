@@ -248,7 +248,7 @@ def _light_start(args: argparse.Namespace, model_dir: str, lines: Iterator[str])
     except ValueError:
         return False, lines, False
     translator = LightTranslator.of(model_dir, choice.name)
-    if translator is None:
+    if translator is None or not translator.takes(_decoding(args)):
         return False, lines, False
     print(f"precision: {choice}; device: cpu", file=sys.stderr)
     # as `inference.one_search`: no more lines than a batch, and the input ended before the first window did
@@ -293,6 +293,8 @@ def _stream_lines(path: str | None):
     decoded by itself: a text stream decodes ahead in blocks and cannot say where)."""
     from .data.encodings import check_utf8_encoding
 
+    if path is None and sys.stdin is None:  # started with stdin closed (`<&-`)
+        raise ValueError("stdin is closed: pipe the lines in, or give --input FILE.")
     stream = sys.stdin.buffer if path is None else open(path, "rb")
     try:
         # UTF-16 (Notepad's "Unicode") named as such, before its NULs are read as text

@@ -97,7 +97,7 @@ def _plain_config(config: dict) -> bool:
     """Whether config.json is one this translator reads as the model does: its keys and values (`CONFIG_VALUES`),
     and what `VaswaniConfig`'s own checks accept (its types and ranges), so that a folder the model refuses with a
     clear error goes to the model to be refused."""
-    if not set(config) <= CONFIG_KEYS or not all(key in config for key in SIZES):
+    if not set(config) <= CONFIG_KEYS or not all(key in config for key in (*SIZES, "model_type")):
         return False
     if not all(config.get(key, options[0]) in options and type(config.get(key, options[0])) is type(options[0])
                for key, options in CONFIG_VALUES.items()):  # fmt: skip
@@ -133,14 +133,25 @@ def _plain_generation(generation: dict, vocab: int) -> bool:
         return False
     settings = (_integer(generation.get("num_beams")) and _integer(generation.get("max_length_offset"), -(2**31))
                 and _number(generation.get("length_penalty", 1.0), -math.inf)
-                and generation.get("length_penalty_type") in ("gnmt", "hf")
-                and type(generation.get("early_stopping", False)) is bool)  # fmt: skip
+                and generation.get("length_penalty_type", "hf") in ("gnmt", "hf")
+                and _stopping(generation.get("early_stopping", False)))  # fmt: skip
     ids = (all(_integer(generation.get(key), 0, vocab) for key in ("eos_token_id", "decoder_start_token_id"))
            and all(generation.get(key) is None or _integer(generation[key], 0, vocab)
                    for key in ("pad_token_id", "bos_token_id")))  # fmt: skip
     flags = all(generation.get(key, default) is default for key, default in (
         ("output_attentions", False), ("output_hidden_states", False), ("use_cache", True)))  # fmt: skip
-    return bool(settings and ids and flags)
+    return bool(settings and ids and flags) and not greedy_with_beam_settings(generation, generation)
+
+
+def _stopping(value) -> bool:
+    return type(value) is bool or value == "never"
+
+
+def greedy_with_beam_settings(settings: dict, given: dict) -> bool:
+    """Whether a greedy search (`settings`' beams: 1) is `given` a beam search's length penalty or stopping rule,
+    which Transformers' generation config names in a warning ("generation flags are not valid") that the light
+    start does not print: such a run goes to the model, whose warning it is."""
+    return settings.get("num_beams") == 1 and any(key in given for key in ("length_penalty", "early_stopping"))
 
 
 def _plain_tokenizer(tokenizer_config: dict, spec: dict | None) -> bool:
@@ -306,7 +317,9 @@ class LightTranslator:
         if weights is None:
             return None
         dtype = torch.bfloat16 if precision == "bf16" else torch.float32
-        weights = {name: tensor.to(dtype) for name, tensor in weights.items()}
+        # the model loads its weights in config.json's dtype (a bf16 one rounds fp32 weights), then takes `precision`
+        loaded = torch.bfloat16 if config.get("dtype") == "bfloat16" else torch.float32
+        weights = {name: tensor.to(loaded).to(dtype) for name, tensor in weights.items()}
         tokenizer = LightTokenizer(folder, tokenizer_config)
         if tokenizer.pad_token_id is None or tokenizer.tokenizer.get_vocab_size() > config["vocab_size"]:
             return None
@@ -383,6 +396,11 @@ class LightTranslator:
             hidden = layer.final_norm.connect(hidden, layer.feed_forward(hidden))
         return self.encoder_norm(hidden) if self.encoder_norm is not None else hidden
 
+    def takes(self, settings: dict) -> bool:
+        """Whether this translator decodes with these search settings (`vaswani translate`'s, over the folder's) as
+        the model does, warnings included."""
+        return set(settings) <= SETTINGS and not greedy_with_beam_settings({**self.generation, **settings}, settings)
+
     def translate_lines(self, lines: list[str], batch_size: int = 32, max_tokens: int | None = None,
                         long_lines: str = "cut", report=None, **settings) -> list[str]:  # fmt: skip
         """Each line's translation, as `translate_nbest` gives its best: an empty line stays empty, a long one is
@@ -390,8 +408,9 @@ class LightTranslator:
         `vaswani translate` passes generate() (`cli_decoding._decoding`), over the folder's generation config."""
         from .source_lines import pieces_of, rejoined, source_limit
 
-        if not set(settings) <= SETTINGS:
-            raise ValueError(f"the light start takes only the search settings {sorted(SETTINGS)}, not {settings}.")
+        if not self.takes(settings):
+            raise ValueError(f"the light start takes only the search settings {sorted(SETTINGS)} (not a greedy "
+                             f"search's length penalty or stopping rule), not {settings}.")  # fmt: skip
         limit = source_limit(None, self.tokenizer)  # sinusoids: the tokenizer's limit
         pieces = pieces_of(list(lines), self.tokenizer, limit, long_lines, 1, report)
         texts = [piece for line in pieces for piece in line]
@@ -433,7 +452,7 @@ class LightTranslator:
                 min_new_tokens=0, eos=torch.tensor([eos]), forced_eos=None, limit_eos=eos, forced_bos=None,
                 start=start, fill=(pad if pad is not None else eos) if beams == 1 else (pad or eos),
                 length_penalty=float(generation.get("length_penalty", 1.0)),
-                gnmt=generation.get("length_penalty_type") == "gnmt",
+                gnmt=generation.get("length_penalty_type", "hf") == "gnmt",
                 early_stopping=generation.get("early_stopping", False), suppress=None, bad_words=None,
                 user_processors=[], renormalize=False, return_dict=True, output_scores=False, output_logits=False,
                 sequence_scores=beams > 1,
