@@ -110,6 +110,20 @@ def test_the_light_start_says_the_precision_before_it_reads_a_line(tmp_path):
     assert light[-1] == full[-1] and "not UTF-8" in light[-1]
 
 
+def test_a_user_who_asked_for_the_fast_products_gets_the_model_s_path(tmp_path):
+    """`VASWANI_CPU_FAST_PATHS=1` is the user's choice (docs/decoding.md): the light start, which has no fast
+    products, hands a one-batch input over; `=0` keeps it (the light start computes the model's own products)."""
+    folder = paper_model_folder(tmp_path)
+    # (fp32: `auto`'s first measurement on a machine builds the Transformers model to time it)
+    code = ("import sys, vaswani_command; sys.argv = ['vaswani', 'translate', sys.argv[1], '--precision', 'fp32']; "
+            "code = vaswani_command.main(); print('transformers' in sys.modules, file=sys.stderr); "
+            "sys.exit(code)")  # fmt: skip
+    for value, imported in (("1", "True"), ("0", "False")):
+        result = subprocess.run([sys.executable, "-c", code, str(folder)], capture_output=True, text=True,
+                                input="a b\n", env={**os.environ, "VASWANI_CPU_FAST_PATHS": value})  # fmt: skip
+        assert result.returncode == 0 and result.stderr.splitlines()[-1] == imported, result.stderr[-2000:]
+
+
 def test_a_closed_stdin_is_a_clear_error(tmp_path):
     folder = paper_model_folder(tmp_path)
     for env in ("", "VASWANI_LIGHT_START=0 "):

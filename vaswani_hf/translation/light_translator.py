@@ -9,10 +9,11 @@ It computes what the model's own modules compute for the paper's decoding (the s
 run by the `tokenizers` library, so its lines are the same strings `vaswani translate` writes through
 Transformers (tests/test_light_translator.py draws models, configurations, lines and settings and compares both).
 
-It translates only where that holds, and hands over otherwise (`LightTranslator.of` or `translate_lines` give
-None), before any line is written: an input of more lines than one batch (the fast products and the decoding
-workers pay off there); any option but the search's beam and length penalty or the paper's preset; a folder it
-does not read as the model would (a configuration, generation setting, weight or tokenizer setting outside the
+It translates only where that holds, and hands over otherwise (`LightTranslator.of` gives None, or `takes` says
+no to the command's settings), before any line is written: an input of more lines than one batch (the fast
+products and the decoding workers pay off there); any option but the search's beam and length penalty or the
+paper's preset (and a greedy search given a beam's settings, of which Transformers warns); a folder it does not
+read as the model would (a configuration, generation setting, weight or tokenizer setting outside the
 ones named here, e.g. converted models' position layouts, learned positions, untied embeddings, an output bias,
 generation ids that are not the generation config's own single ids, special tokens other than tokenizer.json's
 special added tokens) or that the model refuses (`VaswaniConfig`'s checks, weights of other shapes: the model's
