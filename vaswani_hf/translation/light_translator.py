@@ -482,7 +482,6 @@ class _DecodingState:
         self.values: list[torch.Tensor | None] = [None] * layers
         self.cross: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * layers
         self.steps = 0
-        self.pending: torch.LongTensor | None = None  # the rows the self-attention caches take at the next step
 
     def _encoder_mask(self) -> torch.Tensor | None:
         if bool(self.source_mask.all()):
@@ -501,10 +500,7 @@ class _DecodingState:
         for index, layer in enumerate(translator.decoder_layers):
             attn = layer.self_attn
             query, key, value = attn.split(F.linear(layer.self_norm.input(hidden), *attn.projection), 3)
-            if self.keys[index] is not None and self.pending is not None:  # the beams' survivors, in one copy
-                key = _select_and_append(self.keys[index], self.pending, key)
-                value = _select_and_append(self.values[index], self.pending, value)
-            elif self.keys[index] is not None:
+            if self.keys[index] is not None:
                 key = torch.cat([self.keys[index], key], dim=-2)
                 value = torch.cat([self.values[index], value], dim=-2)
             else:  # the model's caches hold copies (a concatenation), not views of the projection
@@ -526,15 +522,13 @@ class _DecodingState:
             hidden = layer.cross_norm.connect(hidden, cross.out(attended, (rows, 1)))
             hidden = layer.final_norm.connect(hidden, layer.feed_forward(hidden))
         self.steps += 1
-        self.pending = None
         if translator.decoder_norm is not None:
             hidden = translator.decoder_norm(hidden)
         return hidden[:, -1]
 
     def reorder(self, row_idx: torch.LongTensor) -> None:
-        """The self-attention caches follow these rows, at the next step's append (two reorderings compose), as the
-        model's `VaswaniBeamSearchCacheLayer`: one copy a step instead of two."""
-        self.pending = row_idx if self.pending is None else self.pending.index_select(0, row_idx)
+        self.keys = [k.index_select(0, row_idx) for k in self.keys]
+        self.values = [v.index_select(0, row_idx) for v in self.values]
 
     def keep(self, examples: torch.Tensor) -> None:
         """Only the sentences in `examples` (indices into the current batch, on the host) go on."""
@@ -547,12 +541,3 @@ class _DecodingState:
         self.encoder_hidden = self.encoder_hidden.index_select(0, examples)
         self.source_mask = self.source_mask.index_select(0, examples)
         self.encoder_mask = self._encoder_mask()
-
-
-def _select_and_append(cache: torch.Tensor, rows: torch.LongTensor, new: torch.Tensor) -> torch.Tensor:
-    """`cat([cache[rows], new], dim=-2)` written once into a new buffer."""
-    length = cache.shape[-2]
-    merged = cache.new_empty((rows.shape[0], *cache.shape[1:-2], length + new.shape[-2], cache.shape[-1]))
-    torch.index_select(cache, 0, rows, out=merged[..., :length, :])
-    merged[..., length:, :] = new
-    return merged
