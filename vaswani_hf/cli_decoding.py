@@ -237,8 +237,8 @@ def _light_start(args: argparse.Namespace, model_dir: str, lines: Iterator[str])
 
     if not switched_on() or torch.cuda.is_available():  # a GPU runs Transformers' model (`default_device`)
         return False, lines, False
-    fast = os.environ.get("VASWANI_CPU_FAST_PATHS", "").strip().lower()
-    if fast and fast not in ("0", "false", "no", "off"):  # the user asked for the fast products: the model has them
+    fast = "VASWANI_CPU_FAST_PATHS"  # set and on: the user asked for the fast products, which the model's path has
+    if os.environ.get(fast, "").strip() and switched_on(fast):
         return False, lines, False
     from .model.precision import resolve_precision
     from .translation.light_translator import LightTranslator

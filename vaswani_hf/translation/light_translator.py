@@ -67,8 +67,10 @@ SETTINGS = {"num_beams", "length_penalty", "length_penalty_type", "max_length_of
 MAX_LENGTH = 10**9  # no limit, as `source_lines.source_limit` counts one
 
 
-def switched_on() -> bool:
-    return os.environ.get(SWITCH, "").strip().lower() not in ("0", "off", "false", "no")
+def switched_on(variable: str = SWITCH) -> bool:
+    """Whether the environment leaves a switch on: not set to 0, false, no or off (`generation_vaswani.switched_off`'s
+    words, read here without importing Transformers)."""
+    return os.environ.get(variable, "").strip().lower() not in ("0", "off", "false", "no")
 
 
 def _json(path: Path) -> dict | None:
@@ -258,21 +260,20 @@ class _Layer:
 class LightTranslator:
     """A saved model folder's weights and tokenizer, translated as `vaswani translate` translates them."""
 
-    def __init__(self, folder: Path, config: dict, generation: dict, weights: dict, tokenizer: LightTokenizer,
+    def __init__(self, config: dict, generation: dict, weights: dict, tokenizer: LightTokenizer,
                  dtype: torch.dtype) -> None:  # fmt: skip
         self.config, self.generation, self.tokenizer, self.dtype = config, generation, tokenizer, dtype
         d_model = config["d_model"]
         self.embedding = weights["model.shared.weight"]
         self.embed_scale = math.sqrt(d_model) if config.get("scale_embedding", True) else 1.0
-        self.eps = config.get("layer_norm_eps", 1e-6)
+        eps = config.get("layer_norm_eps", 1e-6)
         pre = config.get("norm_position", "post") == "pre"
-        self.pre = pre
 
         def linear(name: str) -> tuple[torch.Tensor, torch.Tensor]:
             return weights[f"{name}.weight"], weights[f"{name}.bias"]
 
         def norm(name: str) -> _Norm:
-            return _Norm(weights[f"{name}.weight"], weights[f"{name}.bias"], self.eps, pre)
+            return _Norm(weights[f"{name}.weight"], weights[f"{name}.bias"], eps, pre)
 
         def stack(side: str) -> list[_Layer]:
             heads = config[f"{side}_attention_heads"]
@@ -324,7 +325,7 @@ class LightTranslator:
         tokenizer = LightTokenizer(folder, tokenizer_config)
         if tokenizer.pad_token_id is None or tokenizer.tokenizer.get_vocab_size() > config["vocab_size"]:
             return None
-        return cls(folder, config, generation, weights, tokenizer, dtype)
+        return cls(config, generation, weights, tokenizer, dtype)
 
     @staticmethod
     def _weights(folder: Path, config: dict) -> dict | None:
@@ -461,9 +462,10 @@ class LightTranslator:
             with torch.inference_mode():
                 state = _DecodingState(self, self.encode(ids, mask), mask, beams)
                 result = (beam_search if beams > 1 else greedy_search)(settings, state)
+            # generate()'s sequences: the start token, then every row's tokens up to the longest's end
+            sequences = result["sequences"][:, : max(int(result["lengths"].max()), 1)].tolist()
             for row, i in enumerate(index):
-                tokens = result["sequences"][row, : max(int(result["lengths"].max()), 1)].tolist()
-                outputs[i] = self.tokenizer.decode([start, *tokens]).strip()
+                outputs[i] = self.tokenizer.decode([start, *sequences[row]]).strip()
         return outputs
 
 
