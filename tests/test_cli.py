@@ -32,9 +32,29 @@ def test_train_builtin_task_summary(trained):
     assert summary["steps"] == 4 and summary["model_dir"] == str(out)
     assert summary["bleu_signature"].startswith("nrefs:1|case:mixed|eff:no|tok:13a")
     assert summary["loss"] > 0  # the evaluation split's per-token loss: benchmarks/table3.py's perplexity
+    if (os.cpu_count() or 1) > 1 and not os.environ.get("OMP_NUM_THREADS"):  # the tiny preset, d_model 32
+        assert summary["threads"].startswith("1 (d_model 32 <= "), summary["threads"]
     assert {"config.json", "model.safetensors", "tokenizer.json", "generation_config.json"} <= {
         p.name for p in out.iterdir()
     }
+
+
+def test_a_narrow_model_trains_on_one_thread_and_a_user_s_count_is_kept(tmp_path):
+    # the threads the training actually ran on, read in the process after `vaswani train` (the summary could say one
+    # thing and the run do another)
+    program = ("import sys, torch; from vaswani_hf.cli import main; code = main(sys.argv[1:]); "
+               "print('threads', torch.get_num_threads()); sys.exit(code)")  # fmt: skip
+    for chosen, expected in ((None, 1), ("2", 2)):
+        environment = {key: value for key, value in os.environ.items() if key != "OMP_NUM_THREADS"}
+        if chosen:
+            environment["OMP_NUM_THREADS"] = chosen
+        result = subprocess.run([sys.executable, "-c", program, "train", *TINY_RUN, "--max_steps", "2",
+                                 "--eval_split", "none", "--output_dir", str(tmp_path / str(chosen))],
+                                capture_output=True, text=True, env=environment)  # fmt: skip
+        assert result.returncode == 0, result.stderr[-3000:]
+        assert f"threads {expected}" in result.stdout.splitlines()[-1]
+        summary = json.loads([line for line in result.stdout.splitlines() if line.startswith('{"')][-1])
+        assert summary["threads"].startswith(f"{expected} (")
 
 
 def test_asking_the_builtin_task_for_averaging_writes_the_checkpoints(tmp_path):

@@ -5,12 +5,15 @@
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from transformers import DataCollatorForSeq2Seq
 
 from vaswani_hf.data.batching import TokenBudgetBatchSampler
 from vaswani_hf.training.training_speed import (
     MARGIN,
     MIN_STEPS_TO_MEASURE,
+    ONE_THREAD_D_MODEL,
     BucketPadding,
     Speedups,
     choose_speedups,
@@ -18,6 +21,7 @@ from vaswani_hf.training.training_speed import (
     resolve_speedups,
     speedups_for_training,
     step_seconds,
+    training_threads,
 )
 
 from .test_recipe import make_trainer, tokenizer  # noqa: F401 (a fixture)
@@ -237,3 +241,24 @@ def test_a_run_with_chunked_loss_trains_as_one_without(tokenizer, tmp_path):  # 
         assert bool(calls) == (asked == "chunked_loss")
         losses.append([entry["loss"] for entry in trainer.state.log_history if "loss" in entry])
     np.testing.assert_allclose(losses[1], losses[0], rtol=1e-4)
+
+
+@settings(max_examples=200, deadline=None)
+@given(d_model=st.none() | st.integers(1, 4096), chosen=st.none() | st.sampled_from(["", "  ", "1", "2", " 4 "]),
+       device=st.sampled_from(["cpu", "cuda"]), threads=st.integers(1, 16))  # fmt: skip
+def test_a_narrow_model_trains_on_one_thread_unless_the_user_chose_or_it_runs_on_a_gpu(d_model, chosen, device,
+                                                                                     threads):  # fmt: skip
+    with pytest.MonkeyPatch.context() as patch:  # each draw's own environment and thread count
+        patch.delenv("OMP_NUM_THREADS", raising=False)
+        if chosen is not None:
+            patch.setenv("OMP_NUM_THREADS", chosen)
+        patch.setattr(torch, "get_num_threads", lambda: threads)
+        choice = training_threads(d_model, torch.device(device))
+    assert ONE_THREAD_D_MODEL == 64  # the measured rule (docs/recipe.md)
+    narrow = d_model is not None and d_model <= 64
+    one = device == "cpu" and not (chosen or "").strip() and narrow and threads > 1
+    assert choice.threads == (1 if one else threads)
+    if one:  # the reason names the width and the switch
+        assert f"d_model {d_model} <= 64" in str(choice) and "OMP_NUM_THREADS" in str(choice)
+    elif device == "cpu" and (chosen or "").strip():
+        assert f"OMP_NUM_THREADS={chosen.strip()}" in str(choice)

@@ -39,7 +39,7 @@ from ..translation.metrics import TranslationMetrics, load_metrics
 from .averaging import average_checkpoints, last_checkpoints, list_checkpoints, load_weights
 from .stopping import GracefulStopCallback, WallClockCallback
 from .trainer import VaswaniTrainer, VaswaniTrainingArguments, resumable_checkpoint
-from .training_speed import speedups_for_training, uncompiled
+from .training_speed import speedups_for_training, training_threads, uncompiled
 
 logger = logging.getLogger(__name__)
 
@@ -533,10 +533,13 @@ def run_training(
     stop = GracefulStopCallback(status=lambda: trainer.compile_watch and trainer.compile_watch.status)
     trainer = build_trainer(data, data_args, model_args, training_args, tokenizer,
                             callbacks=[stop, WallClockCallback(training_args.max_train_minutes)])  # fmt: skip
+    threads = training_threads(getattr(trainer.model.config, "d_model", None), training_args.device)
+    torch.set_num_threads(threads.threads)
     main = trainer.is_world_process_zero()
     if main:
         print(f"task: {task}; {len(trainer.train_dataset)} training pairs; world size {training_args.world_size}; "
-              f"precision {training_args.precision_choice}; speed-ups {trainer.speedups}", flush=True)  # fmt: skip
+              f"precision {training_args.precision_choice}; speed-ups {trainer.speedups}; threads {threads}",
+              flush=True)  # fmt: skip
     stats = train(trainer, resume=training_args.resume)
     if stop.signal is not None:
         if main:
@@ -560,7 +563,8 @@ def run_training(
                 write_training_card(trainer, data_args, stats, metrics, example, builtin, task)
         except Exception as err:  # the trained model matters more than its card: say so, keep going
             logger.warning("the model card could not be written (%s: %s); the model is saved", type(err).__name__, err)
-        summary = {**stats, "eval_split": data_args.eval_split, **metrics, "model_dir": str(output_dir)}
+        summary = {**stats, "threads": str(threads), "eval_split": data_args.eval_split, **metrics,
+                   "model_dir": str(output_dir)}  # fmt: skip
         print(json.dumps(summary))
         headline = data_args.run_task.headline(metrics, data_args.eval_split)
         print(f"{headline}{stats['steps']} steps ({stats['seconds']:.0f} s, {stats['target_tokens_per_s']} target "

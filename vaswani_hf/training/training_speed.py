@@ -15,6 +15,8 @@ they change how fast a step runs:
 eager first, then each speed-up alone; a speed-up is kept when its steps are at least `MARGIN` faster. On a CPU
 `auto` turns none on (the CPU paths were chosen by measurement elsewhere: `vaswani_hf.model.precision`). `off` turns all
 off; a comma list (`compile,fused_adam`) turns on exactly those. The run's summary prints the choice.
+
+On a CPU, a narrow model trains on one thread (`training_threads`): see ONE_THREAD_D_MODEL.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import logging
+import os
 import statistics
 import time
 from collections.abc import Callable, Iterator
@@ -41,6 +44,14 @@ MARGIN = 0.03  # a speed-up must make steps this much faster to be kept: less is
 # below this many planned updates, `auto` keeps eager: compiling costs about a minute, which a short run never gets
 # back
 MIN_STEPS_TO_MEASURE = 1000
+# The widest model that trains on one CPU thread: a narrow model's operators take microseconds, and on two threads each
+# one is a parallel region whose other thread sleeps between regions (the passive wait `vaswani_hf.openmp` sets, so
+# that a run keeps its share beside a busy neighbour) and must be woken, which costs more than the half of the work it
+# takes. Measured with `benchmarks/training_threads.py` (the built-in task, 2 cores, 2026-12-07; docs/recipe.md,
+# "Threads on a CPU"): at d_model 32 and 64 one thread 1.15-2.0x faster with 32 sentences an update and 1.0-1.2x with
+# 128, fp32 and bf16; wider, two threads win as the batches grow (d_model 128 in bf16: one thread 1.29x faster at 32
+# sentences, two 1.22x at 128, and 1.05x for the built-in task's own run of 64).
+ONE_THREAD_D_MODEL = 64
 
 
 @dataclass(frozen=True)
@@ -473,3 +484,30 @@ def adam_for(parameters, speedups: Speedups, lr: float = 1e-5) -> torch.optim.Ad
 def synchronize(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+@dataclass(frozen=True)
+class TrainingThreads:
+    """The threads a CPU training run's operators use, and why."""
+
+    threads: int
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{self.threads} ({self.reason})"
+
+
+def training_threads(d_model: int | None, device: torch.device) -> TrainingThreads:
+    """How many threads `vaswani train` runs a model `d_model` wide on `device` with: one on a CPU where the model is
+    at most `ONE_THREAD_D_MODEL` wide (see there), else torch's count. A count the user chose with `OMP_NUM_THREADS`
+    (torchrun sets it too, for processes sharing a machine) is kept: it is also this rule's switch."""
+    threads = torch.get_num_threads()
+    chosen = os.environ.get("OMP_NUM_THREADS", "").strip()
+    if device.type != "cpu":
+        return TrainingThreads(threads, "torch's count; the model runs on the GPU")
+    if chosen:
+        return TrainingThreads(threads, f"OMP_NUM_THREADS={chosen}")
+    if threads == 1 or d_model is None or d_model > ONE_THREAD_D_MODEL:
+        return TrainingThreads(threads, "torch's count")
+    return TrainingThreads(1, f"d_model {d_model} <= {ONE_THREAD_D_MODEL}: a narrow model's steps run faster on one "
+                              "thread; OMP_NUM_THREADS=N sets another count")  # fmt: skip
