@@ -40,10 +40,13 @@ def test_train_builtin_task_summary(trained):
 
 
 def test_a_narrow_model_trains_on_one_thread_and_a_user_s_count_is_kept(tmp_path):
-    # the threads the training actually ran on, read in the process after `vaswani train` (the summary could say one
-    # thing and the run do another)
-    program = ("import sys, torch; from vaswani_hf.cli import main; code = main(sys.argv[1:]); "
-               "print('threads', torch.get_num_threads()); sys.exit(code)")  # fmt: skip
+    # the threads the training really ran on, read inside the run (the summary could say one thing and the run do
+    # another), and the calling program's own count after it
+    program = ("import sys, torch; import vaswani_hf.training.recipe as recipe; inner = recipe.train\n"
+               "def train(*args, **kwargs):\n    print('training on', torch.get_num_threads()); "
+               "return inner(*args, **kwargs)\n"
+               "recipe.train = train; torch.set_num_threads(2); from vaswani_hf.cli import main\n"
+               "code = main(sys.argv[1:]); print('after', torch.get_num_threads()); sys.exit(code)")  # fmt: skip
     for chosen, expected in ((None, 1), ("2", 2)):
         environment = {key: value for key, value in os.environ.items() if key != "OMP_NUM_THREADS"}
         if chosen:
@@ -52,8 +55,9 @@ def test_a_narrow_model_trains_on_one_thread_and_a_user_s_count_is_kept(tmp_path
                                  "--eval_split", "none", "--output_dir", str(tmp_path / str(chosen))],
                                 capture_output=True, text=True, env=environment)  # fmt: skip
         assert result.returncode == 0, result.stderr[-3000:]
-        assert f"threads {expected}" in result.stdout.splitlines()[-1]
-        summary = json.loads([line for line in result.stdout.splitlines() if line.startswith('{"')][-1])
+        lines = result.stdout.splitlines()
+        assert f"training on {expected}" in lines and lines[-1] == "after 2", lines
+        summary = json.loads([line for line in lines if line.startswith('{"')][-1])
         assert summary["threads"].startswith(f"{expected} (")
 
 

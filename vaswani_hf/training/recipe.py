@@ -512,7 +512,18 @@ def run_training(
     data_args: DataArguments, model_args: ModelArguments, training_args: VaswaniTrainingArguments, builtin: bool
 ) -> int:
     """`vaswani train`: train on the data (or the built-in task), evaluate the final model with beam search,
-    write its model card, print the summary. Returns the exit status (128 + signal when stopped by one)."""
+    write its model card, print the summary. Returns the exit status (128 + signal when stopped by one). The run
+    may change torch's thread count (`training_threads`); a program calling this gets its own back after."""
+    before = torch.get_num_threads()
+    try:
+        return _run_training(data_args, model_args, training_args, builtin)
+    finally:
+        torch.set_num_threads(before)
+
+
+def _run_training(
+    data_args: DataArguments, model_args: ModelArguments, training_args: VaswaniTrainingArguments, builtin: bool
+) -> int:
     if not model_args.model_name_or_path:
         model_config(model_args)  # a bad --preset or --config_overrides fails now, not after the data and the BPE
     if model_args.attn_implementation:  # and so does a kernel that is not installed
