@@ -3,13 +3,14 @@
 (`vaswani_hf.training.training_speed.ONE_THREAD_D_MODEL`) pays.
 
     python benchmarks/training_threads.py [--widths 32 64 128 256] [--steps 200] [--rounds 2] [--sentences 32]
-        [--precision auto] [--out FILE]
+        [--precision auto] [--threads N] [--out FILE]
 
 Each cell is a whole `vaswani train` process on the built-in task (the `tiny` preset's depth with `d_model` set by
-`--config_overrides`, d_ff twice it, `--sentences` an update, no evaluation), its thread count set by `OMP_NUM_THREADS`
-(1, or the machine's cores: the rule's own switch); rounds alternate which goes first. The figure is the run's own
-training seconds (its summary's `seconds`: the updates, not the start-up), medians; the ratio is the many-thread
-time over the one-thread time (above 1: one thread is faster).
+`--config_overrides`, d_ff twice it, `--sentences` an update, no evaluation), its thread count set by
+`OMP_NUM_THREADS` (1, or `--threads`, by default torch's count: the rule's own switch); rounds alternate which goes
+first. The figure is the run's own training seconds (its summary's `seconds`: the updates, not the start-up),
+medians; the ratio is the many-thread time over the one-thread time (above 1: one thread is faster). A width whose
+runs trained in different precisions (`auto` is measured per thread count) stops with an error: set --precision.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from compare_marian import machine  # noqa: E402
+from compare_marian import ISA_LIMITS, machine  # noqa: E402
 
 
 def train_seconds(width: int, threads: int, args: argparse.Namespace, folder: Path) -> tuple[float, str]:
@@ -44,6 +45,12 @@ def train_seconds(width: int, threads: int, args: argparse.Namespace, folder: Pa
     return summary["seconds"], summary["precision"].split(" ")[0]
 
 
+def torch_threads() -> int:
+    import torch
+
+    return torch.get_num_threads()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--widths", type=int, nargs="+", default=[32, 64, 128, 256])
@@ -51,7 +58,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--sentences", type=int, default=32, help="sentences an update")
     parser.add_argument("--precision", choices=["auto", "fp32", "bf16"], default="auto")
-    parser.add_argument("--threads", type=int, default=os.cpu_count(), help="the many-thread count (default: cores)")
+    parser.add_argument("--threads", type=int, default=torch_threads(), help="the many-thread count (default: torch's)")
     parser.add_argument("--out", type=Path, help="the report (default: print it)")
     args = parser.parse_args()
     times: dict[tuple[int, int], list[float]] = {}
@@ -64,7 +71,11 @@ def main() -> None:
                     folder = Path(work) / f"{width}-{threads}"
                     seconds, precision = train_seconds(width, threads, args, folder)
                     times.setdefault((width, threads), []).append(seconds)
-                    precisions[width] = precision
+                    if precisions.setdefault(width, precision) != precision:  # `auto` measured per thread count
+                        raise SystemExit(
+                            f"d_model {width}: {precision} on {threads} threads, {precisions[width]} on "
+                            "the other count; set --precision to compare like with like"
+                        )
                     print(f"d_model {width}, {threads} threads: {seconds} s", file=sys.stderr, flush=True)
     lines = [
         f"# `vaswani train` on one thread and on {args.threads}: {args.steps} updates of {args.sentences} sentences",
@@ -78,7 +89,8 @@ def main() -> None:
     for width in args.widths:
         one, many = (statistics.median(times[(width, t)]) for t in (1, args.threads))
         lines.append(f"| {width} | {precisions[width]} | {one:.1f} | {many:.1f} | {many / one:.2f} |")
-    lines += ["", "Rerun: `" + " ".join(["python", "benchmarks/training_threads.py", *sys.argv[1:]]) + "`"]
+    limits = [f"{name}={os.environ[name]}" for name in ISA_LIMITS if os.environ.get(name)]
+    lines += ["", "Rerun: `" + " ".join([*limits, "python", "benchmarks/training_threads.py", *sys.argv[1:]]) + "`"]
     report = "\n".join(lines) + "\n"
     if args.out:
         args.out.write_text(report)

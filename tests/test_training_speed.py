@@ -5,7 +5,7 @@
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from transformers import DataCollatorForSeq2Seq
 
@@ -243,22 +243,53 @@ def test_a_run_with_chunked_loss_trains_as_one_without(tokenizer, tmp_path):  # 
     np.testing.assert_allclose(losses[1], losses[0], rtol=1e-4)
 
 
-@settings(max_examples=200, deadline=None)
-@given(d_model=st.none() | st.integers(1, 4096), chosen=st.none() | st.sampled_from(["", "  ", "1", "2", " 4 "]),
-       device=st.sampled_from(["cpu", "cuda"]), threads=st.integers(1, 16))  # fmt: skip
-def test_a_narrow_model_trains_on_one_thread_unless_the_user_chose_or_it_runs_on_a_gpu(d_model, chosen, device,
-                                                                                     threads):  # fmt: skip
+CHOSEN = st.none() | st.sampled_from(["", "  ", "0", "-1", "abc", "1", "2", " 4 ", "2,1", "x,2"])
+
+
+@settings(max_examples=300, deadline=None)
+@given(d_model=st.none() | st.sampled_from([1, 32, 63, 64, 65, 128]) | st.integers(1, 4096), omp=CHOSEN, mkl=CHOSEN,
+       device=st.sampled_from(["cpu", "cuda"]), threads=st.integers(1, 16), settable=st.booleans())  # fmt: skip
+@example(d_model=64, omp=None, mkl=None, device="cpu", threads=2, settable=True)  # the bound: one thread
+@example(d_model=65, omp=None, mkl=None, device="cpu", threads=2, settable=True)  # past it: torch's count
+def test_a_narrow_model_trains_on_one_thread_unless_the_user_chose_or_it_runs_on_a_gpu(d_model, omp, mkl, device,
+                                                                                     threads, settable):  # fmt: skip
+    from vaswani_hf.training import training_speed
+
     with pytest.MonkeyPatch.context() as patch:  # each draw's own environment and thread count
-        patch.delenv("OMP_NUM_THREADS", raising=False)
-        if chosen is not None:
-            patch.setenv("OMP_NUM_THREADS", chosen)
+        for variable, value in (("OMP_NUM_THREADS", omp), ("MKL_NUM_THREADS", mkl)):
+            patch.delenv(variable, raising=False)
+            if value is not None:
+                patch.setenv(variable, value)
         patch.setattr(torch, "get_num_threads", lambda: threads)
+        patch.setattr(training_speed, "thread_counts_settable", lambda: settable)
         choice = training_threads(d_model, torch.device(device))
     assert ONE_THREAD_D_MODEL == 64  # the measured rule (docs/recipe.md)
-    narrow = d_model is not None and d_model <= 64
-    one = device == "cpu" and not (chosen or "").strip() and narrow and threads > 1
+
+    def a_count(value):  # what OpenMP and MKL read as a count: a positive number, or a list starting with one
+        first = (value or "").split(",")[0].strip()
+        return first.isdecimal() and int(first) > 0
+
+    chosen = a_count(omp) or a_count(mkl)
+    one = device == "cpu" and not chosen and d_model is not None and d_model <= 64 and threads > 1 and settable
     assert choice.threads == (1 if one else threads)
     if one:  # the reason names the width and the switch
         assert f"d_model {d_model} <= 64" in str(choice) and "OMP_NUM_THREADS" in str(choice)
-    elif device == "cpu" and (chosen or "").strip():
-        assert f"OMP_NUM_THREADS={chosen.strip()}" in str(choice)
+    elif device == "cpu" and chosen:
+        variable, value = ("OMP_NUM_THREADS", omp) if a_count(omp) else ("MKL_NUM_THREADS", mkl)
+        assert f"{variable}={value.strip()}" in str(choice)
+
+
+def test_the_thread_benchmark_writes_its_table(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).parent.parent / "benchmarks" / "training_threads.py"
+    out = tmp_path / "report.md"
+    result = subprocess.run([sys.executable, str(script), "--widths", "32", "--steps", "2", "--rounds", "1",
+                             "--precision", "fp32", "--threads", "2", "--out", str(out)],
+                            capture_output=True, text=True)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = [line for line in out.read_text().splitlines() if line.startswith("| 32 |")]
+    assert len(rows) == 1 and rows[0].startswith("| 32 | fp32 |"), out.read_text()
+    assert "--precision fp32 --threads 2" in out.read_text().splitlines()[-1]

@@ -3,6 +3,7 @@ and the `vaswani train` job around it (tokenizer, output folder, summary, model 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import shutil
@@ -33,6 +34,7 @@ from ..data.tokenization import BPEDropoutPairs, train_shared_bpe
 from ..interop.hub import write_training_card
 from ..model.configuration_vaswani import PAPER_ALIASES, VaswaniConfig
 from ..model.modeling_vaswani import VaswaniForConditionalGeneration
+from ..model.speed.step_threads import this_thread_on
 from ..tasks import TASKS, Task, task_named
 from ..translation.inference import load_model
 from ..translation.metrics import TranslationMetrics, load_metrics
@@ -513,17 +515,13 @@ def run_training(
 ) -> int:
     """`vaswani train`: train on the data (or the built-in task), evaluate the final model with beam search,
     write its model card, print the summary. Returns the exit status (128 + signal when stopped by one). The run
-    may change torch's thread count (`training_threads`); a program calling this gets its own back after."""
-    before = torch.get_num_threads()
-    try:
-        return _run_training(data_args, model_args, training_args, builtin)
-    finally:
-        torch.set_num_threads(before)
+    may run the calling thread on fewer threads (`training_threads`); it gets its own count back after."""
+    with contextlib.ExitStack() as threads:
+        return _run_training(data_args, model_args, training_args, builtin, threads)
 
 
-def _run_training(
-    data_args: DataArguments, model_args: ModelArguments, training_args: VaswaniTrainingArguments, builtin: bool
-) -> int:
+def _run_training(data_args: DataArguments, model_args: ModelArguments, training_args: VaswaniTrainingArguments,
+                  builtin: bool, threads_until_the_end: contextlib.ExitStack) -> int:  # fmt: skip
     if not model_args.model_name_or_path:
         model_config(model_args)  # a bad --preset or --config_overrides fails now, not after the data and the BPE
     if model_args.attn_implementation:  # and so does a kernel that is not installed
@@ -545,7 +543,7 @@ def _run_training(
     trainer = build_trainer(data, data_args, model_args, training_args, tokenizer,
                             callbacks=[stop, WallClockCallback(training_args.max_train_minutes)])  # fmt: skip
     threads = training_threads(getattr(trainer.model.config, "d_model", None), training_args.device)
-    torch.set_num_threads(threads.threads)
+    threads_until_the_end.enter_context(this_thread_on(threads.threads))
     main = trainer.is_world_process_zero()
     if main:
         print(f"task: {task}; {len(trainer.train_dataset)} training pairs; world size {training_args.world_size}; "

@@ -21,10 +21,11 @@ takes at its first parallel operator, so a thread started during one of these st
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TypeVar
 
@@ -125,6 +126,24 @@ def run_this_thread_on(threads: int) -> bool:
     torch.get_num_threads()  # torch's own first-use setting of this thread's count, before ours
     count.set(threads)
     return torch.get_num_threads() == threads
+
+
+@contextlib.contextmanager
+def this_thread_on(threads: int) -> Iterator[bool]:
+    """Inside the block the calling thread's operators run on `threads` threads; after it, on its count before.
+    Other threads' counts, and the count a thread started meanwhile takes, stay the process's (`torch.set_num_threads`
+    would set that too, and a thread that first used torch inside the block would keep it). Yields False, and sets
+    nothing, where the setters are not found."""
+    count = _ThreadCount.of_torch()
+    if count is None:
+        yield False
+        return
+    before = torch.get_num_threads()
+    mkl_local = count.set(threads)
+    try:
+        yield True
+    finally:
+        count.restore(before, mkl_local)
 
 
 def by_rows(product: Callable[..., T], rows_of: Callable[..., int]) -> Callable[..., T]:
