@@ -262,7 +262,7 @@ def test_a_narrow_model_trains_on_one_thread_unless_the_user_chose_or_it_runs_on
                 patch.setenv(variable, value)
         patch.setattr(torch, "get_num_threads", lambda: threads)
         patch.setattr(training_speed, "thread_counts_settable", lambda: settable)
-        choice = training_threads(d_model, torch.device(device))
+        threads_chosen, why = training_threads(d_model, torch.device(device))
     assert ONE_THREAD_D_MODEL == 64  # the measured rule (docs/recipe.md)
 
     def a_count(value):  # what OpenMP and MKL read as a count: a positive number, or a list starting with one
@@ -271,12 +271,12 @@ def test_a_narrow_model_trains_on_one_thread_unless_the_user_chose_or_it_runs_on
 
     chosen = a_count(omp) or a_count(mkl)
     one = device == "cpu" and not chosen and d_model is not None and d_model <= 64 and threads > 1 and settable
-    assert choice.threads == (1 if one else threads)
+    assert threads_chosen == (1 if one else threads)
     if one:  # the reason names the width and the switch
-        assert f"d_model {d_model} <= 64" in str(choice) and "OMP_NUM_THREADS" in str(choice)
+        assert f"d_model {d_model} <= 64" in why and "OMP_NUM_THREADS" in why
     elif device == "cpu" and chosen:
         variable, value = ("OMP_NUM_THREADS", omp) if a_count(omp) else ("MKL_NUM_THREADS", mkl)
-        assert f"{variable}={value.strip()}" in str(choice)
+        assert f"{variable}={value.strip()}" in why
 
 
 def test_the_thread_benchmark_writes_its_table(tmp_path):

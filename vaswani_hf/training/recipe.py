@@ -542,8 +542,9 @@ def _run_training(data_args: DataArguments, model_args: ModelArguments, training
     stop = GracefulStopCallback(status=lambda: trainer.compile_watch and trainer.compile_watch.status)
     trainer = build_trainer(data, data_args, model_args, training_args, tokenizer,
                             callbacks=[stop, WallClockCallback(training_args.max_train_minutes)])  # fmt: skip
-    threads = training_threads(getattr(trainer.model.config, "d_model", None), training_args.device)
-    threads_until_the_end.enter_context(this_thread_on(threads.threads))
+    count, why = training_threads(getattr(trainer.model.config, "d_model", None), training_args.device)
+    threads_until_the_end.enter_context(this_thread_on(count))
+    threads = f"{count} ({why})"
     main = trainer.is_world_process_zero()
     if main:
         print(f"task: {task}; {len(trainer.train_dataset)} training pairs; world size {training_args.world_size}; "
@@ -572,7 +573,7 @@ def _run_training(data_args: DataArguments, model_args: ModelArguments, training
                 write_training_card(trainer, data_args, stats, metrics, example, builtin, task)
         except Exception as err:  # the trained model matters more than its card: say so, keep going
             logger.warning("the model card could not be written (%s: %s); the model is saved", type(err).__name__, err)
-        summary = {**stats, "threads": str(threads), "eval_split": data_args.eval_split, **metrics,
+        summary = {**stats, "threads": threads, "eval_split": data_args.eval_split, **metrics,
                    "model_dir": str(output_dir)}  # fmt: skip
         print(json.dumps(summary))
         headline = data_args.run_task.headline(metrics, data_args.eval_split)

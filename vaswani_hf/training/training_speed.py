@@ -487,33 +487,24 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-@dataclass(frozen=True)
-class TrainingThreads:
-    """The threads a CPU training run's operators use, and why."""
-
-    threads: int
-    reason: str
-
-    def __str__(self) -> str:
-        return f"{self.threads} ({self.reason})"
-
-
-def training_threads(d_model: int | None, device: torch.device) -> TrainingThreads:
-    """How many threads `vaswani train` runs a model `d_model` wide on `device` with: one on a CPU where the model is
-    at most `ONE_THREAD_D_MODEL` wide (see there), else torch's count. A count the user chose with `OMP_NUM_THREADS`
-    or `MKL_NUM_THREADS` (a positive number, or OpenMP's list of them; torchrun sets the first where it starts more
-    than one process) is kept: it is also this rule's switch. Where this torch's per-thread setters are not found
-    (`step_threads.thread_counts_settable`), torch's count."""
+def training_threads(d_model: int | None, device: torch.device) -> tuple[int, str]:
+    """(threads, why): the threads `vaswani train` runs a model `d_model` wide on `device` with, one on a CPU where
+    the model is at most `ONE_THREAD_D_MODEL` wide (see there), else torch's count, and the reason. A count the user
+    chose with `OMP_NUM_THREADS` or `MKL_NUM_THREADS` (a positive number, or OpenMP's list of them; torchrun sets the
+    first where it starts more than one process) is kept: it is also this rule's switch. Where this torch's per-thread
+    setters are not found (`step_threads.thread_counts_settable`), torch's count."""
     threads = torch.get_num_threads()
     if device.type != "cpu":
-        return TrainingThreads(threads, "torch's count; the model runs on the GPU")
+        return threads, "torch's count; the model runs on the GPU"
     for variable in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         chosen = os.environ.get(variable, "").strip()
         if chosen.split(",")[0].strip().isdecimal() and int(chosen.split(",")[0]) > 0:
-            return TrainingThreads(threads, f"{variable}={chosen}")
+            return threads, f"{variable}={chosen}"
     if threads == 1 or d_model is None or d_model > ONE_THREAD_D_MODEL:
-        return TrainingThreads(threads, "torch's count")
+        return threads, "torch's count"
     if not thread_counts_settable():
-        return TrainingThreads(threads, "torch's count: this torch's per-thread setters are not found")
-    return TrainingThreads(1, f"d_model {d_model} <= {ONE_THREAD_D_MODEL}: a narrow model's steps run faster on one "
-                              "thread; OMP_NUM_THREADS=N sets another count")  # fmt: skip
+        return threads, "torch's count: this torch's per-thread setters are not found"
+    return 1, (
+        f"d_model {d_model} <= {ONE_THREAD_D_MODEL}: a narrow model's steps run faster on one thread; "
+        "OMP_NUM_THREADS=N sets another count"
+    )
