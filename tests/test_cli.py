@@ -40,15 +40,19 @@ def test_train_builtin_task_summary(trained):
 
 
 def test_a_narrow_model_trains_on_one_thread_and_a_user_s_count_is_kept(tmp_path):
-    # the threads the training really ran on, read inside the run (the summary could say one thing and the run do
-    # another); a thread started during the run, and the calling program after it, keep the program's own count (3:
-    # neither one nor torch's default here)
+    # the threads the training really ran on, read inside the run and at its card (the summary could say one thing
+    # and the run do another); a thread started during the run, and the calling program after it, keep the program's
+    # own count (3: neither one nor torch's default here)
     program = ("import sys, threading, torch; import vaswani_hf.training.recipe as recipe; inner = recipe.train\n"
                "def train(*args, **kwargs):\n    seen = []; other = threading.Thread(target=lambda: "
                "seen.append(torch.get_num_threads())); other.start(); other.join()\n"
                "    print('training on', torch.get_num_threads(), 'another thread on', seen[0])\n"
                "    return inner(*args, **kwargs)\n"
-               "recipe.train = train; torch.set_num_threads(3); from vaswani_hf.cli import main\n"
+               "card = recipe.write_training_card\n"
+               "def write_training_card(*args, **kwargs):\n    print('card on', torch.get_num_threads())\n"
+               "    return card(*args, **kwargs)\n"
+               "recipe.train, recipe.write_training_card = train, write_training_card\n"
+               "torch.set_num_threads(3); from vaswani_hf.cli import main\n"
                "code = main(sys.argv[1:]); print('after', torch.get_num_threads()); sys.exit(code)")  # fmt: skip
     for chosen, expected in ((None, 1), ("3", 3)):
         environment = {key: value for key, value in os.environ.items() if key not in ("OMP_NUM_THREADS",
@@ -61,8 +65,10 @@ def test_a_narrow_model_trains_on_one_thread_and_a_user_s_count_is_kept(tmp_path
         assert result.returncode == 0, result.stderr[-3000:]
         lines = result.stdout.splitlines()
         assert f"training on {expected} another thread on 3" in lines and lines[-1] == "after 3", lines
+        assert f"card on {expected}" in lines  # the run's end, its card, on the run's count
+        start = next(line for line in lines if line.startswith("task: "))
         summary = json.loads([line for line in lines if line.startswith('{"')][-1])
-        assert summary["threads"].startswith(f"{expected} (")
+        assert summary["threads"].startswith(f"{expected} (") and start.endswith(f"threads {summary['threads']}")
 
 
 def test_asking_the_builtin_task_for_averaging_writes_the_checkpoints(tmp_path):

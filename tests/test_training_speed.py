@@ -293,3 +293,15 @@ def test_the_thread_benchmark_writes_its_table(tmp_path):
     rows = [line for line in out.read_text().splitlines() if line.startswith("| 32 |")]
     assert len(rows) == 1 and rows[0].startswith("| 32 | fp32 |"), out.read_text()
     assert "--precision fp32 --threads 2" in out.read_text().splitlines()[-1]
+
+
+def test_a_trainer_built_in_python_keeps_the_program_s_threads(tokenizer, tmp_path):  # noqa: F811
+    # the rule is `vaswani train`'s (recipe.run_training): a hand-built trainer of a narrow model trains on the
+    # program's count
+    before = torch.get_num_threads()
+    trainer = make_trainer(tokenizer, tmp_path, max_steps=2)
+    assert trainer.model.config.d_model <= ONE_THREAD_D_MODEL
+    seen, step = [], trainer.training_step
+    trainer.training_step = lambda *args, **kwargs: seen.append(torch.get_num_threads()) or step(*args, **kwargs)
+    trainer.train()
+    assert seen and set(seen) == {before} and torch.get_num_threads() == before

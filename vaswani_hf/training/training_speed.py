@@ -498,7 +498,8 @@ def training_threads(d_model: int | None, device: torch.device) -> tuple[int, st
         return threads, "torch's count; the model runs on the GPU"
     for variable in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         chosen = os.environ.get(variable, "").strip()
-        if chosen.split(",")[0].strip().isdecimal() and int(chosen.split(",")[0]) > 0:
+        first = chosen.split(",")[0].strip()  # OpenMP's list: the outermost level's count
+        if first.isdecimal() and int(first) > 0:
             return threads, f"{variable}={chosen}"
     if threads == 1 or d_model is None or d_model > ONE_THREAD_D_MODEL:
         return threads, "torch's count"
