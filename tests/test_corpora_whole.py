@@ -159,6 +159,18 @@ def test_a_file_of_a_few_utf16_characters_without_a_line_end_is_named(text, enco
     assert wide_encoding(text.encode("utf-8")) is None
 
 
+@pytest.mark.parametrize("end", ["\n", "\r\n", "\r"], ids=["LF", "CRLF", "CR"])
+@pytest.mark.parametrize("text", ["a\t日", "a\t本", "日", "本"])
+def test_a_short_utf16be_file_of_characters_without_a_nul_byte_is_named(text, end):
+    # the differential test's find: 日 and 本 have no NUL byte in UTF-16BE, so one line of them had too few NULs to
+    # count, and its one line end "\0\n" (ending the file, as "\n\0" does in UTF-16LE) was not taken as a sign;
+    # "e\xe5\0" is not UTF-8, but was forgiven as a character cut where the head ends
+    from vaswani_hf.data.encodings import wide_encoding
+
+    assert wide_encoding((text + end).encode("utf-16-be")) == "UTF-16BE (without a byte-order mark)"
+    assert wide_encoding((text + end).encode("utf-8")) is None
+
+
 def test_a_gzipped_utf16_file_is_told_to_convert_through_zcat(tmp_path):
     # an attacker's find: the advice ran iconv on the compressed bytes and wrote a name the reader does not read
     import gzip

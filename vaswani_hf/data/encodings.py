@@ -38,7 +38,7 @@ def wide_encoding(head: bytes) -> str | None:
         head.decode("utf-8")
         utf8 = True
     except UnicodeDecodeError as err:
-        utf8 = err.start >= len(head) - 3  # a character cut where the head ends
+        utf8 = err.reason == "unexpected end of data"  # a character cut where the head ends, not a wrong byte
     if count >= 2 or not utf8 or by_nuls == by_ends or last:
         return f"{by_ends} (without a byte-order mark)"
     return None
@@ -61,7 +61,8 @@ def _by_nuls(head: bytes) -> str | None:
 def _by_line_ends(head: bytes) -> tuple[str | None, int, bool]:
     """The wide encoding whose line ends `head`'s `\n` bytes (or `\r`, where it has no `\n`) are, each the low
     byte of a character whose other bytes are NUL, all in the same place; how many there are; and whether the
-    last of them ends `head` in little-endian order (a file of one line whose last byte is the NUL after it)."""
+    last of them ends `head` (a file of one line whose last bytes are the NULs after it, or before it in big-endian
+    order)."""
     end = ord("\n") if b"\n" in head else ord("\r")  # CR alone ends the lines of old Mac files
     for width, name in ((4, "UTF-32"), (2, "UTF-16")):
         units = np.frombuffer(head[: len(head) // width * width], np.uint8).reshape(-1, width)
@@ -70,8 +71,9 @@ def _by_line_ends(head: bytes) -> tuple[str | None, int, bool]:
         for order, first in (("LE", 0), ("BE", width - 1)):
             rows = units[ends[:, first]]
             if list(columns) == [first] and (np.delete(rows, first, axis=1) == 0).all():
-                # a NUL after the last line end (little-endian): no UTF-8 file ends so
-                last = first == 0 and len(head) % width == 0 and bool(ends[-1, first])
+                # the last line end ends the file, NULs after it (little-endian) or before it (big-endian): no
+                # UTF-8 file ends so
+                last = len(head) % width == 0 and bool(ends[-1, first])
                 return f"{name}{order}", len(rows), last
     return None, 0, False
 
