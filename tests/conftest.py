@@ -4,7 +4,7 @@ import tempfile
 import pytest
 import torch
 
-from .helpers import TINY_RUN, TRAINED_RUN, trained_once
+from .helpers import DOCS_PARSER_RUN, RUN, TRANSLATOR_RUN, start_training, stop_started_trainings, trained_once
 
 # Tests never reach the Hub; they build tiny models and data themselves.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -36,6 +36,26 @@ if torch.cuda.is_available():
     DEVICES.append(pytest.param("cuda", marks=pytest.mark.gpu))
 
 
+# The shared trainings, by the fixture that asks for them: started together as soon as the session's tests are
+# collected, longest first (helpers.start_training), where some collected test asks for them. Not under xdist: its
+# workers run tests side by side already, and would each train the same.
+EARLY_TRAININGS = {"translator": ("translator", TRANSLATOR_RUN), "workspace": ("parser", DOCS_PARSER_RUN),
+                   "trained": ("run", RUN)}  # fmt: skip
+
+
+def pytest_collection_finish(session):
+    if os.environ.get("PYTEST_XDIST_WORKER") or session.config.option.collectonly:
+        return
+    wanted = {name for item in session.items for name in getattr(item, "fixturenames", ())}
+    for fixture, (name, args) in EARLY_TRAININGS.items():
+        if fixture in wanted:
+            start_training(name, args, session.config._tmp_path_factory)
+
+
+def pytest_sessionfinish(session):
+    stop_started_trainings()  # those no test took (a session stopped early, by -x or ^C)
+
+
 @pytest.fixture(params=DEVICES)
 def device(request) -> str:
     return request.param
@@ -44,9 +64,7 @@ def device(request) -> str:
 @pytest.fixture(scope="session")
 def trained(tmp_path_factory):
     """A tiny model trained by `vaswani train` on the built-in task (shared by the CLI and Hub tests)."""
-    # fp32 whatever the CPU: `--precision auto` trains in bf16 where it is fast, and a 4-step model's words (which
-    # the serve and CLI tests compare) then depend on the CPU kind
-    return trained_once("run", [*TINY_RUN, "--precision", "fp32"], tmp_path_factory)
+    return trained_once("run", RUN, tmp_path_factory)
 
 
 @pytest.fixture(scope="session")
@@ -54,9 +72,7 @@ def translator(tmp_path_factory):
     """A tiny model trained 1,000 steps on the built-in task (about 30 s on 2 cores): it translates (BLEU ~90), so
     int8 BLEU, alignments and constraints can be judged (shared by the ONNX, translation-feature and metric tests,
     and the docs' blocks as their `vaswani-model/`)."""
-    # checkpoints: the docs' `vaswani average` blocks use them
-    args = [*TRAINED_RUN, "--max_steps", "1000", "--warmup_steps", "100", "--save_steps", "200"]
-    return trained_once("translator", args, tmp_path_factory)[0]
+    return trained_once("translator", TRANSLATOR_RUN, tmp_path_factory)[0]
 
 
 @pytest.fixture

@@ -21,6 +21,17 @@ TINY_RUN = ["--preset", "tiny", "--max_steps", "4", "--warmup_steps", "2", "--vo
 TRAINED_RUN = ["--preset", "tiny", "--max_steps", "250", "--warmup_steps", "50", "--vocab_size", "120",
                "--per_device_train_batch_size", "32", "--disable_tqdm", "true", "--max_eval_samples", "8",
                "--eval_split", "none"]  # fmt: skip
+# The session's shared trainings (conftest.py's fixtures; test_docs.py's workspace parser):
+# fp32 whatever the CPU: `--precision auto` trains in bf16 where it is fast, and a 4-step model's words (which
+# the serve and CLI tests compare) then depend on the CPU kind
+RUN = [*TINY_RUN, "--precision", "fp32"]
+# checkpoints: the docs' `vaswani average` blocks use them
+TRANSLATOR_RUN = [*TRAINED_RUN, "--max_steps", "1000", "--warmup_steps", "100", "--save_steps", "200"]
+# 60 steps at the full rate after a 30-step warmup: enough for S/NP/VP brackets on every CPU kind tried (F1 23-55
+# on the docs' six gold sentences; 30 steps under the built-in's 400-step warmup left flat trees and EVALB's F1 at
+# -nan on some)
+DOCS_PARSER_RUN = ["--task", "parse", "--preset", "tiny", "--max_steps", "60", "--warmup_steps", "30", "--lr_scale",
+                   "1", "--vocab_size", "200", "--eval_split", "none", "--disable_tqdm", "true"]  # fmt: skip
 
 
 # The shared models the tests train (session and module fixtures), kept between test sessions on this machine: the
@@ -101,26 +112,80 @@ def _train(args: list[str], out: Path) -> str:
     return result.stdout
 
 
+def _train_command(args: list[str], out: Path) -> list[str]:
+    return [sys.executable, "-m", "vaswani_command", "train", *args, "--output_dir", str(out)]
+
+
+class _Started:
+    """A shared training started at the session's start (`start_training`), running in a process of its own."""
+
+    def __init__(self, args: list[str], out: Path) -> None:
+        self.args, self.out = args, out
+        self.stdout, self.stderr = out.parent / "train.stdout", out.parent / "train.stderr"
+        with open(self.stdout, "w") as stdout, open(self.stderr, "w") as stderr:
+            command = _train_command(args, out)
+            self.process = subprocess.Popen(command, stdout=stdout, stderr=stderr, stdin=subprocess.DEVNULL)
+
+    def result(self) -> str:
+        returncode = self.process.wait()
+        assert returncode == 0, self.stderr.read_text()[-3000:]
+        return self.stdout.read_text()
+
+
+# (name, arguments) -> the training started at the session's start and not yet taken by `trained_once`
+_STARTED: dict[tuple[str, tuple[str, ...]], _Started] = {}
+
+
+def _fresh() -> bool:
+    return os.environ.get("VASWANI_TEST_TRAININGS") == "0"
+
+
+def start_training(name: str, args: list[str], tmp_path_factory) -> None:
+    """Start `trained_once(name, args)`'s training now, in a process of its own, unless a kept one will do: the
+    shared models (a `tiny` training runs on one thread) train on the core the session's first tests leave free,
+    instead of each stopping the session when its first test asks for it (conftest.py's
+    `pytest_collection_finish`). `stop_started_trainings` ends those no test took."""
+    if (name, tuple(args)) in _STARTED:
+        return
+    if not _fresh() and _kept_record(TRAININGS / f"{name}-{_training_key(args)}") is not None:
+        return
+    _STARTED[name, tuple(args)] = _Started(args, tmp_path_factory.mktemp(name) / "model")
+
+
+def stop_started_trainings() -> None:
+    for started in _STARTED.values():
+        started.process.kill()
+        started.process.wait()
+    _STARTED.clear()
+
+
 def trained_once(name: str, args: list[str], tmp_path_factory) -> tuple[Path, str]:
     """`vaswani train ARGS --output_dir FOLDER` -> (FOLDER, its stdout): FOLDER is this session's own (tests may
     write into it, as before), a copy of the same training kept by an earlier session (TRAININGS above) under a key
     of the arguments, the package's files, the installed distributions, the Python, the CPU and the environment.
-    A kept training whose files changed since, or whose record is cut short, is trained again."""
-    out = tmp_path_factory.mktemp(name) / "model"
-    if os.environ.get("VASWANI_TEST_TRAININGS") == "0":
-        return out, _train(args, out)
+    A kept training whose files changed since, or whose record is cut short, is trained again: by the process
+    `start_training` started, where it did."""
+    started = _STARTED.pop((name, tuple(args)), None)
+    out = started.out if started is not None else tmp_path_factory.mktemp(name) / "model"
+    train = started.result if started is not None else lambda: _train(args, out)
+    if _fresh():
+        return out, train()
     TRAININGS.mkdir(mode=0o700, parents=True, exist_ok=True)
     kept = TRAININGS / f"{name}-{_training_key(args)}"
     with _locked(kept):
         record = _kept_record(kept)
         if record is None:
-            stdout = _train(args, out)
+            stdout = train()
             shutil.rmtree(kept, ignore_errors=True)
             shutil.copytree(out, kept / "model")
             record = {"stdout": stdout.replace(str(out), _OUT), "contents": _contents(kept / "model")}
             (kept / "training.part").write_text(json.dumps(record))
             os.replace(kept / "training.part", kept / "training.json")  # whole, or not there
         else:
+            if started is not None:  # kept by another session since this one started its own
+                started.process.kill()
+                started.process.wait()
+                shutil.rmtree(out, ignore_errors=True)
             shutil.copytree(kept / "model", out)
             os.utime(kept / "training.json")
     _forget_old_trainings()

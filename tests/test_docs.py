@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from .helpers import trained_once
+from .helpers import DOCS_PARSER_RUN, trained_once
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -148,12 +148,7 @@ def workspace(tmp_path_factory, translator) -> Path:
     gold = [gold_tree(tree) for tree in treebank["test"] if "," not in tree.words()][:6]
     (root / "gold.trees").write_text("".join(f"{tree}\n" for tree in gold))
     (root / "sentences.txt").write_text("".join(" ".join(t.words()) + "\n" for t in gold))
-    # 60 steps at the full rate after a 30-step warmup: enough for S/NP/VP brackets on every CPU kind tried (F1 23-55
-    # on these six; 30 steps under the built-in's 400-step warmup left flat trees and EVALB's F1 at -nan on some)
-    parser = ["--task", "parse", "--preset", "tiny", "--max_steps", "60", "--warmup_steps", "30", "--lr_scale", "1",
-              "--vocab_size", "200", "--eval_split", "none"]  # fmt: skip
-    shutil.copytree(trained_once("parser", [*parser, "--disable_tqdm", "true"], tmp_path_factory)[0],
-                    root / "vaswani-parser")  # fmt: skip
+    shutil.copytree(trained_once("parser", DOCS_PARSER_RUN, tmp_path_factory)[0], root / "vaswani-parser")
     (root / "data").mkdir()
     train = builtin_splits()["train"][:2000]
     (root / "data" / "train.en").write_text("".join(f"{source}\n" for source, _ in train), encoding="utf-8")
@@ -229,6 +224,55 @@ def test_every_name_the_docs_take_from_the_package_is_there():
             f"[getattr(vaswani_hf, name) for name in {sorted(names)!r}]")  # fmt: skip
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-2000:]
+
+
+def test_a_training_started_with_the_session_is_the_one_its_fixture_gets(tmp_path, tmp_path_factory, monkeypatch):
+    """docs/tests.md: the shared trainings start as soon as the tests are collected, each in a process of its own
+    (`start_training`); the fixture that asks for one waits for it, a kept one starts nothing, and one no test took
+    is stopped at the session's end."""
+    from . import helpers
+
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    script = (
+        "import os, sys, time, pathlib; out = pathlib.Path(sys.argv[sys.argv.index('--output_dir') + 1]); "
+        "time.sleep(float(os.environ.get('SLEEP', sys.argv[1]))); out.mkdir(parents=True); "
+        "(out / 'model.bin').write_text('trained'); "
+        "open(os.path.join(sys.argv[2], str(os.getpid())), 'w').close(); print('trained into', out)"
+    )
+    command = lambda args, out: [sys.executable, "-c", script, *args, "--output_dir", str(out)]  # noqa: E731
+    monkeypatch.setattr(helpers, "_train_command", command)
+    monkeypatch.setattr(helpers, "_train", lambda *_: pytest.fail("trained again instead of waiting"))
+    monkeypatch.setenv("VASWANI_TEST_TRAININGS", "0")
+    helpers.start_training("m", ["0.5", str(marks)], tmp_path_factory)
+    helpers.start_training("m", ["0.5", str(marks)], tmp_path_factory)  # asked twice: started once
+    folder, stdout = helpers.trained_once("m", ["0.5", str(marks)], tmp_path_factory)
+    assert (folder / "model.bin").read_text() == "trained" and stdout == f"trained into {folder}\n"
+    assert len(list(marks.iterdir())) == 1 and not helpers._STARTED
+
+    # kept: the same arguments, kept by an earlier session, start nothing
+    monkeypatch.setenv("VASWANI_TEST_TRAININGS", str(tmp_path / "kept"))
+    monkeypatch.setattr(helpers, "TRAININGS", tmp_path / "kept")
+    env = {**os.environ, "SLEEP": "0"}
+    train_now = lambda args, out: subprocess.run(command(args, out), capture_output=True, text=True, env=env).stdout  # noqa: E731
+    monkeypatch.setattr(helpers, "_train", train_now)
+    helpers.trained_once("k", ["30", str(marks)], tmp_path_factory)
+    helpers.start_training("k", ["30", str(marks)], tmp_path_factory)
+    assert not helpers._STARTED and len(list(marks.iterdir())) == 2
+
+    # kept by another session while this one's started training ran: that one is stopped, the kept one copied
+    helpers.start_training("j", ["30", str(marks)], tmp_path_factory)
+    key, started = helpers._STARTED.popitem()
+    helpers.trained_once("j", ["30", str(marks)], tmp_path_factory)  # the other session
+    helpers._STARTED[key] = started
+    folder = helpers.trained_once("j", ["30", str(marks)], tmp_path_factory)[0]
+    assert (folder / "model.bin").read_text() == "trained" and started.process.returncode is not None
+
+    # one no test took is stopped at the session's end
+    helpers.start_training("slow", ["600", str(marks)], tmp_path_factory)
+    [started] = helpers._STARTED.values()
+    helpers.stop_started_trainings()
+    assert started.process.returncode is not None and not helpers._STARTED
 
 
 def test_a_kept_training_is_reused_only_while_nothing_it_depends_on_changed(tmp_path, tmp_path_factory, monkeypatch):
