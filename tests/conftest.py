@@ -36,20 +36,32 @@ if torch.cuda.is_available():
     DEVICES.append(pytest.param("cuda", marks=pytest.mark.gpu))
 
 
-# The shared trainings, by the fixture that asks for them: started together as soon as the session's tests are
-# collected, longest first (helpers.start_training), where some collected test asks for them. Not under xdist: its
-# workers run tests side by side already, and would each train the same.
-EARLY_TRAININGS = {"translator": ("translator", TRANSLATOR_RUN), "workspace": ("parser", DOCS_PARSER_RUN),
-                   "trained": ("run", RUN)}  # fmt: skip
+# The shared trainings, by the fixture that asks for them (its name and the module that defines it): started
+# together as soon as the session's tests are collected, longest first (helpers.start_training), where some
+# collected test asks for that fixture (not for another module's fixture of the same name, as test_edges.py's
+# `translator`). Not under xdist: its workers run tests side by side already, and would each train the same.
+EARLY_TRAININGS = {("translator", __name__): ("translator", TRANSLATOR_RUN),
+                   ("workspace", "tests.test_docs"): ("parser", DOCS_PARSER_RUN),
+                   ("trained", __name__): ("run", RUN)}  # fmt: skip
+
+
+def early_trainings(items) -> list[tuple[str, list[str]]]:
+    """The shared trainings that the tests `items` ask for, in `EARLY_TRAININGS`' order."""
+    wanted = set()
+    for item in items:
+        definitions = getattr(getattr(item, "_fixtureinfo", None), "name2fixturedefs", {})
+        for name in getattr(item, "fixturenames", ()):
+            if definitions.get(name):  # the last definition is the one the test gets
+                wanted.add((name, definitions[name][-1].func.__module__))
+    return [training for fixture, training in EARLY_TRAININGS.items() if fixture in wanted]
 
 
 def pytest_collection_finish(session):
-    if os.environ.get("PYTEST_XDIST_WORKER") or session.config.option.collectonly:
+    config = session.config
+    if os.environ.get("PYTEST_XDIST_WORKER") or config.option.collectonly or config.option.setupplan:
         return
-    wanted = {name for item in session.items for name in getattr(item, "fixturenames", ())}
-    for fixture, (name, args) in EARLY_TRAININGS.items():
-        if fixture in wanted:
-            start_training(name, args, session.config._tmp_path_factory)
+    for name, args in early_trainings(session.items):
+        start_training(name, args, config._tmp_path_factory)
 
 
 def pytest_sessionfinish(session):

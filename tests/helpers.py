@@ -119,17 +119,32 @@ def _train_command(args: list[str], out: Path) -> list[str]:
 class _Started:
     """A shared training started at the session's start (`start_training`), running in a process of its own."""
 
-    def __init__(self, args: list[str], out: Path) -> None:
-        self.args, self.out = args, out
+    def __init__(self, args: list[str], out: Path, key: str) -> None:
+        self.args, self.out, self.key = args, out, key  # the key of the environment it runs in, read now
         self.stdout, self.stderr = out.parent / "train.stdout", out.parent / "train.stderr"
         with open(self.stdout, "w") as stdout, open(self.stderr, "w") as stderr:
-            command = _train_command(args, out)
+            command = [sys.executable, "-c", _DIE_WITH_PARENT, *_train_command(args, out)]
             self.process = subprocess.Popen(command, stdout=stdout, stderr=stderr, stdin=subprocess.DEVNULL)
 
     def result(self) -> str:
         returncode = self.process.wait()
         assert returncode == 0, self.stderr.read_text()[-3000:]
         return self.stdout.read_text()
+
+    def stop(self) -> None:
+        self.process.kill()
+        self.process.wait()
+
+
+# Runs the command after it, killed when the test session ends without its finish hook (a SIGTERM, a CI
+# timeout) instead of training for no one: Linux's PR_SET_PDEATHSIG, which the exec keeps; elsewhere nothing.
+# (A `preexec_fn` would do it in the forked child, which is not safe while the session has threads.)
+_DIE_WITH_PARENT = """import ctypes, os, signal, sys
+try:
+    ctypes.CDLL(None).prctl(1, signal.SIGKILL)
+except Exception:
+    pass
+os.execv(sys.argv[1], sys.argv[1:])"""
 
 
 # (name, arguments) -> the training started at the session's start and not yet taken by `trained_once`
@@ -147,15 +162,19 @@ def start_training(name: str, args: list[str], tmp_path_factory) -> None:
     `pytest_collection_finish`). `stop_started_trainings` ends those no test took."""
     if (name, tuple(args)) in _STARTED:
         return
-    if not _fresh() and _kept_record(TRAININGS / f"{name}-{_training_key(args)}") is not None:
-        return
-    _STARTED[name, tuple(args)] = _Started(args, tmp_path_factory.mktemp(name) / "model")
+    key = _training_key(args)
+    if not _fresh():
+        TRAININGS.mkdir(mode=0o700, parents=True, exist_ok=True)
+        with _locked(TRAININGS / f"{name}-{key}", blocking=False) as lock:
+            # kept already, or another session training it now (its fixture will wait for that one)
+            if lock is None or _kept_record(TRAININGS / f"{name}-{key}") is not None:
+                return
+    _STARTED[name, tuple(args)] = _Started(args, tmp_path_factory.mktemp(name) / "model", key)
 
 
 def stop_started_trainings() -> None:
     for started in _STARTED.values():
-        started.process.kill()
-        started.process.wait()
+        started.stop()
     _STARTED.clear()
 
 
@@ -165,13 +184,22 @@ def trained_once(name: str, args: list[str], tmp_path_factory) -> tuple[Path, st
     of the arguments, the package's files, the installed distributions, the Python, the CPU and the environment.
     A kept training whose files changed since, or whose record is cut short, is trained again: by the process
     `start_training` started, where it did."""
-    started = _STARTED.pop((name, tuple(args)), None)
+    started = _STARTED.get((name, tuple(args)))
     out = started.out if started is not None else tmp_path_factory.mktemp(name) / "model"
-    train = started.result if started is not None else lambda: _train(args, out)
+    if started is not None:  # left in `_STARTED` until it ends: a session stopped meanwhile stops it
+
+        def train() -> str:
+            try:
+                return started.result()
+            finally:
+                _STARTED.pop((name, tuple(args)), None)
+
+    else:
+        train = lambda: _train(args, out)  # noqa: E731
     if _fresh():
         return out, train()
     TRAININGS.mkdir(mode=0o700, parents=True, exist_ok=True)
-    kept = TRAININGS / f"{name}-{_training_key(args)}"
+    kept = TRAININGS / f"{name}-{started.key if started is not None else _training_key(args)}"
     with _locked(kept):
         record = _kept_record(kept)
         if record is None:
@@ -183,8 +211,8 @@ def trained_once(name: str, args: list[str], tmp_path_factory) -> tuple[Path, st
             os.replace(kept / "training.part", kept / "training.json")  # whole, or not there
         else:
             if started is not None:  # kept by another session since this one started its own
-                started.process.kill()
-                started.process.wait()
+                started.stop()
+                _STARTED.pop((name, tuple(args)), None)
                 shutil.rmtree(out, ignore_errors=True)
             shutil.copytree(kept / "model", out)
             os.utime(kept / "training.json")

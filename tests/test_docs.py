@@ -205,7 +205,7 @@ def test_every_name_in_the_second_tier_is_a_test():
         functions = {node.name for node in ast.walk(tree) if isinstance(node, (ast.FunctionDef, ast.ClassDef))}
         # a file alone takes all its tests
         assert function in functions if function else any(f.startswith("test_") for f in functions), name
-        if path == "tests/test_docs.py":
+        if path == "tests/test_docs.py" and param:
             assert param.rstrip("]") in blocks, f"{name}: no such block (its line moved?)"
 
 
@@ -260,6 +260,20 @@ def test_a_training_started_with_the_session_is_the_one_its_fixture_gets(tmp_pat
     helpers.start_training("k", ["30", str(marks)], tmp_path_factory)
     assert not helpers._STARTED and len(list(marks.iterdir())) == 2
 
+    # kept mode, nothing kept yet: the started training is waited for and kept, not trained again
+    helpers.start_training("w", ["0.5", str(marks)], tmp_path_factory)
+    with monkeypatch.context() as patch:
+        patch.setattr(helpers, "_train", lambda *_: pytest.fail("trained again instead of waiting"))
+        folder = helpers.trained_once("w", ["0.5", str(marks)], tmp_path_factory)[0]
+    assert (folder / "model.bin").read_text() == "trained" and len(list(marks.iterdir())) == 3
+    assert helpers.trained_once("w", ["0.5", str(marks)], tmp_path_factory)[0] != folder  # the kept one, copied
+    assert len(list(marks.iterdir())) == 3
+
+    # a training that fails fails its fixture
+    helpers.start_training("f", ["not a number", str(marks)], tmp_path_factory)
+    with pytest.raises(AssertionError, match="ValueError"):
+        helpers.trained_once("f", ["not a number", str(marks)], tmp_path_factory)
+
     # kept by another session while this one's started training ran: that one is stopped, the kept one copied
     helpers.start_training("j", ["30", str(marks)], tmp_path_factory)
     key, started = helpers._STARTED.popitem()
@@ -273,6 +287,28 @@ def test_a_training_started_with_the_session_is_the_one_its_fixture_gets(tmp_pat
     [started] = helpers._STARTED.values()
     helpers.stop_started_trainings()
     assert started.process.returncode is not None and not helpers._STARTED
+
+
+def test_the_session_starts_the_trainings_its_tests_ask_for_and_no_other():
+    """docs/tests.md: a training starts early where a collected test asks for its fixture, the conftest's or the
+    docs workspace's, not another module's fixture of the same name (test_edges.py's own `translator`)."""
+    selections = {
+        "test_edges.py::test_pipeline_truncates": ["run"],  # its own `translator` takes `trained`
+        "test_docs.py::test_the_block_runs_as_written": ["translator", "parser"],
+        "test_model.py::": [],
+    }
+    plugin = (
+        "import pytest, sys\nfrom tests import conftest\nclass Early:\n"
+        "    def pytest_collection_finish(self, session):\n"
+        f"        for part in {list(selections)!r}:\n"
+        "            items = [item for item in session.items if part in item.nodeid]\n"
+        "            print('EARLY', part, [name for name, _ in conftest.early_trainings(items)])\n"
+        "pytest.main(sys.argv[1:] + ['-q', '--co', '-p', 'no:cacheprovider'], plugins=[Early()])"
+    )
+    files = ["tests/test_edges.py", "tests/test_docs.py", "tests/test_model.py"]
+    result = subprocess.run([sys.executable, "-c", plugin, *files], capture_output=True, text=True)
+    for part, expected in selections.items():
+        assert f"EARLY {part} {expected}" in result.stdout.splitlines(), result.stdout[-2000:]
 
 
 def test_a_kept_training_is_reused_only_while_nothing_it_depends_on_changed(tmp_path, tmp_path_factory, monkeypatch):

@@ -59,23 +59,40 @@ def _by_nuls(head: bytes) -> str | None:
 
 
 def _by_line_ends(head: bytes) -> tuple[str | None, int, bool]:
-    """The wide encoding whose line ends `head`'s `\n` bytes (or `\r`, where it has no `\n`) are, each the low
-    byte of a character whose other bytes are NUL, all in the same place; how many there are; and whether the
-    last of them ends `head` (a file of one line whose last bytes are the NULs after it, or before it in big-endian
-    order)."""
+    """The wide encoding whose line ends `head`'s `\n` bytes (or `\r`, where it has no `\n`) are: units of the
+    line-end character (its low byte, the others NUL), at least as many as the `\n` bytes in the same place inside
+    other characters (上 U+4E0A, ช U+0E0A, 😊's low surrogate DE0A), which in UTF-8 would each end a line of its
+    own (those in another place, as Gurmukhi's U+0A00-0AFF, may be any number); how many there are; and whether
+    the last of them ends `head` (a file of one line whose last bytes are the NULs after it, or before it in
+    big-endian order). A file without NUL bytes has no such unit: UTF-8 text is never taken for one; nor is one
+    that, read in that encoding, holds a NUL character or a lone surrogate (`_reads_as_text`)."""
     end = ord("\n") if b"\n" in head else ord("\r")  # CR alone ends the lines of old Mac files
     for width, name in ((4, "UTF-32"), (2, "UTF-16")):
         units = np.frombuffer(head[: len(head) // width * width], np.uint8).reshape(-1, width)
         ends = units == end
-        columns = np.flatnonzero(ends.any(axis=0))  # where `\n` bytes fall in a character's bytes
         for order, first in (("LE", 0), ("BE", width - 1)):
-            rows = units[ends[:, first]]
-            if list(columns) == [first] and (np.delete(rows, first, axis=1) == 0).all():
+            line_ends = ends[:, first] & (np.delete(units, first, axis=1) == 0).all(axis=1)
+            count = int(line_ends.sum())
+            if count and int(ends[:, first].sum()) - count <= count and _reads_as_text(units, f"{name}-{order}"):
                 # the last line end ends the file, NULs after it (little-endian) or before it (big-endian): no
                 # UTF-8 file ends so
-                last = len(head) % width == 0 and bool(ends[-1, first])
-                return f"{name}{order}", len(rows), last
+                last = len(head) % width == 0 and bool(line_ends[-1])
+                return f"{name}{order}", count, last
     return None, 0, False
+
+
+def _reads_as_text(units: np.ndarray, encoding: str) -> bool:
+    """Whether the head's `units` read in `encoding` are text: no NUL character (U+0000: no text file holds one,
+    where UTF-8 text with NULs gives one for two NUL bytes in a row) and no lone surrogate or code point past
+    U+10FFFF (a character cut at the head's end is left out)."""
+    data = units.tobytes()
+    try:
+        text = data.decode(encoding)
+    except UnicodeDecodeError as err:
+        if err.reason != "unexpected end of data":
+            return False
+        text = data[: err.start].decode(encoding)
+    return "\x00" not in text
 
 
 def check_utf8_encoding(path: Path | str, head: bytes) -> None:
