@@ -58,7 +58,8 @@ def early_trainings(items) -> list[tuple[str, list[str]]]:
 
 def pytest_collection_finish(session):
     config = session.config
-    if os.environ.get("PYTEST_XDIST_WORKER") or config.option.collectonly or config.option.setupplan:
+    listing = config.option.collectonly or config.option.setupplan or getattr(config.option, "showfixtures", False)
+    if os.environ.get("PYTEST_XDIST_WORKER") or listing:  # xdist's workers, or a session that runs no test
         return
     for name, args in early_trainings(session.items):
         start_training(name, args, config._tmp_path_factory)
