@@ -241,6 +241,7 @@ def test_a_training_started_with_the_session_is_the_one_its_fixture_gets(tmp_pat
         "open(os.path.join(sys.argv[2], str(os.getpid())), 'w').close(); print('trained into', out)"
     )
     command = lambda args, out: [sys.executable, "-c", script, *args, "--output_dir", str(out)]  # noqa: E731
+    monkeypatch.setattr(helpers, "_STARTED", {})  # this session's own early trainings stay as they are
     monkeypatch.setattr(helpers, "_train_command", command)
     monkeypatch.setattr(helpers, "_train", lambda *_: pytest.fail("trained again instead of waiting"))
     monkeypatch.setenv("VASWANI_TEST_TRAININGS", "0")
