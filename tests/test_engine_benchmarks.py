@@ -5,6 +5,7 @@ engines (tests/test_export.py), so any line that differs is the harness's fault:
 handed, the decoding, the output limit or the order the batches put back."""
 
 import importlib.util
+import json
 import math
 import subprocess
 import sys
@@ -141,3 +142,22 @@ def test_serve_engines_benchmark_drives_both_servers_with_one_client_loop(transl
     for row in rows:
         assert number(row["vaswani serve, sentences/s"]) > 0 and number(row["CTranslate2, sentences/s"]) > 0, row
         assert row["equal answers"] == "100.0%", row  # greedy fp32: the same tokens through either server
+
+
+def test_the_product_benchmark_times_every_way_on_the_model_s_own_weights(trained, tmp_path):
+    # benchmarks/one_row_products.py, whose report docs/engines-performance.md cites: each way's row for each
+    # number of rows and threads, the memory's floor beside them, the model's weights counted
+    out = tmp_path / "products.md"
+    result = run("one_row_products.py", str(trained[0]), "--rows", "1", "3", "--threads", "1", "--rounds", "2",
+                 "--out", str(out))  # fmt: skip
+    report = out.read_text()
+    assert report == result.stdout
+    rows = table(report[report.index("| rows") :])
+    ways = {"F.linear", "weight @ hidden^T", "transposed weight", "memory (a sum)"}
+    for count in ("1", "3"):
+        timed = {row["way"]: row for row in rows if row["rows"] == count}
+        assert ways <= set(timed), timed
+        assert all(float(row["decoder linears"]) > 0 and float(row["output projection"]) > 0 for row in timed.values())
+    config = json.loads((trained[0] / "config.json").read_text())
+    weight = f"a ({config['vocab_size']}, {config['d_model']}) output weight"
+    assert f"{6 * config['decoder_layers']} decoder linears and {weight}" in report  # every step's weight, no other
