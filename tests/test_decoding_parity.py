@@ -129,7 +129,9 @@ def test_the_packed_output_weight_follows_the_weights_and_is_dropped_where_unuse
         assert (weight in fp._PACKED_WEIGHTS) is kept
 
 
-@pytest.mark.parametrize("way", ["_linear_by_columns", "_linear_by_onednn_pack", "_linear_by_mkl_pack", "measured"])
+@pytest.mark.parametrize(
+    "way", ["_linear_by_columns", "_linear_by_onednn_pack", "_linear_by_mkl_pack", "_linear_by_halves", "measured"]
+)
 def test_every_decoder_linear_way_decodes_as_transformers_and_the_layers_get_their_forward_back(way, monkeypatch):
     # `decoder_linears_for` binds the decoder's linear layers to whichever way measured fastest for a search's rows
     # on this machine (and the output projection may read MKL's pack, offered last): each way, forced, must keep
@@ -577,7 +579,8 @@ def test_a_torch_without_the_private_ops_decodes_with_the_plain_products(monkeyp
     forget_measured_ways(monkeypatch)
     monkeypatch.setattr(fp, "_FASTEST_GREEDY", {})
     monkeypatch.setattr(fp, "has_ops", lambda *names: False)
-    assert fp._linear_ways() == (fp._plain_linear, fp._linear_by_columns)
+    assert fp._linear_ways() == (fp._plain_linear, fp._linear_by_columns, fp._linear_by_halves)  # public ops alone
+    assert fp._linear_ways(4) == (fp._plain_linear, fp._linear_by_columns)
     weight = vaswani.get_output_embeddings().weight
     assert not {fp._product_by_packed_weight} & set(fp._output_ways(weight, 4)) and not fp._onednn_bf16()
     for beams in (1, 4):
