@@ -363,11 +363,11 @@ def one_search(model, lines: int, window: int, translate_kwargs: dict) -> bool:
     """Whether a stream whose first window read `lines` lines is one batch of one search: the window ended before
     it was full (the input ended) and holds no more lines than a batch. Such a job is decoded with the model's own
     products (`cpu_fast_paths=False`, the same tokens), unless the caller chose: the fast products time their ways
-    on a process's first searches (`speed/fast_products.py`), 12 steps per way of the decoder's linears (4 ways)
-    and then of the output projection (4 to 5) before one is kept, building a packed copy of every weight for it,
-    and its first step times the output projection's ways apart (`_fastest`), so a job of one search pays the
-    trial and ends before or soon after a way is kept. A choice kept in a file for later processes would let one
-    timed while a neighbour ran hold for every later run, so none is kept. A user who set `VASWANI_CPU_FAST_PATHS`
+    on a process's first searches (`speed/fast_products.py`), 12 steps per way of the decoder's linears (4, 5 at
+    1-3 rows) and then of the output projection (4 to 5) before one is kept, building a packed copy of every weight
+    for it, and its first step times the output projection's ways apart (`_fastest`), so a job of one search pays
+    the trial and ends before or soon after a way is kept. A choice kept in a file for later processes would let
+    one timed while a neighbour ran hold for every later run, so none is kept. A user who set `VASWANI_CPU_FAST_PATHS`
     chose too: their setting holds."""
     from ..model.generation_vaswani import VaswaniGenerationMixin
 

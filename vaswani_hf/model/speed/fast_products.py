@@ -5,7 +5,7 @@ fastest on the machine the model runs on. Nothing here changes what the search c
 - The decoder's linear layers multiply by the way measured fastest for the search's number of rows: their own
   `F.linear`, `weight @ hidden^T`, a weight packed by oneDNN or MKL, or a `bmm` over its two halves, timed on the
   first searches' own steps (`decoder_linears_for`, `_StepTrial`).
-- The output projection picks among the same ways but the halves (`output_logits`).
+- The output projection picks among ways of its own, alike but for the halves (`output_logits`).
 - Greedy search reads a bf16 or int8 copy of the output weight where that measures faster, and recomputes in float32
   the few tokens a proven error bound cannot rule out, so its tokens stay the float32 argmax (`screened_logits`).
 
@@ -285,7 +285,8 @@ def _linear_ways(rows: int = 1) -> tuple[Callable, ...]:
     MKL's pack serves exactly one number of rows, so it is offered only at 1-3 rows, where a way's key (`_linear_key`)
     holds at most the two numbers of rows whose packs are kept (`MKL_PACKED_ROW_COUNTS`): kept for a wider bucket,
     it repacked every weight for each search of another size (12 of 12 weights at every search of a beam-4 mix of
-    5-7 sentences; 0.08 s a search for a base-sized decoder). The halves' `bmm` is offered at 1-3 rows, as measured."""
+    5-7 sentences; 0.08 s a search for a base-sized decoder). The halves' `bmm` is offered at 1-3 rows: measured
+    fastest at one row, not at 4 or 32 on one thread."""
     ways: tuple[Callable, ...] = (_plain_linear, _linear_by_columns)
     if torch.backends.mkldnn.is_available() and has_ops(*ONEDNN_OPS):
         ways += (_linear_by_onednn_pack,)
@@ -534,9 +535,10 @@ _BINDING = threading.Lock()
 @contextlib.contextmanager
 def decoder_linears_for(model, rows: int):
     """While one search runs with `rows` rows, the decoder's linear layers multiply the way measured fastest for
-    rows of that power-of-two bucket on this machine (`_linear_key`): their own `F.linear`, `weight @ hidden^T`, or
-    a weight packed by oneDNN or by MKL. `F.linear` re-reads the weight in its plain layout at every call, which at
-    a few rows costs more than the arithmetic, by how much depends on the CPU and the BLAS (from nothing to 2.4x).
+    rows of that power-of-two bucket on this machine (`_linear_key`): their own `F.linear`, `weight @ hidden^T`, a
+    weight packed by oneDNN or by MKL, or (1-3 rows) a `bmm` over its halves. `F.linear` re-reads the weight in its
+    plain layout at every call, which at a few rows costs more than the arithmetic, by how much depends on the CPU
+    and the BLAS (from nothing to 2.4x).
     Until the first searches have measured the ways (`_StepTrial`, which then times the output projection's ways
     too), steps run each way in turn. A step with fewer rows (sentences that finished) keeps the way; MKL's pack
     then multiplies by the plain weight. The layers get their own `forward` back when the last search running on the
