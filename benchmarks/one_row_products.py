@@ -27,7 +27,14 @@ import torch
 # isort: on
 
 from vaswani_hf.model.precision import cpu_name
-from vaswani_hf.model.speed.fast_products import MKL_OPS, ONEDNN_OPS, _step_linears, has_ops
+from vaswani_hf.model.speed.fast_products import (
+    MKL_OPS,
+    ONEDNN_OPS,
+    _step_linears,
+    has_ops,
+    mkl_packed_weight,
+    packed_weight,
+)
 from vaswani_hf.translation.inference import load_for_inference
 
 Product = Callable[[torch.Tensor], torch.Tensor]
@@ -45,10 +52,10 @@ def ways_for(weight: torch.Tensor, rows: int) -> dict[str, Product]:
         halves = weight.view(2, weight.shape[0] // 2, weight.shape[1])
         ways["bmm of two halves"] = lambda hidden: torch.bmm(halves, hidden.t().expand(2, -1, -1))
     if torch.backends.mkl.is_available() and has_ops(*MKL_OPS):
-        pack = torch.ops.mkl._mkl_reorder_linear_weight(weight, rows)
+        pack = mkl_packed_weight(weight, rows)  # the package's own packs, as its ways read them
         ways["MKL pack"] = lambda hidden: torch.ops.mkl._mkl_linear(hidden, pack, weight, None, rows)
     if torch.backends.mkldnn.is_available() and has_ops(*ONEDNN_OPS):
-        blocked = torch.ops.mkldnn._reorder_linear_weight(weight, 64)
+        blocked = packed_weight(weight)
         ways["oneDNN pack"] = lambda hidden: torch.ops.mkldnn._linear_pointwise(hidden, blocked, None, "none", [], "")
     return ways
 

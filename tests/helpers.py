@@ -119,7 +119,7 @@ def _train_command(args: list[str], out: Path) -> list[str]:
 class _Started:
     """A shared training started at the session's start (`start_training`), running in a process of its own."""
 
-    def __init__(self, args: list[str], out: Path, key: str) -> None:
+    def __init__(self, args: list[str], out: Path, key: str | None) -> None:
         self.args, self.out, self.key = args, out, key  # the key of the environment it runs in, read now
         self.stdout, self.stderr = out.parent / "train.stdout", out.parent / "train.stderr"
         with open(self.stdout, "w") as stdout, open(self.stderr, "w") as stderr:
@@ -162,8 +162,8 @@ def start_training(name: str, args: list[str], tmp_path_factory) -> None:
     `pytest_collection_finish`). `stop_started_trainings` ends those no test took."""
     if (name, tuple(args)) in _STARTED:
         return
-    key = _training_key(args)
-    if not _fresh():
+    key = None if _fresh() else _training_key(args)  # a fresh session keeps nothing: no key to hash
+    if key is not None:
         TRAININGS.mkdir(mode=0o700, parents=True, exist_ok=True)
         with _locked(TRAININGS / f"{name}-{key}", blocking=False) as lock:
             # kept already, or another session training it now (its fixture will wait for that one)
