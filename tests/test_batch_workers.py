@@ -111,7 +111,9 @@ def test_the_rule_and_its_switch(two_threads, monkeypatch):
     model.device, model.config = torch.device("cpu"), types.SimpleNamespace(d_model=batch_workers.MIN_D_MODEL)
     monkeypatch.delenv("VASWANI_DECODING_WORKERS", raising=False)
     settable = step_threads.thread_counts_settable()
-    few = step_threads.one_thread_rows()  # rows whose steps run on one thread already
+    few = batch_workers.TURN_TAKING_ROWS  # rows whose steps are so short that two searches take turns
+    # more rows than that get workers, though their steps run on one thread alone too: two searches keep two cores
+    assert few < step_threads.ONE_THREAD_ROWS and decoding_workers(model, 5, 4) == (2 if settable else 1)
     assert decoding_workers(model, 1, 32) == 1  # one batch: nothing to share
     assert decoding_workers(model, 5, few + 1) == (min(2, MAX_WORKERS) if settable else 1)
     assert decoding_workers(model, 5, few) == 1
@@ -133,6 +135,7 @@ def test_the_rule_and_its_switch(two_threads, monkeypatch):
     assert share_of_a_batch(model, 8, 4) == (4 if settable else 8) and share_of_a_batch(model, 8, 1) == (
         4 if settable else 8)  # fmt: skip
     assert share_of_a_batch(model, 2, 1) == 2 and share_of_a_batch(model, 1, 4) == 1
+    assert share_of_a_batch(model, 4, 4) == (2 if settable else 4)  # shares of 8 rows: each on one thread, both cores
     torch.set_num_threads(1)
     assert decoding_workers(model, 5, 32) == 1  # one thread: one batch at a time
 

@@ -61,7 +61,7 @@ def test_the_count_is_the_calling_threads_own(two_threads):
     assert seen == {"inside": 1, "other": 2}
 
 
-@pytest.mark.parametrize(("value", "rows"), [("0", 0), ("off", 0), ("12", 12), (" 3 ", 3), ("", 2)])
+@pytest.mark.parametrize(("value", "rows"), [("0", 0), ("off", 0), ("12", 12), (" 3 ", 3), ("", 8)])
 def test_the_switch_sets_the_rows_or_turns_it_off(value, rows, two_threads, monkeypatch):
     monkeypatch.setenv("VASWANI_ONE_THREAD_ROWS", value)
     assert step_threads.one_thread_rows() == rows
@@ -92,7 +92,7 @@ def test_mkl_gets_its_count_back(two_threads):
         assert previous in (0, 2), previous
 
 
-def test_generate_steps_one_row_on_one_thread_and_more_rows_on_the_callers(two_threads, monkeypatch):
+def test_generate_steps_up_to_eight_rows_on_one_thread_and_more_rows_on_the_callers(two_threads, monkeypatch):
     from vaswani_hf import VaswaniConfig, VaswaniForConditionalGeneration
 
     if step_threads._ThreadCount.of_torch() is None:
@@ -107,11 +107,12 @@ def test_generate_steps_one_row_on_one_thread_and_more_rows_on_the_callers(two_t
         with_kwargs=True,
     )
     source = torch.tensor([[5, 6, 7, 8, 2]] * 4)
-    for batch, beams in ((1, 1), (1, 2), (4, 1), (1, 4)):
+    # up to 8 rows on one thread: greedy of up to 8 sentences, beam 4 of one or two (measured, `ONE_THREAD_ROWS`)
+    for batch, beams, threads in ((1, 1, 1), (1, 2, 1), (4, 1, 1), (1, 4, 1), (2, 4, 1), (3, 4, 2), (4, 4, 2)):
         seen.clear()
         model.generate(input_ids=source[:batch], num_beams=beams, max_new_tokens=4, min_new_tokens=4,
                        cpu_fast_paths=True)  # fmt: skip
-        assert seen and all(threads == (1 if rows <= 2 else 2) for rows, threads in seen), (batch, beams, seen)
+        assert seen and all(rows == batch * beams and count == threads for rows, count in seen), (batch, beams, seen)
     monkeypatch.setenv("VASWANI_ONE_THREAD_ROWS", "0")
     seen.clear()
     model.generate(input_ids=source[:1], max_new_tokens=3, cpu_fast_paths=True)

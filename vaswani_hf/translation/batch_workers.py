@@ -20,15 +20,14 @@ tests/test_batch_workers.py holds the searches to it over their space (Hypothesi
 per thread count); a search beside it runs whichever ways are bound at each step (scores up to rounding, as above).
 
 The rule (`decoding_workers`): where the model is a PyTorch model on CPU at least `MIN_D_MODEL` wide, the input has
-two batches or more, the largest of them has more rows (sentences x beams) than a one-thread step
-(`step_threads.one_thread_rows()`: such steps are short, and two of them take turns at the interpreter lock) and the
-thread-count setters are found, as many workers as the process has threads, at most `MAX_WORKERS`, each on its share
-of the threads; else one batch at a time on every thread, as before. Never with alignments (they switch the shared
-model's attention to eager while they read it) or sampling (searches side by side would draw from torch's one
-generator in another order each run). `MAX_WORKERS` bounds how many searches share one interpreter lock: measured on
-2 cores only, chosen, not measured, above. Switch: `VASWANI_DECODING_WORKERS=1` (or 0, off) decodes one batch at a
-time; a number sets the workers (each then on threads / workers threads, at least one), whatever the model's width
-or rows.
+two batches or more, the largest of them has more than `TURN_TAKING_ROWS` rows (sentences x beams: steps of no more
+are so short that two searches take turns at the interpreter lock) and the thread-count setters are found, as many
+workers as the process has threads, at most `MAX_WORKERS`, each on its share of the threads; else one batch at a
+time on every thread, as before. Never with alignments (they switch the shared model's attention to eager while they
+read it) or sampling (searches side by side would draw from torch's one generator in another order each run).
+`MAX_WORKERS` bounds how many searches share one interpreter lock: measured on 2 cores only, chosen, not measured,
+above. Switch: `VASWANI_DECODING_WORKERS=1` (or 0, off) decodes one batch at a time; a number sets the workers (each
+then on threads / workers threads, at least one), whatever the model's width or rows.
 
 An error or an interrupt comes back at once, the batches not started dropped; a search already running has no
 point to stop at, so it ends on its own (the command line's Ctrl-C ends the process instead of waiting for it:
@@ -46,12 +45,17 @@ from typing import TypeVar
 
 import torch
 
-from ..model.speed.step_threads import one_thread_rows, run_this_thread_on, thread_counts_settable
+from ..model.speed.step_threads import run_this_thread_on, thread_counts_settable
 
 J = TypeVar("J")
 R = TypeVar("R")
 
 MAX_WORKERS = 4
+# at and below this many rows a step is so short that two searches side by side mostly take turns at the interpreter
+# lock (whole processes, one sentence a batch, greedy: int8 46.6 -> 28.0 sentences/s with two workers); above it
+# two workers pay (beam 4, one sentence a batch: 12.7 -> 20.9), though each such step runs on one thread alone too
+# (`step_threads.ONE_THREAD_ROWS`, 8): two searches keep both cores busy where one search keeps one
+TURN_TAKING_ROWS = 2
 # below this width a step's operators are a few microseconds each: two searches then mostly take turns at the
 # interpreter lock, which every operator releases and takes again (the built-in task's `tiny` model, d_model 32,
 # greedy batches of 32: 1,644 -> 1,173 lines/s with two workers; the `small` preset, 256: 171 -> 294)
@@ -83,10 +87,7 @@ def decoding_workers(model, batches: int, rows: int, *, alignments: bool = False
     asked = asked_workers()
     if asked == 1 or batches < 2:
         return 1
-    if asked is None and rows <= one_thread_rows():
-        # such a step runs on one thread already (`step_threads`), and its operators are short: two searches
-        # mostly take turns at the interpreter lock (whole processes, one sentence a batch, greedy: int8 46.6 ->
-        # 28.0 sentences/s with two workers, fp32 26.6 -> 32.7)
+    if asked is None and rows <= TURN_TAKING_ROWS:
         return 1
     if alignments or sampling:  # see the module's docstring
         return 1
@@ -109,7 +110,7 @@ def share_of_a_batch(model, lines: int, beams: int) -> int:
     8 lines 195 -> 144 in two shares, 32 lines 597 -> 447, 2 lines 98.6 -> 89.2."""
     workers = decoding_workers(model, lines, lines * beams)
     share = math.ceil(lines / workers)
-    return lines if asked_workers() is None and share * beams <= one_thread_rows() else share
+    return lines if asked_workers() is None and share * beams <= TURN_TAKING_ROWS else share
 
 
 def in_order(work: Callable[[J], R], jobs: Iterable[J], workers: int) -> Iterator[R]:

@@ -1,14 +1,18 @@
 # Copyright 2026 The vaswani-hf authors. Licensed under the Apache License, Version 2.0.
 """A decoding step with few rows runs on one thread.
 
-At one or two rows (greedy search of one sentence, a beam of two, the last sentences of a batch) each of a step's
-operators is microseconds of arithmetic, and splitting it over threads costs more than it saves: the other threads
-must be woken for every parallel operator (OpenMP's passive wait policy, which the package sets so that a process
-beside a busy neighbour keeps its share, see docs/engines-performance.md) or spin between them (which a neighbour
-turns into waits for a parked thread). On one thread the step has no parallel region at all.
-Measured on 2 cores of an AMD EPYC (Zen 3), the `small` preset, greedy, ms a step (benchmarks/step_threads.py):
-one row 2.97 on both threads against 2.35 on one (1.26x), two rows 3.90 against 3.64, but three and four rows
-slower on one (3.93 against 6.31, 3.95 against 4.43), and 32 rows 1.3x slower: `ONE_THREAD_ROWS` is 2.
+At up to eight rows (greedy search of one sentence, beam 4 of one or two, the last sentences of a batch) each of a
+step's operators is microseconds of arithmetic, and splitting it over threads costs more than it saves: the other
+threads must be woken for every parallel operator (OpenMP's passive wait policy, which the package sets so that a
+process beside a busy neighbour keeps its share, see docs/engines-performance.md) or spin between them (which a
+neighbour turns into waits for a parked thread). On one thread the step has no parallel region at all.
+Measured on 2 cores of an AMD EPYC (Zen 4), `benchmarks/step_threads.py`, ms a step, all threads against one: the
+`small` preset, greedy, 1 row 4.06 / 2.12, 3 rows 4.92 / 3.12, 6 rows 6.01 / 3.84, 8 rows 4.97 / 4.69, 12 rows 4.96
+/ 4.97, 32 rows 9.66 / 10.26; beam 4, 4 rows 5.31 / 3.41, 8 rows 6.46 / 4.20, 16 rows 5.95 / 5.14; the `base`
+preset, greedy, 4 rows 13.84 / 11.05, 8 rows 21.03 / 17.30, 16 rows 25.54 / 25.12; capped to AVX2 (as a Zen 3), the
+`small` preset, greedy, 4 rows 4.85 / 3.73, 8 rows 6.19 / 6.18, but 12 rows 5.28 / 6.45: `ONE_THREAD_ROWS` is 8,
+the most rows at which one thread was no slower on every kind measured. (On a Zen 3, before the lean step and the
+halves' product, three to eight rows ran slower on one thread, and the bound was two: docs/engines-performance.md.)
 
 The thread count changes how a product's sums may be split, so a step's last bits may differ from the same step on
 all threads (MKL's single-precision products did at 5-11 rows, not at 1-4, on that machine): this is one of the
@@ -35,7 +39,7 @@ from ..generation_vaswani import switched_off
 
 T = TypeVar("T")
 
-ONE_THREAD_ROWS = 2  # measured: benchmarks/step_threads.py; docs/engines-performance.md
+ONE_THREAD_ROWS = 8  # measured: benchmarks/step_threads.py; docs/engines-performance.md
 
 
 def one_thread_rows() -> int:
