@@ -120,8 +120,37 @@ def test_generate_steps_up_to_eight_rows_on_one_thread_and_more_rows_on_the_call
     assert torch.get_num_threads() == 2
 
 
+def test_a_search_of_few_rows_runs_its_own_operators_on_one_thread_too(two_threads, monkeypatch):
+    # a beam search's log-softmax over rows x vocabulary on two threads woke the other for each step (166 us a call
+    # against 24 on one, beam 4 of one sentence)
+    from vaswani_hf import VaswaniConfig, VaswaniForConditionalGeneration
+    from vaswani_hf.model import search_vaswani
+
+    if step_threads._ThreadCount.of_torch() is None:
+        pytest.skip("this torch build's thread-local setters are not found: the rule is off")
+    monkeypatch.delenv("VASWANI_ONE_THREAD_ROWS", raising=False)
+    torch.manual_seed(0)
+    model = VaswaniForConditionalGeneration(VaswaniConfig.tiny(vocab_size=50)).eval()
+    seen: list[tuple[int, int]] = []
+    own = search_vaswani.log_softmax_in_place
+    monkeypatch.setattr(
+        search_vaswani,
+        "log_softmax_in_place",
+        lambda logits: (seen.append((logits.numel() // 50, torch.get_num_threads())), own(logits))[1],
+    )
+    source = torch.tensor([[5, 6, 7, 8, 2]] * 4)
+    for batch, threads in ((1, 1), (2, 1), (3, 2)):  # 4, 8 and 12 rows
+        seen.clear()
+        model.generate(input_ids=source[:batch], num_beams=4, max_new_tokens=4, min_new_tokens=4, cpu_fast_paths=True)
+        assert seen and all(rows == batch * 4 and count == threads for rows, count in seen), (batch, seen)
+        assert torch.get_num_threads() == 2
+    seen.clear()
+    model.generate(input_ids=source[:1], num_beams=4, max_new_tokens=3, cpu_fast_paths=False)  # the rule's switch
+    assert {count for _, count in seen} == {2}
+
+
 def test_the_fast_products_take_the_rule():
-    for seam in ("decoder_step", "logits", "greedy_logits"):
+    for seam in ("decoder_step", "logits", "greedy_logits", "searching"):
         assert getattr(getattr(FastCpuProducts, seam), "__wrapped__", None) is not None, seam
 
 

@@ -4,7 +4,7 @@
 - `fast_products.py`: the CPU fast products (the decoder's linears and the output projection multiplied the way
   measured fastest on this CPU, greedy search screened through a bf16 or int8 copy of the output weight); switch:
   `generate(cpu_fast_paths=False)` or `VASWANI_CPU_FAST_PATHS=0`, off under `torch.use_deterministic_algorithms`;
-- `step_threads.py`: a step of one or two rows on one thread, one of the fast products (same switch); alone:
+- `step_threads.py`: a search or step of up to eight rows on one thread, one of the fast products (same switch); alone:
   `VASWANI_ONE_THREAD_ROWS=0`;
 - `lean_step.py`: the decoder's step for one token without its module calls, the same operators on the same
   weights (the same bits); used by the CPU searches with the fast products on or off; switch:

@@ -790,5 +790,5 @@ class FastCpuProducts:
 
     logits = staticmethod(step_threads.by_rows(output_logits, lambda model, hidden: hidden.shape[0]))
     greedy_logits = staticmethod(step_threads.by_rows(greedy_output_logits, lambda model, hidden: hidden.shape[0]))
-    searching = staticmethod(decoder_linears_for)
+    searching = staticmethod(step_threads.search_by_rows(decoder_linears_for))
     decoder_step = staticmethod(step_threads.by_rows(lean_step.decoder_step, lambda state, tokens: tokens.shape[0]))

@@ -168,3 +168,23 @@ def by_rows(product: Callable[..., T], rows_of: Callable[..., int]) -> Callable[
     run.__doc__ = product.__doc__
     run.__wrapped__ = product
     return run
+
+
+def search_by_rows(searching: Callable[[object, int], contextlib.AbstractContextManager]):
+    """`searching(model, rows)`, the context a search steps in, with the whole search on one thread where its rows
+    are few: its own operators too (a beam search's log-softmax, top-k and cache reorders over rows x vocabulary),
+    each of which on all threads wakes the others as a step's products do. A search whose rows start above the
+    bound keeps the caller's threads, its steps taking one thread as their rows fall (`by_rows`)."""
+
+    @contextlib.contextmanager
+    def run(model, rows: int) -> Iterator[None]:
+        if torch.get_num_threads() > 1 and threads_for(rows) == 1:
+            with this_thread_on(1), searching(model, rows):
+                yield
+        else:
+            with searching(model, rows):
+                yield
+
+    run.__doc__ = searching.__doc__
+    run.__wrapped__ = searching
+    return run
