@@ -52,9 +52,9 @@ R = TypeVar("R")
 
 MAX_WORKERS = 4
 # at and below this many rows a step is so short that two searches side by side mostly take turns at the interpreter
-# lock (whole processes, one sentence a batch, greedy: int8 46.6 -> 28.0 sentences/s with two workers); above it
-# two workers pay (beam 4, one sentence a batch: 12.7 -> 20.9), though each such step runs on one thread alone too
-# (`step_threads.ONE_THREAD_ROWS`, 8): two searches keep both cores busy where one search keeps one
+# lock (whole processes, one sentence a batch, greedy: int8 46.6 -> 28.0 sentences/s with two workers, though fp32
+# 26.6 -> 32.7); above it two workers pay (beam 4, one sentence a batch: 12.7 -> 20.9), though each such step runs
+# on one thread alone too (`step_threads.ONE_THREAD_ROWS`, 8): two searches keep both cores busy where one keeps one
 TURN_TAKING_ROWS = 2
 # below this width a step's operators are a few microseconds each: two searches then mostly take turns at the
 # interpreter lock, which every operator releases and takes again (the built-in task's `tiny` model, d_model 32,

@@ -11,7 +11,7 @@ Measured on 2 cores of an AMD EPYC (Zen 4), `benchmarks/step_threads.py`, ms a s
 / 4.97, 32 rows 9.66 / 10.26; beam 4, 4 rows 5.31 / 3.41, 8 rows 6.46 / 4.20, 16 rows 5.95 / 5.14; the `base`
 preset, greedy, 4 rows 13.84 / 11.05, 8 rows 21.03 / 17.30, 16 rows 25.54 / 25.12; capped to AVX2 (as a Zen 3), the
 `small` preset, greedy, 4 rows 4.85 / 3.73, 8 rows 6.19 / 6.18, but 12 rows 5.28 / 6.45: `ONE_THREAD_ROWS` is 8,
-the most rows at which one thread was no slower on every kind measured. (On a Zen 3, before the lean step and the
+the most rows measured at which one thread was no slower on every kind. (On a Zen 3, before the lean step and the
 halves' product, three to eight rows ran slower on one thread, and the bound was two: docs/engines-performance.md.)
 
 The thread count changes how a product's sums may be split, so a step's last bits may differ from the same step on
