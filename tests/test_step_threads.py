@@ -149,9 +149,75 @@ def test_a_search_of_few_rows_runs_its_own_operators_on_one_thread_too(two_threa
     assert {count for _, count in seen} == {2}
 
 
+def test_a_wider_model_steps_two_rows_on_one_thread_and_four_on_the_callers(two_threads, monkeypatch):
+    # a `base`-wide model's products are 4x a `small` one's: beam 4 of one sentence ran 1.13-1.2x slower on one thread
+    from vaswani_hf import VaswaniConfig, VaswaniForConditionalGeneration
+
+    if step_threads._ThreadCount.of_torch() is None:
+        pytest.skip("this torch build's thread-local setters are not found: the rule is off")
+    monkeypatch.delenv("VASWANI_ONE_THREAD_ROWS", raising=False)
+    torch.manual_seed(0)
+    wide = step_threads.NARROW_D_MODEL + 64
+    model = VaswaniForConditionalGeneration(VaswaniConfig.tiny(vocab_size=50, d_model=wide)).eval()
+    seen: list[tuple[int, int]] = []
+    model.get_decoder().register_forward_pre_hook(
+        lambda module, args, kwargs: seen.append((kwargs["input_ids"].shape[0], torch.get_num_threads())),
+        with_kwargs=True,
+    )
+    source = torch.tensor([[5, 6, 7, 8, 2]] * 4)
+    for batch, beams, threads in ((1, 1, 1), (2, 1, 1), (4, 1, 2), (1, 4, 2)):
+        seen.clear()
+        model.generate(input_ids=source[:batch], num_beams=beams, max_new_tokens=3, min_new_tokens=3,
+                       cpu_fast_paths=True)  # fmt: skip
+        assert seen and all(count == threads for _, count in seen), (batch, beams, seen)
+    assert step_threads.one_thread_rows(wide) == step_threads.WIDE_ONE_THREAD_ROWS == 2
+    assert step_threads.one_thread_rows(step_threads.NARROW_D_MODEL) == step_threads.ONE_THREAD_ROWS == 8
+    monkeypatch.setenv("VASWANI_ONE_THREAD_ROWS", "4")  # the switch sets the bound for every width
+    assert step_threads.one_thread_rows(wide) == 4
+
+
+def test_a_long_source_is_projected_on_the_callers_threads_in_a_search_of_few_rows(two_threads, monkeypatch):
+    # the first step projects every source token for the cross-attention: eight sentences of 500 tokens ran 1.2x
+    # slower with that on one thread
+    from vaswani_hf import VaswaniConfig, VaswaniForConditionalGeneration
+    from vaswani_hf.model.modeling_vaswani import VaswaniMultiHeadAttention
+
+    if step_threads._ThreadCount.of_torch() is None:
+        pytest.skip("this torch build's thread-local setters are not found: the rule is off")
+    monkeypatch.delenv("VASWANI_ONE_THREAD_ROWS", raising=False)
+    torch.manual_seed(0)
+    model = VaswaniForConditionalGeneration(VaswaniConfig.tiny(vocab_size=50)).eval()
+    seen: list[tuple[int, int]] = []  # (blocks split: 2 for the sources' keys and values, the thread count)
+    split = VaswaniMultiHeadAttention._split_heads
+
+    decoder = {id(m) for m in model.get_decoder().modules() if isinstance(m, VaswaniMultiHeadAttention)}
+
+    def recorded(self, projected, blocks):
+        if id(self) in decoder:  # the encoder runs before the search, on the caller's threads
+            seen.append((blocks, torch.get_num_threads()))
+        return split(self, projected, blocks)
+
+    monkeypatch.setattr(VaswaniMultiHeadAttention, "_split_heads", recorded)
+    for length, sources_threads in ((4, 1), (step_threads.ONE_THREAD_ROWS + 1, 2)):
+        seen.clear()
+        source = torch.tensor([[5] * (length - 1) + [2]])
+        model.generate(input_ids=source, max_new_tokens=3, min_new_tokens=3, cpu_fast_paths=True)
+        assert {count for blocks, count in seen if blocks == 2} == {sources_threads}, (length, seen)
+        assert {count for blocks, count in seen if blocks != 2} == {1}, (length, seen)  # the steps themselves
+        assert torch.get_num_threads() == 2
+
+
 def test_the_fast_products_take_the_rule():
-    for seam in ("decoder_step", "logits", "greedy_logits", "searching"):
-        assert getattr(getattr(FastCpuProducts, seam), "__wrapped__", None) is not None, seam
+    from vaswani_hf.model.speed import fast_products, lean_step
+
+    wrapped = {
+        "decoder_step": lean_step.decoder_step,
+        "logits": fast_products.output_logits,
+        "greedy_logits": fast_products.greedy_output_logits,
+        "searching": fast_products.decoder_linears_for,  # itself a context manager, with a `__wrapped__` of its own
+    }
+    for seam, product in wrapped.items():
+        assert getattr(getattr(FastCpuProducts, seam), "__wrapped__", None) is product, seam
 
 
 @given(case=searches(), rows=st.integers(1, 40))

@@ -4,8 +4,8 @@
 - `fast_products.py`: the CPU fast products (the decoder's linears and the output projection multiplied the way
   measured fastest on this CPU, greedy search screened through a bf16 or int8 copy of the output weight); switch:
   `generate(cpu_fast_paths=False)` or `VASWANI_CPU_FAST_PATHS=0`, off under `torch.use_deterministic_algorithms`;
-- `step_threads.py`: a search or step of up to eight rows on one thread, one of the fast products (same switch); alone:
-  `VASWANI_ONE_THREAD_ROWS=0`;
+- `step_threads.py`: a search or step of few rows (8, or 2 for a model wider than 256) on one thread, one of the
+  fast products (same switch); alone: `VASWANI_ONE_THREAD_ROWS=0`;
 - `lean_step.py`: the decoder's step for one token without its module calls, the same operators on the same
   weights (the same bits); used by the CPU searches with the fast products on or off; switch:
   `VASWANI_LEAN_STEP=0`;

@@ -312,7 +312,8 @@ def _linear_key(linears: list[torch.nn.Linear], rows: int) -> tuple:
     by the exact number of rows, a server's batches (beam 4 over 1-32 sentences: 32 numbers of rows) kept every
     search in a trial, running the slower ways in turn and packing every weight for each new number of rows (a
     mix of 40 batches of 1-32 sentences: all of its 1,052 steps under trial)."""
-    return tuple(tuple(m.weight.shape) for m in linears), rows.bit_length(), step_threads.threads_for(rows)
+    width = min(m.in_features for m in linears)  # d_model: the FFN's second layer alone takes more
+    return tuple(tuple(m.weight.shape) for m in linears), rows.bit_length(), step_threads.threads_for(rows, width)
 
 
 def _fastest_linear_way(linears: list[torch.nn.Linear], rows: int) -> Callable | None:
@@ -610,7 +611,7 @@ def _timed(weight: torch.Tensor) -> bool:
 
 
 def _output_key(weight: torch.Tensor, rows: int) -> tuple:
-    return (tuple(weight.shape), weight.dtype), rows.bit_length(), step_threads.threads_for(rows)
+    return (tuple(weight.shape), weight.dtype), rows.bit_length(), step_threads.threads_for(rows, weight.shape[1])
 
 
 def _output_ways(weight: torch.Tensor, rows: int) -> tuple[Callable, ...]:
@@ -766,7 +767,7 @@ def greedy_output_logits(model, hidden: torch.Tensor) -> tuple[torch.Tensor, tor
         or weight.dtype != torch.float32
     ):
         return output_logits(model, hidden).t(), None
-    key = ((tuple(weight.shape), weight.dtype), rows.bit_length(), step_threads.threads_for(rows))
+    key = ((tuple(weight.shape), weight.dtype), rows.bit_length(), step_threads.threads_for(rows, weight.shape[1]))
     way = _FASTEST_GREEDY.get(key)
     if way is None:
         ways: tuple[Callable, ...] = (_product_by_fastest_way,)
@@ -788,7 +789,7 @@ class FastCpuProducts:
     bound to their fastest way for the length of a search (`decoder_linears_for`), and the decoder's step without
     its module calls (`lean_step.decoder_step`); a step of few rows on one thread (`step_threads`)."""
 
-    logits = staticmethod(step_threads.by_rows(output_logits, lambda model, hidden: hidden.shape[0]))
-    greedy_logits = staticmethod(step_threads.by_rows(greedy_output_logits, lambda model, hidden: hidden.shape[0]))
+    logits = staticmethod(step_threads.by_hidden_rows(output_logits))
+    greedy_logits = staticmethod(step_threads.by_hidden_rows(greedy_output_logits))
     searching = staticmethod(step_threads.search_by_rows(decoder_linears_for))
-    decoder_step = staticmethod(step_threads.by_rows(lean_step.decoder_step, lambda state, tokens: tokens.shape[0]))
+    decoder_step = staticmethod(step_threads.by_token_rows(lean_step.decoder_step))

@@ -40,6 +40,7 @@ from ..modeling_vaswani import (
     VaswaniPositionwiseFeedForward,
     VaswaniSublayerConnection,
 )
+from . import step_threads
 
 
 @dataclass(frozen=True)
@@ -183,8 +184,10 @@ class LeanStep:
         if cache.is_updated.get(attn.layer_idx):
             layer = cache.cross_attention_cache.layers[attn.layer_idx]
             key, value = layer.keys, layer.values
-        else:
-            key, value = attn._split_heads(attn.kv_proj.forward(encoder_hidden), 2)
+        else:  # every source token projected: on the caller's threads where a search of few rows put it on one
+            sources = encoder_hidden.shape[0] * encoder_hidden.shape[1]
+            with step_threads.callers_threads_for(sources, encoder_hidden.shape[2]):
+                key, value = attn._split_heads(attn.kv_proj.forward(encoder_hidden), 2)
             key, value = cache.cross_attention_cache.update(key, value, attn.layer_idx)
             cache.is_updated[attn.layer_idx] = True
         output = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=attn.scaling)
