@@ -92,45 +92,52 @@ def test_mkl_gets_its_count_back(two_threads):
         assert previous in (0, 2), previous
 
 
-def test_generate_steps_up_to_eight_rows_on_one_thread_and_more_rows_on_the_callers(two_threads, monkeypatch):
+SOURCE = torch.tensor([[5, 6, 7, 8, 2]] * 4)
+
+
+def tiny_model(monkeypatch, **config):
+    """A tiny model with the rule's bound at its default; the test skipped where this torch build's thread-local
+    setters are not found (the rule is off)."""
     from vaswani_hf import VaswaniConfig, VaswaniForConditionalGeneration
 
     if step_threads._ThreadCount.of_torch() is None:
         pytest.skip("this torch build's thread-local setters are not found: the rule is off")
     monkeypatch.delenv("VASWANI_ONE_THREAD_ROWS", raising=False)
     torch.manual_seed(0)
-    model = VaswaniForConditionalGeneration(VaswaniConfig.tiny(vocab_size=50)).eval()
+    return VaswaniForConditionalGeneration(VaswaniConfig.tiny(vocab_size=50, **config)).eval()
+
+
+def each_step(model, cases, steps: int = 4) -> None:
+    """For each (sentences, beams, threads): every decoder step of `generate()` ran with that many rows on `threads`
+    threads (a hook sends the step through the decoder's own forward, still inside the fast products' step)."""
     seen: list[tuple[int, int]] = []
-    # a hook sends the step through the decoder's own forward, still inside the fast products' step
-    model.get_decoder().register_forward_pre_hook(
+    hook = model.get_decoder().register_forward_pre_hook(
         lambda module, args, kwargs: seen.append((kwargs["input_ids"].shape[0], torch.get_num_threads())),
         with_kwargs=True,
     )
-    source = torch.tensor([[5, 6, 7, 8, 2]] * 4)
-    # up to 8 rows on one thread: greedy of up to 8 sentences, beam 4 of one or two (measured, `ONE_THREAD_ROWS`)
-    for batch, beams, threads in ((1, 1, 1), (1, 2, 1), (4, 1, 1), (1, 4, 1), (2, 4, 1), (3, 4, 2), (4, 4, 2)):
+    for batch, beams, threads in cases:
         seen.clear()
-        model.generate(input_ids=source[:batch], num_beams=beams, max_new_tokens=4, min_new_tokens=4,
+        model.generate(input_ids=SOURCE[:batch], num_beams=beams, max_new_tokens=steps, min_new_tokens=steps,
                        cpu_fast_paths=True)  # fmt: skip
         assert seen and all(rows == batch * beams and count == threads for rows, count in seen), (batch, beams, seen)
+        assert torch.get_num_threads() == 2
+    hook.remove()
+
+
+def test_generate_steps_up_to_eight_rows_on_one_thread_and_more_rows_on_the_callers(two_threads, monkeypatch):
+    model = tiny_model(monkeypatch)
+    # up to 8 rows on one thread: greedy of up to 8 sentences, beam 4 of one or two (measured, `ONE_THREAD_ROWS`)
+    each_step(model, ((1, 1, 1), (1, 2, 1), (4, 1, 1), (1, 4, 1), (2, 4, 1), (3, 4, 2), (4, 4, 2)))
     monkeypatch.setenv("VASWANI_ONE_THREAD_ROWS", "0")
-    seen.clear()
-    model.generate(input_ids=source[:1], max_new_tokens=3, cpu_fast_paths=True)
-    assert {threads for _, threads in seen} == {2}
-    assert torch.get_num_threads() == 2
+    each_step(model, ((1, 1, 2),))
 
 
 def test_a_search_of_few_rows_runs_its_own_operators_on_one_thread_too(two_threads, monkeypatch):
     # a beam search's log-softmax over rows x vocabulary on two threads woke the other for each step (166 us a call
     # against 24 on one, beam 4 of one sentence)
-    from vaswani_hf import VaswaniConfig, VaswaniForConditionalGeneration
     from vaswani_hf.model import search_vaswani
 
-    if step_threads._ThreadCount.of_torch() is None:
-        pytest.skip("this torch build's thread-local setters are not found: the rule is off")
-    monkeypatch.delenv("VASWANI_ONE_THREAD_ROWS", raising=False)
-    torch.manual_seed(0)
-    model = VaswaniForConditionalGeneration(VaswaniConfig.tiny(vocab_size=50)).eval()
+    model = tiny_model(monkeypatch)
     seen: list[tuple[int, int]] = []
     own = search_vaswani.log_softmax_in_place
     monkeypatch.setattr(
@@ -138,38 +145,20 @@ def test_a_search_of_few_rows_runs_its_own_operators_on_one_thread_too(two_threa
         "log_softmax_in_place",
         lambda logits: (seen.append((logits.numel() // 50, torch.get_num_threads())), own(logits))[1],
     )
-    source = torch.tensor([[5, 6, 7, 8, 2]] * 4)
     for batch, threads in ((1, 1), (2, 1), (3, 2)):  # 4, 8 and 12 rows
         seen.clear()
-        model.generate(input_ids=source[:batch], num_beams=4, max_new_tokens=4, min_new_tokens=4, cpu_fast_paths=True)
+        model.generate(input_ids=SOURCE[:batch], num_beams=4, max_new_tokens=4, min_new_tokens=4, cpu_fast_paths=True)
         assert seen and all(rows == batch * 4 and count == threads for rows, count in seen), (batch, seen)
         assert torch.get_num_threads() == 2
     seen.clear()
-    model.generate(input_ids=source[:1], num_beams=4, max_new_tokens=3, cpu_fast_paths=False)  # the rule's switch
+    model.generate(input_ids=SOURCE[:1], num_beams=4, max_new_tokens=3, cpu_fast_paths=False)  # the rule's switch
     assert {count for _, count in seen} == {2}
 
 
 def test_a_wider_model_steps_two_rows_on_one_thread_and_four_on_the_callers(two_threads, monkeypatch):
     # a `base`-wide model's products are 4x a `small` one's: beam 4 of one sentence ran 1.13-1.2x slower on one thread
-    from vaswani_hf import VaswaniConfig, VaswaniForConditionalGeneration
-
-    if step_threads._ThreadCount.of_torch() is None:
-        pytest.skip("this torch build's thread-local setters are not found: the rule is off")
-    monkeypatch.delenv("VASWANI_ONE_THREAD_ROWS", raising=False)
-    torch.manual_seed(0)
     wide = step_threads.NARROW_D_MODEL + 64
-    model = VaswaniForConditionalGeneration(VaswaniConfig.tiny(vocab_size=50, d_model=wide)).eval()
-    seen: list[tuple[int, int]] = []
-    model.get_decoder().register_forward_pre_hook(
-        lambda module, args, kwargs: seen.append((kwargs["input_ids"].shape[0], torch.get_num_threads())),
-        with_kwargs=True,
-    )
-    source = torch.tensor([[5, 6, 7, 8, 2]] * 4)
-    for batch, beams, threads in ((1, 1, 1), (2, 1, 1), (4, 1, 2), (1, 4, 2)):
-        seen.clear()
-        model.generate(input_ids=source[:batch], num_beams=beams, max_new_tokens=3, min_new_tokens=3,
-                       cpu_fast_paths=True)  # fmt: skip
-        assert seen and all(count == threads for _, count in seen), (batch, beams, seen)
+    each_step(tiny_model(monkeypatch, d_model=wide), ((1, 1, 1), (2, 1, 1), (4, 1, 2), (1, 4, 2)), steps=3)
     assert step_threads.one_thread_rows(wide) == step_threads.WIDE_ONE_THREAD_ROWS == 2
     assert step_threads.one_thread_rows(step_threads.NARROW_D_MODEL) == step_threads.ONE_THREAD_ROWS == 8
     monkeypatch.setenv("VASWANI_ONE_THREAD_ROWS", "4")  # the switch sets the bound for every width
@@ -179,14 +168,9 @@ def test_a_wider_model_steps_two_rows_on_one_thread_and_four_on_the_callers(two_
 def test_a_long_source_is_projected_on_the_callers_threads_in_a_search_of_few_rows(two_threads, monkeypatch):
     # the first step projects every source token for the cross-attention: eight sentences of 500 tokens ran 1.2x
     # slower with that on one thread
-    from vaswani_hf import VaswaniConfig, VaswaniForConditionalGeneration
     from vaswani_hf.model.modeling_vaswani import VaswaniMultiHeadAttention
 
-    if step_threads._ThreadCount.of_torch() is None:
-        pytest.skip("this torch build's thread-local setters are not found: the rule is off")
-    monkeypatch.delenv("VASWANI_ONE_THREAD_ROWS", raising=False)
-    torch.manual_seed(0)
-    model = VaswaniForConditionalGeneration(VaswaniConfig.tiny(vocab_size=50)).eval()
+    model = tiny_model(monkeypatch)
     seen: list[tuple[int, int]] = []  # (blocks split: 2 for the sources' keys and values, the thread count)
     split = VaswaniMultiHeadAttention._split_heads
 
