@@ -165,6 +165,18 @@ def test_a_wider_model_steps_two_rows_on_one_thread_and_four_on_the_callers(two_
     assert step_threads.one_thread_rows(wide) == 4
 
 
+def test_the_ways_are_kept_under_the_thread_count_the_steps_run_on(two_threads, monkeypatch):
+    # the key read the narrowest layer's input as the width: with heads x d_kv or the FFN narrower than d_model, a
+    # wide model's ways were timed on two threads under a one-thread key, and shared it with a one-thread worker's
+    from vaswani_hf.model.speed import fast_products
+
+    wide = step_threads.NARROW_D_MODEL + 64
+    model = tiny_model(monkeypatch, d_model=wide, d_kv=8, decoder_ffn_dim=32, encoder_ffn_dim=32)
+    each_step(model, ((4, 1, 2), (2, 1, 1)), steps=2)
+    linears = fast_products._step_linears(model)
+    assert [fast_products._linear_key(linears, rows)[-1] for rows in (2, 4)] == [1, 2]
+
+
 def test_a_long_source_is_projected_on_the_callers_threads_in_a_search_of_few_rows(two_threads, monkeypatch):
     # the first step projects every source token for the cross-attention: eight sentences of 500 tokens ran 1.2x
     # slower with that on one thread

@@ -312,7 +312,7 @@ def _linear_key(linears: list[torch.nn.Linear], rows: int) -> tuple:
     by the exact number of rows, a server's batches (beam 4 over 1-32 sentences: 32 numbers of rows) kept every
     search in a trial, running the slower ways in turn and packing every weight for each new number of rows (a
     mix of 40 batches of 1-32 sentences: all of its 1,052 steps under trial)."""
-    width = min(m.in_features for m in linears)  # d_model: the FFN's second layer alone takes more
+    width = linears[0].in_features  # the first layer's query-key-value projection: d_model (`_step_linears`' order)
     return tuple(tuple(m.weight.shape) for m in linears), rows.bit_length(), step_threads.threads_for(rows, width)
 
 
