@@ -328,6 +328,39 @@ def test_lora_trains_merges_saves_and_reloads(targets, tmp_path):
                            input_ids=ids, attention_mask=mask, max_new_tokens=5))  # fmt: skip
 
 
+def test_a_lora_adapters_own_layers_take_the_fast_products_inside_its_sum(monkeypatch):
+    # PEFT's LoRA layer is no `nn.Linear`: its base layer, A and B are, and the fast products re-bind them one by one
+    # for a search (each the same product), the adapter still adding them; the tokens are the plain products'
+    import peft
+
+    from vaswani_hf.model.speed import fast_products
+
+    if reason := peft_misfit():
+        pytest.skip(reason)
+    model = tiny(dropout=0.0)
+    adapter = peft.LoraConfig(r=4, lora_alpha=8, target_modules=["fc1", "out_proj"], task_type="SEQ_2_SEQ_LM",
+                              init_lora_weights=False)  # fmt: skip
+    lora = peft.get_peft_model(model, adapter).eval()
+    names = {id(m): n for n, m in lora.named_modules()}
+    rebound: set[str] = set()
+    bind = fast_products._bind
+
+    def recorded(linears, forwards):
+        rebound.update(names[id(m)] for m, f in zip(linears, forwards, strict=True) if f is not None)
+        return bind(linears, forwards)
+
+    monkeypatch.setattr(fast_products, "_bind", recorded)
+    # a way that re-binds (the plain product, if measured fastest here, leaves the layers alone)
+    monkeypatch.setattr(fast_products, "_fastest_linear_way", lambda *args: fast_products._linear_by_columns)
+    ids, mask = batch()
+    with torch.no_grad():
+        fast = lora.generate(input_ids=ids, attention_mask=mask, max_new_tokens=5, cpu_fast_paths=True)
+        plain = lora.generate(input_ids=ids, attention_mask=mask, max_new_tokens=5, cpu_fast_paths=False)
+    assert torch.equal(fast, plain)
+    assert any(n.endswith("fc1.base_layer") for n in rebound) and any(n.endswith("fc1.lora_A.default") for n in rebound)
+    assert all("forward" not in vars(m) for m in lora.modules() if isinstance(m, torch.nn.Linear))  # given back
+
+
 def test_the_packages_pipelines_claim_vaswani_models_only():
     """`import vaswani_hf` registers `translation` and `constituency-parsing` for every model; another model's
     translation gets Transformers' own refusal of the removed task, never the Vaswani pipeline (which knows nothing

@@ -15,9 +15,10 @@ tests/test_decoding_parity.py shows both give the same tokens and scores.
 
 Why the decoder's linears are re-bound (`module.forward = ...` for the length of a search) rather than called
 through an explicit hook in the decoder layer: `nn.Module.__call__` still runs, so forward hooks and pre-hooks
-fire; only plain float32 `nn.Linear` layers are re-bound (`_step_linears`: a PEFT adapter, an int8 or other
-quantized layer keeps its own forward); a step with gradients enabled runs `F.linear`; and the modeling file stays
-the paper's, free of per-CPU branches. Each layer gets its own `forward` back when the last search ends.
+fire; only plain float32 `nn.Linear` layers are re-bound (`_step_linears`: an int8 or other quantized layer keeps
+its own forward, a PEFT adapter's own linears are re-bound, its sum kept); a step with gradients enabled runs
+`F.linear`; the modeling file stays the paper's, free of per-CPU branches. Each layer gets its own `forward` back
+when the last search ends.
 Part of the installed package, not of a checkpoint's remote code (`speed/__init__.py` plugs it into generate()).
 """
 
@@ -240,7 +241,7 @@ def _inference_only(
 def _step_linears(model) -> list[torch.nn.Linear]:
     """The decoder's float32 CPU linear layers that every decoding step multiplies (not the cross-attention's
     keys/values: those are projected once per sentence, over its source tokens). Empty where a layer computes
-    anything but `F.linear` (int8, adapters)."""
+    anything but `F.linear` (int8); a PEFT adapter is not an `nn.Linear`, its base layer, A and B are."""
     linears = [
         module
         for name, module in model.get_decoder().named_modules()
