@@ -183,11 +183,8 @@ def callers_threads_for(rows: int, width: int | None = None) -> Iterator[None]:
     threads where `rows` are more than a one-thread step's: the cross-attention's projection of every source token
     at a search's first step (eight sentences of 500 tokens ran 1.2x slower with it on one thread). The bound counts
     the decoder's rows, not the sources'."""
-    threads = getattr(_CALLERS, "threads", None)
-    if threads is None or torch.get_num_threads() != 1 or rows <= one_thread_rows(width):
-        yield
-        return
-    with this_thread_on(threads):
+    threads = getattr(_CALLERS, "threads", None)  # set only inside `_on_one_thread`
+    with contextlib.nullcontext() if threads is None or rows <= one_thread_rows(width) else this_thread_on(threads):
         yield
 
 
@@ -231,12 +228,9 @@ def search_by_rows(searching: Callable[[object, int], contextlib.AbstractContext
     @contextlib.contextmanager
     def run(model, rows: int) -> Iterator[None]:
         threads = torch.get_num_threads()
-        if threads > 1 and threads_for(rows, getattr(getattr(model, "config", None), "d_model", None)) == 1:
-            with _on_one_thread(threads), searching(model, rows):
-                yield
-        else:
-            with searching(model, rows):
-                yield
+        few = threads > 1 and threads_for(rows, getattr(getattr(model, "config", None), "d_model", None)) == 1
+        with _on_one_thread(threads) if few else contextlib.nullcontext(), searching(model, rows):
+            yield
 
     run.__doc__ = searching.__doc__
     run.__wrapped__ = searching
