@@ -21,6 +21,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from vaswani_hf import thread_counts
 from vaswani_hf.model.speed import step_threads
 from vaswani_hf.translation import batch_workers
 from vaswani_hf.translation.batch_workers import (
@@ -29,12 +30,13 @@ from vaswani_hf.translation.batch_workers import (
     decoding_workers,
     in_order,
     share_of_a_batch,
+    workers_for,
 )
 
 from .test_search_properties import decode, same_hypotheses, searches
 
 needs_setters = pytest.mark.skipif(
-    not step_threads.thread_counts_settable(), reason="this torch build's thread-local setters are not found"
+    not thread_counts.thread_counts_settable(), reason="this torch build's thread-local setters are not found"
 )
 
 
@@ -110,7 +112,7 @@ def test_the_rule_and_its_switch(two_threads, monkeypatch):
     model = torch.nn.Linear(2, 2)  # a PyTorch module on CPU, `device` and `config` as Transformers' models give them
     model.device, model.config = torch.device("cpu"), types.SimpleNamespace(d_model=batch_workers.MIN_D_MODEL)
     monkeypatch.delenv("VASWANI_DECODING_WORKERS", raising=False)
-    settable = step_threads.thread_counts_settable()
+    settable = thread_counts.thread_counts_settable()
     few = batch_workers.TURN_TAKING_ROWS  # rows whose steps are so short that two searches take turns
     # more rows than that get workers, though their steps run on one thread alone too: two searches keep two cores
     assert few < step_threads.ONE_THREAD_ROWS and decoding_workers(model, 5, 4) == (2 if settable else 1)
@@ -138,6 +140,23 @@ def test_the_rule_and_its_switch(two_threads, monkeypatch):
     assert share_of_a_batch(model, 4, 4) == (2 if settable else 4)  # shares of 8 rows: each on one thread, both cores
     torch.set_num_threads(1)
     assert decoding_workers(model, 5, 32) == 1  # one thread: one batch at a time
+
+
+def test_the_rule_without_a_model(two_threads, monkeypatch):
+    """`workers_for`, the rule for a caller with no model (the light start's): the width alone, None for no CPU
+    model; its own bound of rows (the light start's 0: workers at one row too), the switch above it all."""
+    monkeypatch.delenv("VASWANI_DECODING_WORKERS", raising=False)
+    settable = thread_counts.thread_counts_settable()
+    wide, few = batch_workers.MIN_D_MODEL, batch_workers.TURN_TAKING_ROWS
+    assert workers_for(5, few, wide) == 1 and workers_for(5, few + 1, wide) == (2 if settable else 1)
+    assert workers_for(5, 1, wide, turn_taking_rows=0) == (2 if settable else 1)
+    assert workers_for(5, 32, None) == 1 and workers_for(1, 32, wide, turn_taking_rows=0) == 1
+    assert workers_for(5, 32, wide - 1, turn_taking_rows=0) == 1
+    assert workers_for(5, 32, wide, alignments=True) == workers_for(5, 32, wide, sampling=True) == 1
+    monkeypatch.setenv("VASWANI_DECODING_WORKERS", "0")
+    assert workers_for(5, 32, wide, turn_taking_rows=0) == 1
+    monkeypatch.setenv("VASWANI_DECODING_WORKERS", "3")
+    assert workers_for(5, 1, 8) == (3 if settable else 1) and workers_for(5, 32, None) == 1
 
 
 @pytest.mark.parametrize("value", ["two", "-1", "2.5", "\uff12"])

@@ -10,7 +10,7 @@ import pytest
 from vaswani_hf.data.number_words import english, german
 from vaswani_hf.training.trainer import noam_learning_rate
 
-from .helpers import TINY_RUN, forget_measured_ways, paper_model_folder, vaswani
+from .helpers import LETTER_WORDS, TINY_RUN, forget_measured_ways, paper_model_folder, vaswani
 
 
 def test_number_words_need_reordering():
@@ -92,7 +92,8 @@ def test_translate_from_stdin_keeps_line_count_and_order(trained):
 TRANSLATE_IMPORTS = ("vaswani_hf", "vaswani_hf.openmp", "vaswani_hf.cli", "vaswani_hf.cli_decoding", "vaswani_hf.data",
                      "vaswani_hf.data.encodings", "vaswani_hf.translation", "vaswani_hf.translation.inference",
                      "vaswani_hf.translation.source_lines", "vaswani_hf.translation.batch_workers",
-                     "vaswani_hf.registration", "vaswani_hf.translation.light_translator")  # fmt: skip
+                     "vaswani_hf.registration", "vaswani_hf.translation.light_translator",
+                     "vaswani_hf.thread_counts")  # fmt: skip
 NOT_FOR_TRANSLATE = ("datasets", "sacrebleu", "evaluate", "peft", "pyarrow", "matplotlib", "nltk", "onnxruntime",
                      "ctranslate2", "fastapi", "starlette", "uvicorn", "transformers.trainer", "transformers.pipelines",
                      "transformers.hf_argparser")  # fmt: skip
@@ -129,6 +130,34 @@ def test_the_command_translates_one_batch_without_importing_transformers(tmp_pat
     assert full.returncode == 0, full.stderr[-2000:]
     assert light.stdout == full.stdout and len(light.stdout.splitlines()) == 3
     assert light.stderr.splitlines()[:2] == full.stderr.splitlines()[:1] + full.stderr.splitlines()[-1:]
+
+
+@pytest.mark.parametrize("beams", ["1", "4"])
+def test_the_command_translates_many_batches_and_windows_without_importing_transformers(tmp_path, beams):
+    """An input of several windows of several batches takes the light start too, its batches searched side by side
+    (a model as wide as `batch_workers.MIN_D_MODEL`, one sentence a batch: the light start's workers at one row):
+    no Transformers module loaded, the Transformers model's lines, and a line too long named by its number in the
+    whole input (the third window's), after the lines before its window are written, as on the model's path."""
+    folder = paper_model_folder(tmp_path / "wide", d_model=256, encoder_ffn_dim=256, decoder_ffn_dim=256,
+                                model_max_length=12)  # fmt: skip
+    lines = [" ".join(LETTER_WORDS[(i * 3 + k) % 40] for k in range(1 + i % 6)) for i in range(9)]
+    lines[4] = ""
+    code = ("import sys, vaswani_command; sys.argv = ['vaswani', 'translate', *sys.argv[1:]]; "
+            "code = vaswani_command.main(); print(*sorted(sys.modules), sep='\\n', file=sys.stderr); "
+            "sys.exit(code)")  # fmt: skip
+    options = [str(folder), "--precision", "fp32", "--batch-size", "1", "--window", "4", "--num-beams", beams]
+    for text, status in (("\n".join(lines) + "\n", 0), ("\n".join([*lines, " ".join(LETTER_WORDS[:30])]) + "\n", 2)):
+        light = subprocess.run([sys.executable, "-c", code, *options, "--long-lines", "error"], capture_output=True,
+                               text=True, input=text)  # fmt: skip
+        assert light.returncode == status, light.stderr[-2000:]
+        assert not {m for m in light.stderr.splitlines() if m.split(".")[0] in ("transformers", "accelerate")}
+        full = vaswani("translate", *options, "--long-lines", "error", stdin=text,
+                       env={**os.environ, "VASWANI_LIGHT_START": "0"})  # fmt: skip
+        assert full.returncode == status, full.stderr[-2000:]
+        assert light.stdout == full.stdout and len(light.stdout.splitlines()) == (9 if status == 0 else 8)
+        if status:
+            said = [line for line in light.stderr.splitlines() if "line 10" in line]
+            assert said and said[-1] == full.stderr.splitlines()[-1], (light.stderr[-800:], full.stderr[-800:])
 
 
 def test_the_light_start_says_the_precision_before_it_reads_a_line(tmp_path):

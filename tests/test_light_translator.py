@@ -1,7 +1,9 @@
 """`vaswani translate`'s light start (translation/light_translator.py): a one-batch input translated on torch
 alone gives the strings the Transformers model gives, or hands over."""
 
+import contextlib
 import json
+import os
 
 import pytest
 import torch
@@ -40,9 +42,32 @@ lines = st.lists(st.one_of(words, texts, st.sampled_from(["", "   ", "ba . ca . 
 @given(architecture=st.integers(0, len(ARCHITECTURES) - 1), texts=lines, beams=st.sampled_from([None, 1, 2, 4]),
        penalty=st.sampled_from([None, 0.0, 0.6, 1.0]), batch_size=st.integers(1, 9),
        max_tokens=st.sampled_from([None, 12, 4096]), precision=st.sampled_from(["fp32", "bf16"]),
-       long_lines=st.sampled_from(["cut", "split"]), short=st.booleans())  # fmt: skip
+       long_lines=st.sampled_from(["cut", "split"]), short=st.booleans(),
+       workers=st.sampled_from([None, "1", "2"]))  # fmt: skip
 def test_light_start_writes_the_model_s_strings(tmp_path_factory, architecture, texts, beams, penalty, batch_size,
-                                                 max_tokens, precision, long_lines, short):  # fmt: skip
+                                                 max_tokens, precision, long_lines, short, workers):  # fmt: skip
+    """Also with the batches searched side by side (`VASWANI_DECODING_WORKERS`, both paths: the draws' models are
+    narrower than the rule's width, so unset is one batch at a time)."""
+    with _environment(VASWANI_DECODING_WORKERS=workers):
+        _light_and_model(tmp_path_factory, architecture, texts, beams, penalty, batch_size, max_tokens, precision,
+                         long_lines, short)  # fmt: skip
+
+
+@contextlib.contextmanager
+def _environment(**values):
+    """The environment with `values` set (None: removed), as it was after the block."""
+    before = {name: os.environ.get(name) for name in values}
+    try:
+        for name, value in values.items():
+            os.environ.pop(name, None) if value is None else os.environ.__setitem__(name, value)
+        yield
+    finally:
+        for name, value in before.items():
+            os.environ.pop(name, None) if value is None else os.environ.__setitem__(name, value)
+
+
+def _light_and_model(tmp_path_factory, architecture, texts, beams, penalty, batch_size, max_tokens, precision,
+                     long_lines, short):  # fmt: skip
     path = folder(tmp_path_factory, architecture, model_max_length=8 if short else 64)
     light = LightTranslator.of(path, precision)
     assert light is not None
@@ -59,13 +84,18 @@ def test_light_start_writes_the_model_s_strings(tmp_path_factory, architecture, 
 
 
 def test_a_wide_model_s_strings(tmp_path_factory):
-    """A wider model than the draws' (256: the fast products' and batch workers' width), fp32 and bf16."""
+    """A wider model than the draws' (256: the fast products' and batch workers' width), fp32 and bf16, in one
+    batch and in several searched side by side (`batch_workers.workers_for`)."""
     path = paper_model_folder(tmp_path_factory.mktemp("wide"), d_model=256, encoder_ffn_dim=512, decoder_ffn_dim=512)
     texts = [" ".join(LETTER_WORDS[(i * 5 + k) % 40] for k in range(3 + i % 7)) + " ." for i in range(12)]
     for precision in ("fp32", "bf16"):
         model, tokenizer = load_for_inference(path, device="cpu", precision=precision)
-        expected = translate_nbest(model, tokenizer, texts, 1, 32, False, 4096, cpu_fast_paths=False)
-        assert LightTranslator.of(path, precision).translate_lines(texts) == [c[0][0] for c in expected]
+        # one batch, and three of one sentence each: searched side by side by the rule at this width, both paths
+        for batch_size, beams in ((32, 4), (4, 1)):
+            expected = translate_nbest(model, tokenizer, texts, 1, batch_size, False, 4096, cpu_fast_paths=False,
+                                       num_beams=beams)  # fmt: skip
+            got = LightTranslator.of(path, precision).translate_lines(texts, batch_size=batch_size, num_beams=beams)
+            assert got == [c[0][0] for c in expected], (precision, batch_size)
 
 
 def _added(path, change) -> None:

@@ -11,6 +11,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from vaswani_hf import thread_counts
 from vaswani_hf.model.speed import step_threads
 from vaswani_hf.model.speed.fast_products import FastCpuProducts
 
@@ -85,7 +86,7 @@ def test_mkl_gets_its_count_back(two_threads):
         rows[:1]
     )
     assert torch.equal(torch.nn.functional.linear(rows, weight), before)
-    count = step_threads._ThreadCount.of_torch()
+    count = thread_counts.ThreadCount.of_torch()
     if count is not None and count.mkl_set_local is not None:
         previous = count.mkl_set_local(0)  # reads this thread's own MKL setting back (and leaves it as it was)
         count.mkl_set_local(previous)
@@ -100,7 +101,7 @@ def tiny_model(monkeypatch, **config):
     setters are not found (the rule is off)."""
     from vaswani_hf import VaswaniConfig, VaswaniForConditionalGeneration
 
-    if step_threads._ThreadCount.of_torch() is None:
+    if thread_counts.ThreadCount.of_torch() is None:
         pytest.skip("this torch build's thread-local setters are not found: the rule is off")
     monkeypatch.delenv("VASWANI_ONE_THREAD_ROWS", raising=False)
     torch.manual_seed(0)

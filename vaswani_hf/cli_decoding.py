@@ -199,8 +199,7 @@ def translate_command(argv: list[str]) -> int:
 
     progress, total = sys.stderr.isatty(), None
     if args.input is not None and (progress or args.constraints or args.prefix):
-        with open(args.input, "rb") as counted:  # one extra pass: the bar's total, the side files' check
-            total = sum(1 for _ in counted)
+        total = _lines_in(args.input)  # the bar's total, the side files' check
     model, tokenizer, _ = _load(args, model_dirs, precision_said=said)
     lexical = _lexical_files(args, tokenizer, total)
     if args.shortlist is not None:
@@ -222,10 +221,10 @@ def translate_command(argv: list[str]) -> int:
 
 
 def _light_start(args: argparse.Namespace, model_dir: str, lines: Iterator[str]) -> tuple[bool, Iterator[str], bool]:
-    """`vaswani translate` of a whole input of one batch, on torch alone (translation/light_translator.py):
-    (True, _, _) where it translated and wrote the lines; (False, every line, whether it said the precision) where
-    it hands over to the Transformers model, the lines it read put back in front. The precision is said before any
-    line is read, as the model's path says it."""
+    """`vaswani translate` on torch alone (translation/light_translator.py), for an input of any length: (True, _,
+    _) where it translated and wrote the lines; (False, the lines, False) where it hands over to the Transformers
+    model, which it does before reading any line. The precision is said before any line is read, as the model's
+    path says it."""
     plain = (args.models is None and args.engine == "torch" and args.nbest is None and not args.alignments
              and args.constraints is None and args.prefix is None and args.shortlist is None
              and args.decoding in (None, "paper") and args.precision != "int8")  # fmt: skip
@@ -254,19 +253,29 @@ def _light_start(args: argparse.Namespace, model_dir: str, lines: Iterator[str])
     if translator is None or not translator.takes(_decoding(args)):
         return False, lines, False
     print(f"precision: {choice}; device: cpu", file=sys.stderr)
-    # as `inference.one_search`: no more lines than a batch, and the input ended before the first window did
-    most = min(args.batch_size, args.window - 1)
-    head = list(itertools.islice(lines, most + 1))
-    if len(head) > most:  # more than one batch: the model's own speed paths pay off
-        return False, itertools.chain(head, lines), True
-    report = LineReport()
-    translations = translator.translate_lines(head, batch_size=args.batch_size, max_tokens=args.max_tokens,
-                                              long_lines=args.long_lines, report=report, **_decoding(args))  # fmt: skip
-    for text in translations:
-        print(text.rstrip())
-    sys.stdout.flush()
+    from tqdm import tqdm
+
+    progress = sys.stderr.isatty()
+    total = _lines_in(args.input) if args.input is not None and progress else None
+    report, first_line = LineReport(), 1
+    # as `translate_stream`: `--window` lines at a time, each written before the next is read (memory flat)
+    with tqdm(total=total, desc="translating", unit="line", disable=not progress) as bar:
+        while window := list(itertools.islice(lines, args.window)):
+            for text in translator.translate_lines(window, batch_size=args.batch_size, max_tokens=args.max_tokens,
+                                                   long_lines=args.long_lines, report=report, first_line=first_line,
+                                                   **_decoding(args)):  # fmt: skip
+                print(text.rstrip())
+            sys.stdout.flush()
+            first_line += len(window)
+            bar.update(len(window))
     print(report.summary(), file=sys.stderr)
     return True, iter(()), True
+
+
+def _lines_in(path: str) -> int:
+    """How many lines a file has (a progress bar's total): one extra pass over its bytes."""
+    with open(path, "rb") as counted:
+        return sum(1 for _ in counted)
 
 
 def _lexical_files(args: argparse.Namespace, tokenizer, input_lines: int | None) -> dict:

@@ -34,8 +34,8 @@ from ..data.tokenization import BPEDropoutPairs, train_shared_bpe
 from ..interop.hub import write_training_card
 from ..model.configuration_vaswani import PAPER_ALIASES, VaswaniConfig
 from ..model.modeling_vaswani import VaswaniForConditionalGeneration
-from ..model.speed.step_threads import this_thread_on
 from ..tasks import TASKS, Task, task_named
+from ..thread_counts import this_thread_on
 from ..translation.inference import load_model
 from ..translation.metrics import TranslationMetrics, load_metrics
 from .averaging import average_checkpoints, last_checkpoints, list_checkpoints, load_weights

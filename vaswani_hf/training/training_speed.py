@@ -35,7 +35,7 @@ import torch
 from transformers.utils import logging as hf_logging
 
 from ..model.precision import cpu_name, precision_cache_path, read_measurements, write_measurement
-from ..model.speed.step_threads import thread_counts_settable
+from ..thread_counts import thread_counts_settable
 
 logger = hf_logging.get_logger(__name__)
 
@@ -492,7 +492,7 @@ def training_threads(d_model: int | None, device: torch.device) -> tuple[int, st
     the model is at most `ONE_THREAD_D_MODEL` wide (see there), else torch's count, and the reason. A count the user
     chose with `OMP_NUM_THREADS` or `MKL_NUM_THREADS` (a positive number, or OpenMP's list of them; torchrun sets the
     first where it starts more than one process) is kept: it is also this rule's switch. Where this torch's per-thread
-    setters are not found (`step_threads.thread_counts_settable`), torch's count."""
+    setters are not found (`thread_counts.thread_counts_settable`), torch's count."""
     threads = torch.get_num_threads()
     if device.type != "cpu":
         return threads, "torch's count; the model runs on the GPU"

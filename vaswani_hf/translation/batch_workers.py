@@ -1,6 +1,7 @@
 # Copyright 2026 The vaswani-hf authors. Licensed under the Apache License, Version 2.0.
 """Independent batches decoded side by side on CPU, each on one thread: CTranslate2's `inter_threads`, for
-`vaswani translate`, `vaswani evaluate` and every caller of `translate_nbest` with more than one batch.
+`vaswani translate` (its light start too), `vaswani evaluate` and every caller of `translate_nbest` with more
+than one batch.
 
 Why: a decoding step of a CPU-sized model is dozens of operators of microseconds each. Spread over the process's
 threads, each operator is a parallel region whose other threads must be woken (OpenMP's passive wait, which the
@@ -19,18 +20,20 @@ tests/test_batch_workers.py holds the searches to it over their space (Hypothesi
 (`model/speed/fast_products.py`) time their ways on the steps of the search that started the trial (a way is kept
 per thread count); a search beside it runs whichever ways are bound at each step (scores up to rounding, as above).
 
-The rule (`decoding_workers`): where the model is a PyTorch model on CPU at least `MIN_D_MODEL` wide, the input has
-two batches or more, the largest of them has more than `TURN_TAKING_ROWS` rows (sentences x beams: steps of no more
-are so short that two searches take turns at the interpreter lock) and the thread-count setters are found, as many
-workers as the process has threads, at most `MAX_WORKERS`, each on its share of the threads; else one batch at a
-time on every thread, as before. Never with alignments (they switch the shared model's attention to eager while they
-read it) or sampling (searches side by side would draw from torch's one generator in another order each run).
-`MAX_WORKERS` bounds how many searches share one interpreter lock: measured on 2 cores only, chosen, not measured,
-above. Switch: `VASWANI_DECODING_WORKERS=1` (or 0, off) decodes one batch at a time; a number sets the workers (each
-then on threads / workers threads, at least one), whatever the model's width or rows.
+The rule (`decoding_workers`; `workers_for` without a model): where the model is a PyTorch model on CPU at least
+`MIN_D_MODEL` wide, the input has two batches or more, the largest of them has more than `TURN_TAKING_ROWS` rows
+(sentences x beams: steps of no more are so short that two searches take turns at the interpreter lock) and the
+thread-count setters are found, as many workers as the process has threads, at most `MAX_WORKERS`, each on its share
+of the threads; else one batch at a time on every thread, as before. Never with alignments (they switch the shared
+model's attention to eager while they read it) or sampling (searches side by side would draw from torch's one
+generator in another order each run). `MAX_WORKERS` bounds how many searches share one interpreter lock: measured on
+2 cores only, chosen, not measured, above. Switch: `VASWANI_DECODING_WORKERS=1` (or 0, off) decodes one batch at a
+time; a number sets the workers (each then on threads / workers threads, at least one), whatever the model's width
+or rows. `vaswani translate`'s light start runs its searches side by side at any rows (`light_translator.py`: its
+steps have no one-thread rule of their own).
 
-An error or an interrupt comes back at once, the batches not started dropped; a search already running has no
-point to stop at, so it ends on its own (the command line's Ctrl-C ends the process instead of waiting for it:
+An error or an interrupt comes back at once, the batches not started dropped; a search already running has no point
+to stop at, so it ends on its own (the command line's Ctrl-C ends the process instead of waiting for it:
 `cli.main`).
 """
 
@@ -45,7 +48,7 @@ from typing import TypeVar
 
 import torch
 
-from ..model.speed.step_threads import run_this_thread_on, thread_counts_settable
+from ..thread_counts import run_this_thread_on, thread_counts_settable
 
 J = TypeVar("J")
 R = TypeVar("R")
@@ -84,17 +87,26 @@ def decoding_workers(model, batches: int, rows: int, *, alignments: bool = False
     """How many of `batches` batches of `model`'s decoding, of at most `rows` rows each (sentences x beams), run at
     once (see the module's docstring): 1 where workers cannot help, cannot be given their threads, or would change
     what comes out."""
+    device = getattr(model, "device", None)
+    on_cpu = isinstance(model, torch.nn.Module) and device is not None and torch.device(device).type == "cpu"
+    # a GPU decodes one batch at a time; an ensemble or an ONNX runner keeps its own threads
+    width = getattr(getattr(model, "config", None), "d_model", 0) if on_cpu else None
+    return workers_for(batches, rows, width, alignments=alignments, sampling=sampling)
+
+
+def workers_for(batches: int, rows: int, width: int | None, *, alignments: bool = False, sampling: bool = False,
+                turn_taking_rows: int = TURN_TAKING_ROWS) -> int:  # fmt: skip
+    """`decoding_workers` for a PyTorch model on CPU `width` wide (d_model; None: not one, one batch at a time),
+    the model itself not needed (`vaswani translate`'s light start, `light_translator.py`, has none). At and
+    below `turn_taking_rows` rows a batch, one batch at a time."""
     asked = asked_workers()
     if asked == 1 or batches < 2:
         return 1
-    if asked is None and rows <= TURN_TAKING_ROWS:
+    if asked is None and rows <= turn_taking_rows:
         return 1
-    if alignments or sampling:  # see the module's docstring
+    if alignments or sampling or width is None:  # see the module's docstring
         return 1
-    device = getattr(model, "device", None)
-    if not isinstance(model, torch.nn.Module) or device is None or torch.device(device).type != "cpu":
-        return 1  # a GPU decodes one batch at a time; an ensemble or an ONNX runner keeps its own threads
-    if asked is None and getattr(getattr(model, "config", None), "d_model", 0) < MIN_D_MODEL:
+    if asked is None and width < MIN_D_MODEL:
         return 1
     threads = torch.get_num_threads()
     workers = asked if asked is not None else min(threads, MAX_WORKERS)

@@ -404,17 +404,19 @@ class LightTranslator:
         return set(settings) <= SETTINGS and not greedy_with_beam_settings({**self.generation, **settings}, settings)
 
     def translate_lines(self, lines: list[str], batch_size: int = 32, max_tokens: int | None = None,
-                        long_lines: str = "cut", report=None, **settings) -> list[str]:  # fmt: skip
+                        long_lines: str = "cut", report=None, first_line: int = 1,
+                        **settings) -> list[str]:  # fmt: skip
         """Each line's translation, as `translate_nbest` gives its best: an empty line stays empty, a long one is
-        cut or split (`source_lines`, which also counts them in `report`). `settings`: the search's settings that
-        `vaswani translate` passes generate() (`cli_decoding._decoding`), over the folder's generation config."""
+        cut or split (`source_lines`, which also counts them in `report`, and names lines from `first_line`).
+        `settings`: the search's settings that `vaswani translate` passes generate() (`cli_decoding._decoding`),
+        over the folder's generation config."""
         from .source_lines import pieces_of, rejoined, source_limit
 
         if not self.takes(settings):
             raise ValueError(f"the light start takes only the search settings {sorted(SETTINGS)} (not a greedy "
                              f"search's length penalty or stopping rule), not {settings}.")  # fmt: skip
         limit = source_limit(None, self.tokenizer)  # sinusoids: the tokenizer's limit
-        pieces = pieces_of(list(lines), self.tokenizer, limit, long_lines, 1, report)
+        pieces = pieces_of(list(lines), self.tokenizer, limit, long_lines, first_line, report)
         texts = [piece for line in pieces for piece in line]
         translated = self.translate(texts, batch_size, max_tokens, limit, settings) if texts else []
         results, start = [], 0
@@ -427,8 +429,10 @@ class LightTranslator:
     def translate(self, texts: list[str], batch_size: int, max_tokens: int | None, limit: int,
                   settings: dict | None = None) -> list[str]:  # fmt: skip
         """Each text's best translation (non-empty texts, cut at `limit` tokens), batched as `vaswani translate`
-        batches them."""
+        batches them, and decoded side by side by the model's path's decoding workers, by its rule
+        (`batch_workers.workers_for`)."""
         from ..model.search_vaswani import DecodingSettings, beam_search, greedy_search
+        from .batch_workers import in_order, workers_for
         from .source_lines import batch_indices
 
         generation = {**self.generation, **(settings or {})}
@@ -440,14 +444,19 @@ class LightTranslator:
             generation.get("pad_token_id"),
             generation["decoder_start_token_id"],
         )
-        outputs: list[str] = [""] * len(texts)
-        for index in batch_indices([len(ids) for ids in encoded], batch_size, max_tokens):
+
+        def prepared(index: list[int]) -> tuple[list[int], torch.Tensor, torch.Tensor]:
+            """A batch's padded ids and mask (on the calling thread, as the model's path prepares its batches)."""
             longest = max(len(encoded[i]) for i in index)
             ids = torch.full((len(index), longest), self.tokenizer.pad_token_id, dtype=torch.long)
             mask = torch.zeros((len(index), longest), dtype=torch.long)
             for row, i in enumerate(index):
                 ids[row, : len(encoded[i])] = torch.tensor(encoded[i])
                 mask[row, : len(encoded[i])] = 1
+            return index, ids, mask
+
+        def searched(batch: tuple[list[int], torch.Tensor, torch.Tensor]) -> tuple[list[int], dict]:
+            index, ids, mask = batch
             limits = mask.sum(-1) + generation["max_length_offset"]
             settings = DecodingSettings(
                 num_beams=beams, num_return_sequences=1, max_new_tokens=max(int(limits.max()), 1), limits=limits,
@@ -461,7 +470,17 @@ class LightTranslator:
             )  # fmt: skip
             with torch.inference_mode():
                 state = _DecodingState(self, self.encode(ids, mask), mask, beams)
-                result = (beam_search if beams > 1 else greedy_search)(settings, state)
+                return index, (beam_search if beams > 1 else greedy_search)(settings, state)
+
+        outputs: list[str] = [""] * len(texts)
+        batches = batch_indices([len(ids) for ids in encoded], batch_size, max_tokens)
+        rows = max(map(len, batches), default=0) * beams
+        # two searches side by side at any rows: this translator's fp32 and bf16 steps, each search on one thread,
+        # beat one search at a time on every thread at one row too (greedy, one sentence a batch, `small` preset,
+        # Zen 4: 38-46 sentences/s against 23-30), where the model's path steps one search on one thread with its
+        # fast products (`TURN_TAKING_ROWS`: int8 searches side by side mostly take turns at the interpreter lock)
+        workers = workers_for(len(batches), rows, self.config["d_model"], turn_taking_rows=0)
+        for index, result in in_order(searched, map(prepared, batches), workers):
             # generate()'s sequences: the start token, then every row's tokens up to the longest's end
             sequences = result["sequences"][:, : max(int(result["lengths"].max()), 1)].tolist()
             for row, i in enumerate(index):

@@ -20,7 +20,7 @@ The thread count changes how a product's sums may be split, so a step's last bit
 all threads (MKL's single-precision products did at 5-11 rows, not at 1-4, on a Zen 3): this is one of the
 fast products (`FastCpuProducts`, same tokens, scores up to rounding), off with them, and off alone with
 `VASWANI_ONE_THREAD_ROWS=0` (or another number of rows). The count is the calling thread's alone (OpenMP's and
-MKL's thread-local counts, `_ThreadCount`), set back after each step or search: a server's other decoding threads
+MKL's thread-local counts, `thread_counts.py`), set back after each step or search: a server's other decoding threads
 keep theirs. Where those setters are not found, the rule is off: `torch.set_num_threads` would also set the count
 that a thread takes at its first parallel operator, so a thread started during one of these steps would keep one
 thread for good.
@@ -29,16 +29,14 @@ thread for good.
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import functools
 import os
 import threading
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import TypeVar
 
 import torch
 
+from ...thread_counts import ThreadCount, this_thread_on
 from ..generation_vaswani import switched_off
 
 T = TypeVar("T")
@@ -73,93 +71,9 @@ def threads_for(rows: int, width: int | None = None) -> int:
     """The threads a step of `rows` rows of a model `width` wide runs on: one where they are few, else the calling
     thread's count (the fast products' measured ways are kept per thread count: a way timed on two threads may be
     slow on one)."""
-    if rows <= one_thread_rows(width) and _ThreadCount.of_torch() is not None:
+    if rows <= one_thread_rows(width) and ThreadCount.of_torch() is not None:
         return 1
     return torch.get_num_threads()
-
-
-class _ThreadCount:
-    """The calling thread's thread count, set through OpenMP's `omp_set_num_threads` and MKL's
-    `MKL_Set_Num_Threads_Local` (the C name of `mkl_set_num_threads_local`: the lowercase symbol is MKL's Fortran
-    one, which takes a pointer), as torch's own OpenMP runtime and MKL read them (each is per thread)."""
-
-    def __init__(self, omp_set: Callable[[int], None], mkl_set_local: Callable[[int], int] | None) -> None:
-        self.omp_set, self.mkl_set_local = omp_set, mkl_set_local
-
-    @classmethod
-    @functools.cache
-    def of_torch(cls) -> _ThreadCount | None:
-        """The setters of the libraries torch itself is linked to, or None where they are not found or do not set
-        what torch reads. Looked up through `libtorch_cpu`'s own handle, whose lookup searches its dependencies: the
-        OpenMP runtime torch uses, even where another (a preloaded libgomp or libiomp) was loaded first."""
-        library = Path(torch.__file__).parent / "lib" / "libtorch_cpu.so"
-        if os.name != "posix" or not library.is_file():
-            return None
-        try:
-            torch_cpu = ctypes.CDLL(str(library))
-            omp_set = torch_cpu.omp_set_num_threads
-        except (OSError, AttributeError):
-            return None
-        mkl_set_local = None
-        if torch.backends.mkl.is_available():
-            try:
-                mkl_set_local = torch_cpu.MKL_Set_Num_Threads_Local
-            except AttributeError:
-                return None
-        count = cls(omp_set, mkl_set_local)
-        threads = torch.get_num_threads()
-        if threads > 1:  # a setter that torch does not read would leave its count as it was
-            previous = count.set(1)
-            works = torch.get_num_threads() == 1
-            count.restore(threads, previous)
-            if not works:
-                return None
-        return count
-
-    def set(self, threads: int) -> int | None:
-        self.omp_set(threads)
-        return self.mkl_set_local(threads) if self.mkl_set_local is not None else None
-
-    def restore(self, threads: int, mkl_local: int | None) -> None:
-        self.omp_set(threads)
-        if self.mkl_set_local is not None:
-            self.mkl_set_local(mkl_local)
-
-
-def thread_counts_settable() -> bool:
-    """Whether a thread's own count can be set here (`run_this_thread_on`): the setters found, and read by torch."""
-    return _ThreadCount.of_torch() is not None
-
-
-def run_this_thread_on(threads: int) -> bool:
-    """From now on, the calling thread's operators run on `threads` threads (OpenMP's and MKL's counts of this thread
-    alone: a decoding worker's, `translation/batch_workers.py`); False, and nothing set, where the setters are not
-    found. torch sets a thread's count from the process's at the thread's first parallel operator, so that is
-    done first (`torch.get_num_threads()` runs it), and this count then holds."""
-    count = _ThreadCount.of_torch()
-    if count is None:
-        return False
-    torch.get_num_threads()  # torch's own first-use setting of this thread's count, before ours
-    count.set(threads)
-    return torch.get_num_threads() == threads
-
-
-@contextlib.contextmanager
-def this_thread_on(threads: int) -> Iterator[bool]:
-    """Inside the block the calling thread's operators run on `threads` threads; after it, on its count before.
-    Other threads' counts, and the count a thread started meanwhile takes, stay the process's (`torch.set_num_threads`
-    would set that too, and a thread that first used torch inside the block would keep it). Yields False, and sets
-    nothing, where the setters are not found."""
-    count = _ThreadCount.of_torch()
-    if count is None:
-        yield False
-        return
-    before = torch.get_num_threads()
-    mkl_local = count.set(threads)
-    try:
-        yield True
-    finally:
-        count.restore(before, mkl_local)
 
 
 # the calling thread's count before a search or a step of few rows took it to one (`by_rows`, `search_by_rows`)
