@@ -132,8 +132,8 @@ def test_the_command_translates_one_batch_without_importing_transformers(tmp_pat
     assert light.stderr.splitlines()[:2] == full.stderr.splitlines()[:1] + full.stderr.splitlines()[-1:]
 
 
-@pytest.mark.parametrize("beams", ["1", "4"])
-def test_the_command_translates_many_batches_and_windows_without_importing_transformers(tmp_path, beams):
+@pytest.mark.parametrize("beams, precision", [("1", "fp32"), ("4", "fp32"), ("4", "int8")])
+def test_the_command_translates_many_batches_and_windows_without_importing_transformers(tmp_path, beams, precision):
     """An input of several windows of several batches takes the light start too, its batches searched side by side
     (a model as wide as `batch_workers.MIN_D_MODEL`, one sentence a batch: the light start's workers at one row):
     no Transformers module loaded, the Transformers model's lines, and a line too long named by its number in the
@@ -145,7 +145,7 @@ def test_the_command_translates_many_batches_and_windows_without_importing_trans
     code = ("import sys, vaswani_command; sys.argv = ['vaswani', 'translate', *sys.argv[1:]]; "
             "code = vaswani_command.main(); print(*sorted(sys.modules), sep='\\n', file=sys.stderr); "
             "sys.exit(code)")  # fmt: skip
-    options = [str(folder), "--precision", "fp32", "--batch-size", "1", "--window", "4", "--num-beams", beams]
+    options = [str(folder), "--precision", precision, "--batch-size", "1", "--window", "4", "--num-beams", beams]
     for text, status in (("\n".join(lines) + "\n", 0), ("\n".join([*lines, " ".join(LETTER_WORDS[:30])]) + "\n", 2)):
         light = subprocess.run([sys.executable, "-c", code, *options, "--long-lines", "error"], capture_output=True,
                                text=True, input=text)  # fmt: skip

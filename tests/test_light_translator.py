@@ -41,7 +41,7 @@ lines = st.lists(st.one_of(words, texts, st.sampled_from(["", "   ", "ba . ca . 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(architecture=st.integers(0, len(ARCHITECTURES) - 1), texts=lines, beams=st.sampled_from([None, 1, 2, 4]),
        penalty=st.sampled_from([None, 0.0, 0.6, 1.0]), batch_size=st.integers(1, 9),
-       max_tokens=st.sampled_from([None, 12, 4096]), precision=st.sampled_from(["fp32", "bf16"]),
+       max_tokens=st.sampled_from([None, 12, 4096]), precision=st.sampled_from(["fp32", "bf16", "int8"]),
        long_lines=st.sampled_from(["cut", "split"]), short=st.booleans(),
        workers=st.sampled_from([None, "1", "2"]))  # fmt: skip
 def test_light_start_writes_the_model_s_strings(tmp_path_factory, architecture, texts, beams, penalty, batch_size,
@@ -84,11 +84,11 @@ def _light_and_model(tmp_path_factory, architecture, texts, beams, penalty, batc
 
 
 def test_a_wide_model_s_strings(tmp_path_factory):
-    """A wider model than the draws' (256: the fast products' and batch workers' width), fp32 and bf16, in one
-    batch and in several searched side by side (`batch_workers.workers_for`)."""
+    """A wider model than the draws' (256: the fast products' and batch workers' width), fp32, bf16 and int8, in
+    one batch and in several (searched side by side in fp32 and bf16: `batch_workers.workers_for`)."""
     path = paper_model_folder(tmp_path_factory.mktemp("wide"), d_model=256, encoder_ffn_dim=512, decoder_ffn_dim=512)
     texts = [" ".join(LETTER_WORDS[(i * 5 + k) % 40] for k in range(3 + i % 7)) + " ." for i in range(12)]
-    for precision in ("fp32", "bf16"):
+    for precision in ("fp32", "bf16", "int8"):
         model, tokenizer = load_for_inference(path, device="cpu", precision=precision)
         # one batch, and three of one sentence each: searched side by side by the rule at this width, both paths
         for batch_size, beams in ((32, 4), (4, 1)):
@@ -188,7 +188,7 @@ def test_the_ids_are_the_generation_config_s_own(tmp_path):
 
 def test_precisions_switch_and_broken_folders_are_handed_over(tmp_path, monkeypatch):
     path = paper_model_folder(tmp_path)
-    assert LightTranslator.of(path, "int8") is None
+    assert LightTranslator.of(path, "int8") is not None and LightTranslator.of(path, "auto") is None
     monkeypatch.setenv("VASWANI_LIGHT_START", "0")
     assert LightTranslator.of(path, "fp32") is None
     monkeypatch.delenv("VASWANI_LIGHT_START")

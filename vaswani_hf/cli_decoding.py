@@ -227,7 +227,7 @@ def _light_start(args: argparse.Namespace, model_dir: str, lines: Iterator[str])
     path says it."""
     plain = (args.models is None and args.engine == "torch" and args.nbest is None and not args.alignments
              and args.constraints is None and args.prefix is None and args.shortlist is None
-             and args.decoding in (None, "paper") and args.precision != "int8")  # fmt: skip
+             and args.decoding in (None, "paper"))  # fmt: skip
     if not plain:
         return False, lines, False
     import torch

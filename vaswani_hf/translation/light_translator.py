@@ -1,23 +1,27 @@
-"""`vaswani translate`'s light start: a whole input of one batch translated on torch alone, so that a line piped to
+"""`vaswani translate`'s light start: its input, of any length, translated on torch alone, so that a line piped to
 the command waits for the line, not for Transformers' import (0.8 s for `import transformers`, 3 s with its model
-classes and generation, on 2 cores of an AMD EPYC, against 1.6 s for `import torch` itself).
+classes and generation, on 2 cores of an AMD EPYC, against 1.6 s for `import torch` itself), and a file of many
+lines does not pay it either.
 
 It computes what the model's own modules compute for the paper's decoding (the same weights, the same
 `F.linear`, `F.layer_norm`, `F.scaled_dot_product_attention` and masks in the same order, as
-`model/speed/lean_step.py` does for the decoder's step) and decodes with the model's own searches
-(`search_vaswani.greedy_search` / `beam_search` over a decoding state of its own), the folder's `tokenizer.json`
-run by the `tokenizers` library, so its lines are the same strings `vaswani translate` writes through
-Transformers (tests/test_light_translator.py draws models, configurations, lines and settings and compares both).
+`model/speed/lean_step.py` does for the decoder's step; in int8 the linear layers quantized as
+`precision.quantize_int8` quantizes the model's) and decodes with the model's own searches
+(`search_vaswani.greedy_search` / `beam_search` over a decoding state of its own), its batches side by side as the
+model's path decodes them (`batch_workers`), the folder's `tokenizer.json` run by the `tokenizers` library, so its
+lines are the same strings `vaswani translate` writes through Transformers (tests/test_light_translator.py draws
+models, configurations, lines and settings and compares both). The Transformers model's fast products
+(`model/speed`) are not here: measured without them, whole processes ran faster than the model's path, its import
+included (docs/decoding.md, "The light start").
 
 It translates only where that holds, and hands over otherwise (`LightTranslator.of` gives None, or `takes` says
-no to the command's settings), before any line is written: an input of more lines than one batch (the fast
-products and the decoding workers pay off there); any option but the search's beam and length penalty or the
-paper's preset (and a greedy search given a beam's settings, of which Transformers warns); a folder it does not
+no to the command's settings), before any line is read: any option but the search's beam and length penalty or
+the paper's preset (and a greedy search given a beam's settings, of which Transformers warns); a folder it does not
 read as the model would (a configuration, generation setting, weight or tokenizer setting outside the
 ones named here, e.g. converted models' position layouts, learned positions, untied embeddings, an output bias,
 generation ids that are not the generation config's own single ids, special tokens other than tokenizer.json's
 special added tokens) or that the model refuses (`VaswaniConfig`'s checks, weights of other shapes: the model's
-path then says what is wrong); int8. Switch: `VASWANI_LIGHT_START=0` always hands over.
+path then says what is wrong). Switch: `VASWANI_LIGHT_START=0` always hands over.
 """
 
 from __future__ import annotations
@@ -204,15 +208,45 @@ class LightTokenizer:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 
 
+class _Linear:
+    """One linear layer's product: `F.linear` over its weight and bias, or, in int8, the layer as the model's
+    int8 path quantizes it (`precision.quantize_int8`, torch's dynamic quantization: the same packed weight, the same
+    kernel)."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+        self.weight, self.bias, self.quantized = weight, bias, None
+
+    def __call__(self, hidden: torch.Tensor) -> torch.Tensor:
+        if self.quantized is not None:
+            return self.quantized(hidden)
+        return F.linear(hidden, self.weight, self.bias)
+
+
+def _quantized(linears: list[_Linear]) -> None:
+    """Each of `linears` computed in int8 from now on, quantized as the model's int8 path quantizes its
+    `nn.Linear` layers (one call over all of them, as over the model)."""
+    from ..model.precision import quantize_int8
+
+    layers = torch.nn.ModuleList()
+    for linear in linears:
+        layer = torch.nn.Linear(linear.weight.shape[1], linear.weight.shape[0], bias=linear.bias is not None)
+        layer.weight = torch.nn.Parameter(linear.weight, requires_grad=False)
+        if linear.bias is not None:
+            layer.bias = torch.nn.Parameter(linear.bias, requires_grad=False)
+        layers.append(layer)
+    for linear, layer in zip(linears, quantize_int8(layers), strict=True):
+        linear.quantized = layer
+
+
 @dataclass
 class _Attention:
     """One multi-head attention's weights (section 3.2): a fused input projection and the output projection."""
 
     heads: int
     head_dim: int
-    projection: tuple[torch.Tensor, torch.Tensor]  # self-attention's Q K V, or cross-attention's K V
-    query: tuple[torch.Tensor, torch.Tensor] | None  # cross-attention's Q
-    output: tuple[torch.Tensor, torch.Tensor]
+    projection: _Linear  # self-attention's Q K V, or cross-attention's K V
+    query: _Linear | None  # cross-attention's Q
+    output: _Linear
 
     def split(self, projected: torch.Tensor, blocks: int) -> tuple[torch.Tensor, ...]:
         # (batch, length, blocks * h * d_k) -> `blocks` tensors of (batch, h, length, d_k), the model's layout
@@ -220,7 +254,7 @@ class _Attention:
         return projected.view(batch, length, blocks, self.heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
 
     def out(self, attended: torch.Tensor, shape: torch.Size) -> torch.Tensor:
-        return F.linear(attended.transpose(1, 2).contiguous().reshape(*shape, -1), *self.output)
+        return self.output(attended.transpose(1, 2).contiguous().reshape(*shape, -1))
 
 
 @dataclass
@@ -249,28 +283,32 @@ class _Layer:
     self_norm: _Norm
     cross_attn: _Attention | None
     cross_norm: _Norm | None
-    fc1: tuple[torch.Tensor, torch.Tensor]
-    fc2: tuple[torch.Tensor, torch.Tensor]
+    fc1: _Linear
+    fc2: _Linear
     final_norm: _Norm
 
     def feed_forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        return F.linear(F.relu(F.linear(self.final_norm.input(hidden), *self.fc1)), *self.fc2)
+        return self.fc2(F.relu(self.fc1(self.final_norm.input(hidden))))
 
 
 class LightTranslator:
     """A saved model folder's weights and tokenizer, translated as `vaswani translate` translates them."""
 
     def __init__(self, config: dict, generation: dict, weights: dict, tokenizer: LightTokenizer,
-                 dtype: torch.dtype) -> None:  # fmt: skip
+                 dtype: torch.dtype, int8: bool = False) -> None:  # fmt: skip
         self.config, self.generation, self.tokenizer, self.dtype = config, generation, tokenizer, dtype
+        self.int8 = int8
         d_model = config["d_model"]
         self.embedding = weights["model.shared.weight"]
         self.embed_scale = math.sqrt(d_model) if config.get("scale_embedding", True) else 1.0
         eps = config.get("layer_norm_eps", 1e-6)
         pre = config.get("norm_position", "post") == "pre"
 
-        def linear(name: str) -> tuple[torch.Tensor, torch.Tensor]:
-            return weights[f"{name}.weight"], weights[f"{name}.bias"]
+        linears: list[_Linear] = []
+
+        def linear(name: str) -> _Linear:
+            linears.append(_Linear(weights[f"{name}.weight"], weights[f"{name}.bias"]))
+            return linears[-1]
 
         def norm(name: str) -> _Norm:
             return _Norm(weights[f"{name}.weight"], weights[f"{name}.bias"], eps, pre)
@@ -298,13 +336,18 @@ class LightTranslator:
         self.encoder_norm = norm("model.encoder.layer_norm") if pre else None
         self.decoder_norm = norm("model.decoder.layer_norm") if pre else None
         self.table = self.positions(config.get("max_position_embeddings", 1024))
+        # the output projection: the shared embedding (tied), no bias; in int8 quantized with the others, as the
+        # model's tied output layer is (its input embedding stays float32)
+        self.output = _Linear(self.embedding, None)
+        if int8:
+            _quantized([*linears, self.output])
 
     @classmethod
     def of(cls, folder: str | Path, precision: str) -> LightTranslator | None:
-        """The folder's translator in `precision` (fp32 or bf16), or None where it would not compute what the
-        model computes (the module's docstring)."""
+        """The folder's translator in `precision` (fp32, bf16 or int8), or None where it would not compute what
+        the model computes (the module's docstring)."""
         folder = Path(folder)
-        if not switched_on() or precision not in ("fp32", "bf16") or not folder.is_dir():
+        if not switched_on() or precision not in ("fp32", "bf16", "int8") or not folder.is_dir():
             return None
         config, generation = _json(folder / "config.json"), _json(folder / "generation_config.json")
         tokenizer_config, spec = _json(folder / "tokenizer_config.json"), _json(folder / "tokenizer.json")
@@ -325,7 +368,7 @@ class LightTranslator:
         tokenizer = LightTokenizer(folder, tokenizer_config)
         if tokenizer.pad_token_id is None or tokenizer.tokenizer.get_vocab_size() > config["vocab_size"]:
             return None
-        return cls(config, generation, weights, tokenizer, dtype)
+        return cls(config, generation, weights, tokenizer, dtype, int8=precision == "int8")
 
     @staticmethod
     def _weights(folder: Path, config: dict) -> dict | None:
@@ -391,7 +434,7 @@ class LightTranslator:
             attention_mask = mask.bool()[:, None, None, :].expand(-1, 1, length, -1).contiguous()
         for layer in self.encoder_layers:
             attn = layer.self_attn
-            query, key, value = attn.split(F.linear(layer.self_norm.input(hidden), *attn.projection), 3)
+            query, key, value = attn.split(attn.projection(layer.self_norm.input(hidden)), 3)
             attended = F.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask,
                                                       scale=attn.head_dim**-0.5)  # fmt: skip
             hidden = layer.self_norm.connect(hidden, attn.out(attended, hidden.shape[:-1]))
@@ -475,11 +518,14 @@ class LightTranslator:
         outputs: list[str] = [""] * len(texts)
         batches = batch_indices([len(ids) for ids in encoded], batch_size, max_tokens)
         rows = max(map(len, batches), default=0) * beams
-        # two searches side by side at any rows: this translator's fp32 and bf16 steps, each search on one thread,
-        # beat one search at a time on every thread at one row too (greedy, one sentence a batch, `small` preset,
-        # Zen 4: 38-46 sentences/s against 23-30), where the model's path steps one search on one thread with its
-        # fast products (`TURN_TAKING_ROWS`: int8 searches side by side mostly take turns at the interpreter lock)
-        workers = workers_for(len(batches), rows, self.config["d_model"], turn_taking_rows=0)
+        # fp32 and bf16: two searches side by side at any rows, each on one thread, beat one search at a time on
+        # every thread at one row too (greedy, one sentence a batch, the `small` preset on Multi30k, Zen 4: 38-46
+        # sentences/s against 23-30; beam 4: 18-20 against 9-10), where the model's path steps one search on one
+        # thread with its fast products; int8: one search at a time, unless asked (its products are so short that
+        # two searches take turns at the interpreter lock: greedy 78-82 against 39-44 sentences/s with two at one
+        # sentence a batch, 370-440 against 296-303 at 32; beam 4 of one sentence 25-28 against 17-22)
+        few = math.inf if self.int8 else 0
+        workers = workers_for(len(batches), rows, self.config["d_model"], turn_taking_rows=few)
         for index, result in in_order(searched, map(prepared, batches), workers):
             # generate()'s sequences: the start token, then every row's tokens up to the longest's end
             sequences = result["sequences"][:, : max(int(result["lengths"].max()), 1)].tolist()
@@ -511,7 +557,7 @@ class _DecodingState:
 
     def logits(self, tokens: torch.LongTensor) -> torch.Tensor:
         """(rows,) newest tokens -> (vocabulary, rows) float32 logits, as the searches read them."""
-        return F.linear(self._step(tokens), self.translator.embedding).float().t()
+        return self.translator.output(self._step(tokens)).float().t()
 
     def _step(self, tokens: torch.LongTensor) -> torch.Tensor:
         translator = self.translator
@@ -520,7 +566,7 @@ class _DecodingState:
         sources = self.encoder_hidden.shape[0]
         for index, layer in enumerate(translator.decoder_layers):
             attn = layer.self_attn
-            query, key, value = attn.split(F.linear(layer.self_norm.input(hidden), *attn.projection), 3)
+            query, key, value = attn.split(attn.projection(layer.self_norm.input(hidden)), 3)
             if self.keys[index] is not None:
                 key = torch.cat([self.keys[index], key], dim=-2)
                 value = torch.cat([self.values[index], value], dim=-2)
@@ -531,11 +577,9 @@ class _DecodingState:
             hidden = layer.self_norm.connect(hidden, attn.out(attended, (rows, 1)))
             cross = layer.cross_attn
             # beam search's rows of one source attend as one batch row (the model's `fold_beams`)
-            (query,) = cross.split(
-                F.linear(layer.cross_norm.input(hidden).reshape(sources, rows // sources, -1), *cross.query), 1
-            )
+            (query,) = cross.split(cross.query(layer.cross_norm.input(hidden).reshape(sources, rows // sources, -1)), 1)
             if self.cross[index] is None:
-                projected = cross.split(F.linear(self.encoder_hidden, *cross.projection), 2)
+                projected = cross.split(cross.projection(self.encoder_hidden), 2)
                 self.cross[index] = (projected[0].contiguous(), projected[1].contiguous())
             key, value = self.cross[index]
             attended = F.scaled_dot_product_attention(query, key, value, attn_mask=self.encoder_mask,
