@@ -85,12 +85,12 @@ def _light_and_model(tmp_path_factory, architecture, texts, beams, penalty, batc
 
 def test_a_wide_model_s_strings(tmp_path_factory):
     """A wider model than the draws' (256: the fast products' and batch workers' width), fp32, bf16 and int8, in
-    one batch and in several (searched side by side in fp32 and bf16: `batch_workers.workers_for`)."""
+    one batch and in several searched side by side (`batch_workers.workers_for`)."""
     path = paper_model_folder(tmp_path_factory.mktemp("wide"), d_model=256, encoder_ffn_dim=512, decoder_ffn_dim=512)
     texts = [" ".join(LETTER_WORDS[(i * 5 + k) % 40] for k in range(3 + i % 7)) + " ." for i in range(12)]
     for precision in ("fp32", "bf16", "int8"):
         model, tokenizer = load_for_inference(path, device="cpu", precision=precision)
-        # one batch, and three of one sentence each: searched side by side by the rule at this width, both paths
+        # one batch, and three of four sentences each: searched side by side by the rule at this width, both paths
         for batch_size, beams in ((32, 4), (4, 1)):
             expected = translate_nbest(model, tokenizer, texts, 1, batch_size, False, 4096, cpu_fast_paths=False,
                                        num_beams=beams)  # fmt: skip

@@ -297,7 +297,6 @@ class LightTranslator:
     def __init__(self, config: dict, generation: dict, weights: dict, tokenizer: LightTokenizer,
                  dtype: torch.dtype, int8: bool = False) -> None:  # fmt: skip
         self.config, self.generation, self.tokenizer, self.dtype = config, generation, tokenizer, dtype
-        self.int8 = int8
         d_model = config["d_model"]
         self.embedding = weights["model.shared.weight"]
         self.embed_scale = math.sqrt(d_model) if config.get("scale_embedding", True) else 1.0
@@ -518,14 +517,12 @@ class LightTranslator:
         outputs: list[str] = [""] * len(texts)
         batches = batch_indices([len(ids) for ids in encoded], batch_size, max_tokens)
         rows = max(map(len, batches), default=0) * beams
-        # fp32 and bf16: two searches side by side at any rows, each on one thread, beat one search at a time on
-        # every thread at one row too (greedy, one sentence a batch, the `small` preset on Multi30k, Zen 4: 38-46
-        # sentences/s against 23-30; beam 4: 18-20 against 9-10), where the model's path steps one search on one
-        # thread with its fast products; int8: one search at a time, unless asked (its products are so short that
-        # two searches take turns at the interpreter lock: greedy 78-82 against 39-44 sentences/s with two at one
-        # sentence a batch, 370-440 against 296-303 at 32; beam 4 of one sentence 25-28 against 17-22)
-        few = math.inf if self.int8 else 0
-        workers = workers_for(len(batches), rows, self.config["d_model"], turn_taking_rows=few)
+        # two searches side by side at any rows, each on one thread, beat one search at a time on every thread
+        # (OpenMP's passive wait, which the package sets: each parallel operator wakes the other thread), at one row
+        # too, where the model's path steps one search on one thread with its fast products: one sentence a batch,
+        # the `small` preset on Multi30k, Zen 4, greedy fp32 47-51 sentences/s against 23-25, int8 39-40 against
+        # 20-22, int8 beam 4 24 against 12; 32 sentences a batch, greedy int8 437-445 against 217-237
+        workers = workers_for(len(batches), rows, self.config["d_model"], turn_taking_rows=0)
         for index, result in in_order(searched, map(prepared, batches), workers):
             # generate()'s sequences: the start token, then every row's tokens up to the longest's end
             sequences = result["sequences"][:, : max(int(result["lengths"].max()), 1)].tolist()
