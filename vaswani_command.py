@@ -6,7 +6,7 @@ where it hands over (`vaswani_hf.finish_import`). Every other command imports th
 
 The light start is the script's alone: `main()` reading the process's own arguments. A program that calls
 `main([...])` with its arguments, or `vaswani_hf.cli.main`, gets the package's whole import (its Auto classes
-registered for what it does next), and still the light translation of a one-batch input.
+registered for what it does next), and still the light translation of the lines.
 """
 
 import sys

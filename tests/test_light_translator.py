@@ -1,5 +1,5 @@
-"""`vaswani translate`'s light start (translation/light_translator.py): a one-batch input translated on torch
-alone gives the strings the Transformers model gives, or hands over."""
+"""`vaswani translate`'s light start (translation/light_translator.py): an input translated on torch alone gives
+the strings the Transformers model gives with its own products, or hands over."""
 
 import contextlib
 import json
@@ -228,3 +228,16 @@ def test_a_greedy_search_given_a_beam_s_settings_goes_to_the_model(tmp_path):
     assert not light.takes({"num_beams": 1, "early_stopping": True, "length_penalty": 0.6, "max_length_offset": 50})
     with pytest.raises(ValueError, match="greedy search's length penalty"):
         light.translate_lines(["ba"], num_beams=1, length_penalty=2.0)
+
+
+def test_int8_holds_the_packed_weights_alone(tmp_path):
+    """In int8 each linear keeps its packed int8 weight, not a float32 copy beside it (the model's int8 path drops
+    its float32 model): an int8 run holds less than a float32 one, not more. The input embedding stays float32."""
+    light = LightTranslator.of(paper_model_folder(tmp_path), "int8")
+    layers = [*light.encoder_layers, *light.decoder_layers]
+    attentions = [a for layer in layers for a in (layer.self_attn, layer.cross_attn) if a is not None]
+    linears = [light.output, *(x for layer in layers for x in (layer.fc1, layer.fc2)),
+               *(x for a in attentions for x in (a.projection, a.query, a.output) if x is not None)]  # fmt: skip
+    assert len(linears) == 1 + 2 * len(layers) + 2 * len(attentions) + len(light.decoder_layers)
+    assert all(x.quantized is not None and x.weight is None and x.bias is None for x in linears)
+    assert light.embedding.dtype == torch.float32

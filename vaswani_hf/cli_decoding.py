@@ -102,9 +102,8 @@ def _model_dirs(parser: argparse.ArgumentParser, args: argparse.Namespace) -> li
     return [args.model_dir] if args.models is None else args.models
 
 
-def _load(args: argparse.Namespace, model_dirs: list[str], precision_said: bool = False):
-    """The model (or ensemble) in the precision asked for, which is said on stderr (stdout holds the results)
-    unless the light start said it already."""
+def _load(args: argparse.Namespace, model_dirs: list[str]):
+    """The model (or ensemble) in the precision asked for, which is said on stderr (stdout holds the results)."""
     from .model.precision import resolve_precision
     from .translation.inference import check_model_folder, default_device, is_local, load_for_inference
 
@@ -124,8 +123,7 @@ def _load(args: argparse.Namespace, model_dirs: list[str], precision_said: bool 
                 check_model_folder(folder)
         device = default_device(args.precision)
         choice = resolve_precision(args.precision, device)
-        if not precision_said:
-            print(f"precision: {choice}; device: {device}", file=sys.stderr)
+        print(f"precision: {choice}; device: {device}", file=sys.stderr)
         loaded = [load_for_inference(folder, device=device, precision=choice) for folder in model_dirs]
     model, tokenizer = loaded[0]
     if len(loaded) == 1:
@@ -189,7 +187,7 @@ def translate_command(argv: list[str]) -> int:
     if args.alignments and (args.models or args.engine != "torch"):
         raise ValueError("--alignments reads one PyTorch model's cross-attention: give a single model and the torch "
                          "engine.")  # fmt: skip
-    done, lines, said = _light_start(args, model_dirs[0], _stream_lines(args.input))
+    done, lines = _light_start(args, model_dirs[0], _stream_lines(args.input))
     if done:
         return 0
     from . import finish_import
@@ -200,7 +198,7 @@ def translate_command(argv: list[str]) -> int:
     progress, total = sys.stderr.isatty(), None
     if args.input is not None and (progress or args.constraints or args.prefix):
         total = _lines_in(args.input)  # the bar's total, the side files' check
-    model, tokenizer, _ = _load(args, model_dirs, precision_said=said)
+    model, tokenizer, _ = _load(args, model_dirs)
     lexical = _lexical_files(args, tokenizer, total)
     if args.shortlist is not None:
         from .translation.shortlist import Shortlist
@@ -220,25 +218,25 @@ def translate_command(argv: list[str]) -> int:
     return 0
 
 
-def _light_start(args: argparse.Namespace, model_dir: str, lines: Iterator[str]) -> tuple[bool, Iterator[str], bool]:
-    """`vaswani translate` on torch alone (translation/light_translator.py), for an input of any length: (True, _,
-    _) where it translated and wrote the lines; (False, the lines, False) where it hands over to the Transformers
-    model, which it does before reading any line. The precision is said before any line is read, as the model's
-    path says it."""
+def _light_start(args: argparse.Namespace, model_dir: str, lines: Iterator[str]) -> tuple[bool, Iterator[str]]:
+    """`vaswani translate` on torch alone (translation/light_translator.py), for an input of any length: (True, _)
+    where it translated and wrote the lines; (False, the lines) where it hands over to the Transformers model, which
+    it does before reading any line (and before saying the precision, which the model's path then says). The
+    precision is said before any line is read, as the model's path says it."""
     plain = (args.models is None and args.engine == "torch" and args.nbest is None and not args.alignments
              and args.constraints is None and args.prefix is None and args.shortlist is None
              and args.decoding in (None, "paper"))  # fmt: skip
     if not plain:
-        return False, lines, False
+        return False, lines
     import torch
 
     from .translation.light_translator import switched_on
 
     if not switched_on() or torch.cuda.is_available():  # a GPU runs Transformers' model (`default_device`)
-        return False, lines, False
+        return False, lines
     fast = "VASWANI_CPU_FAST_PATHS"  # set and on: the user asked for the fast products, which the model's path has
     if os.environ.get(fast, "").strip() and switched_on(fast):
-        return False, lines, False
+        return False, lines
     from .model.precision import resolve_precision
     from .translation.light_translator import LightTranslator
     from .translation.source_lines import LineReport
@@ -248,10 +246,10 @@ def _light_start(args: argparse.Namespace, model_dir: str, lines: Iterator[str])
     try:
         choice = resolve_precision(args.precision, "cpu")
     except ValueError:
-        return False, lines, False
+        return False, lines
     translator = LightTranslator.of(model_dir, choice.name)
     if translator is None or not translator.takes(_decoding(args)):
-        return False, lines, False
+        return False, lines
     print(f"precision: {choice}; device: cpu", file=sys.stderr)
     from tqdm import tqdm
 
@@ -269,7 +267,7 @@ def _light_start(args: argparse.Namespace, model_dir: str, lines: Iterator[str])
             first_line += len(window)
             bar.update(len(window))
     print(report.summary(), file=sys.stderr)
-    return True, iter(()), True
+    return True, iter(())
 
 
 def _lines_in(path: str) -> int:

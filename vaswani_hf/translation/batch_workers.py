@@ -10,8 +10,9 @@ between the operators, the search's Python runs on one core while the other idle
 on one thread, have no parallel region at all, and one search's Python runs while the other's operators compute
 (torch releases the GIL inside its kernels). Measured on 2 cores of an AMD EPYC (Zen 4), the `small` preset trained
 on Multi30k, the first 1,000 lines of test2016 in batches of 32, in one process: greedy 171 -> 294 sentences/s, beam
-4 81 -> 132; batches of one sentence (200 lines), beam 4 12.7 -> 20.9 (greedy's one-row steps keep one batch at a
-time) (docs/engines-performance.md). Beside a busy neighbour no thread of ours waits for another.
+4 81 -> 132; batches of one sentence (200 lines), beam 4 12.7 -> 20.9 (the model's greedy one-row steps keep one
+batch at a time; the light start's do not) (docs/engines-performance.md). Beside a busy neighbour no thread of
+ours waits for another.
 
 What it does not change: each batch is the same search, on the same model, in the same batch; the outputs come back
 in the batches' order. A batch's products then run on one thread instead of all, which may split a product's sums

@@ -8,7 +8,8 @@ It computes what the model's own modules compute for the paper's decoding (the s
 `model/speed/lean_step.py` does for the decoder's step; in int8 the linear layers quantized as
 `precision.quantize_int8` quantizes the model's) and decodes with the model's own searches
 (`search_vaswani.greedy_search` / `beam_search` over a decoding state of its own), its batches side by side as the
-model's path decodes them (`batch_workers`), the folder's `tokenizer.json` run by the `tokenizers` library, so its
+model's path decodes them (`batch_workers`, at any rows: at one or two rows too, which the model's path decodes
+one batch at a time), the folder's `tokenizer.json` run by the `tokenizers` library, so its
 lines are the same strings `vaswani translate` writes through Transformers (tests/test_light_translator.py draws
 models, configurations, lines and settings and compares both). The Transformers model's fast products
 (`model/speed`) are not here: measured without them, whole processes ran faster than the model's path, its import
@@ -235,7 +236,8 @@ def _quantized(linears: list[_Linear]) -> None:
             layer.bias = torch.nn.Parameter(linear.bias, requires_grad=False)
         layers.append(layer)
     for linear, layer in zip(linears, quantize_int8(layers), strict=True):
-        linear.quantized = layer
+        # the packed weight alone from now on, as the model's int8 path drops its float32 model
+        linear.quantized, linear.weight, linear.bias = layer, None, None
 
 
 @dataclass
