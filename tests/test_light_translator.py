@@ -1,9 +1,9 @@
 """`vaswani translate`'s light start (translation/light_translator.py): an input translated on torch alone gives
 the strings the Transformers model gives with its own products, or hands over."""
 
-import contextlib
 import json
 import os
+from unittest import mock
 
 import pytest
 import torch
@@ -48,22 +48,12 @@ def test_light_start_writes_the_model_s_strings(tmp_path_factory, architecture, 
                                                  max_tokens, precision, long_lines, short, workers):  # fmt: skip
     """Also with the batches searched side by side (`VASWANI_DECODING_WORKERS`, both paths: the draws' models are
     narrower than the rule's width, so unset is one batch at a time)."""
-    with _environment(VASWANI_DECODING_WORKERS=workers):
+    with mock.patch.dict(os.environ):  # the environment as it was after each draw
+        os.environ.pop("VASWANI_DECODING_WORKERS", None)
+        if workers is not None:
+            os.environ["VASWANI_DECODING_WORKERS"] = workers
         _light_and_model(tmp_path_factory, architecture, texts, beams, penalty, batch_size, max_tokens, precision,
                          long_lines, short)  # fmt: skip
-
-
-@contextlib.contextmanager
-def _environment(**values):
-    """The environment with `values` set (None: removed), as it was after the block."""
-    before = {name: os.environ.get(name) for name in values}
-    try:
-        for name, value in values.items():
-            os.environ.pop(name, None) if value is None else os.environ.__setitem__(name, value)
-        yield
-    finally:
-        for name, value in before.items():
-            os.environ.pop(name, None) if value is None else os.environ.__setitem__(name, value)
 
 
 def _light_and_model(tmp_path_factory, architecture, texts, beams, penalty, batch_size, max_tokens, precision,
